@@ -1,0 +1,59 @@
+"""Dry-run rendering: what a run would do, without doing it."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from moe_vlm.engines.bridge_fields import bridge_overrides, select_recipe
+from moe_vlm.rules import Finding
+from moe_vlm.spec import RunSpec
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, dict | list):
+        return json.dumps(value)
+    return str(value)
+
+
+def layout_lines(spec: RunSpec) -> list[str]:
+    lay = spec.layout
+    nvlink = "inside" if lay.ep_tp_inside_nvlink else "OUTSIDE"
+    gbs_note = " (model default, rounded to a multiple of MBS x DP)" if spec.gbs_is_default else ""
+    return [
+        f"world size     {lay.world_size} = {lay.nodes} node(s) x {lay.ranks_per_node} rank(s)/node",
+        f"model parallel TP={lay.tp} PP={lay.pp} VP={lay.vp} CP={lay.cp}  ->  DP={lay.dp}",
+        f"experts        EP={lay.ep}{' (auto)' if lay.ep_auto else ''} ETP={lay.etp}  ->  expert DP={lay.expert_dp}"
+        f"  ({spec.model.num_experts} experts, {spec.model.num_experts // max(lay.ep, 1)} per rank)",
+        f"NVLink         EP x TP = {lay.ep_tp_group} ranks, {nvlink} the {lay.nvlink_domain_gpus}-GPU domain; "
+        f"job spans {lay.nvlink_domains_spanned} domain(s)",
+        f"batch          GBS={spec.gbs}{gbs_note} = MBS {spec.mbs} x DP {lay.dp} x {spec.accumulation_steps} "
+        f"accumulation step(s); seq_length={spec.seq_length}",
+    ]
+
+
+def render(spec: RunSpec, findings: list[Finding]) -> str:
+    knobs = [
+        f"model={spec.model.name} parallelism={spec.family} dispatcher={spec.dispatcher.name} "
+        f"recompute={spec.recompute.name} cuda_graph={spec.cuda_graph.name} vision_freeze={spec.freeze.name} "
+        f"data={spec.data.kind.value} cluster={spec.cluster.name}",
+        f"engine={spec.engine} (requested {spec.engine_requested}) nodes={spec.layout.nodes} mbs={spec.mbs} "
+        f"gbs={spec.gbs} seq_length={spec.seq_length} train_iters={spec.train_iters} seed={spec.seed}",
+    ]
+    out = ["== moe_vlm plan ==", "", "-- knobs --", *knobs, "", "-- layout --", *layout_lines(spec), ""]
+    errors = [f for f in findings if f.is_error]
+    out.append(f"-- findings: {len(errors)} error(s), {len(findings) - len(errors)} warning(s) --")
+    out += [f.line() for f in findings] or ["none"]
+    out.append("")
+    if spec.engine == "megatron":
+        recipe = select_recipe(spec)
+        recipe_line = f"{recipe.module}.{recipe.function} ({recipe.kind})" if recipe else "none for this model"
+        out += ["-- Megatron Bridge --", f"recipe         {recipe_line}", "overrides (knob -> field = value):"]
+        for o in bridge_overrides(spec):
+            why = f"   # {o.why}" if o.why else ""
+            out.append(f"  {o.knob:<40} {o.field:<48} = {_fmt(o.value)}{why}")
+    else:
+        out += ["-- torch engine --", "transformers Qwen3VLMoeForConditionalGeneration + torch FSDP2 "
+                f"({spec.parallelism.sharding_strategy.value}), {spec.layout.world_size} rank(s)"]
+    out += ["", "VALID" if not errors else f"INVALID: {len(errors)} error(s); nothing was run or submitted."]
+    return "\n".join(out)

@@ -1,0 +1,139 @@
+"""The run record: steps.jsonl while running, run.json once at the end.
+
+run.json is written with temp file + fsync + rename, so a killed run never leaves a
+half-written record; steps.jsonl is appended and flushed line by line, so a killed run
+leaves every completed step readable.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import json
+import os
+import platform
+import socket
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import Any, TextIO
+
+from moe_vlm.spec import RunSpec
+
+RUN_JSON = "run.json"
+STEPS_JSONL = "steps.jsonl"
+SCHEMA_VERSION = 1
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+def write_json_atomic(path: Path, payload: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as handle:
+            json.dump(payload, handle, indent=2, sort_keys=True, default=str)
+            handle.write("\n")
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+class StepWriter:
+    """Appends one JSON object per line and flushes it, so readers see every finished step."""
+
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.path = path
+        self._handle: TextIO = path.open("a", buffering=1)
+
+    def write(self, record: dict[str, Any]) -> None:
+        self._handle.write(json.dumps(record, sort_keys=True, default=str) + "\n")
+        self._handle.flush()
+
+    def close(self) -> None:
+        self._handle.close()
+
+    def __enter__(self) -> StepWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def read_steps(path: Path) -> list[dict[str, Any]]:
+    """Every complete line; a torn last line from a killed writer is skipped."""
+    steps = []
+    if not path.exists():
+        return steps
+    for line in path.read_text().splitlines():
+        try:
+            steps.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return steps
+
+
+def _version(package: str) -> str | None:
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def git_state(root: Path = REPO_ROOT) -> dict[str, Any]:
+    def git(*args: str) -> str | None:
+        try:
+            done = subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, timeout=10)
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        return done.stdout.strip() if done.returncode == 0 else None
+
+    commit = git("rev-parse", "HEAD")
+    status = git("status", "--porcelain", "--untracked-files=no")
+    return {"commit": commit, "dirty": bool(status) if status is not None else None}
+
+
+def environment() -> dict[str, Any]:
+    packages = ("torch", "transformers", "hydra-core", "submitit", "megatron-core", "megatron-bridge")
+    return {
+        "python": platform.python_version(),
+        **{name.replace("-", "_"): _version(name) for name in packages},
+        "git": git_state(),
+        "host": socket.gethostname(),
+        "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
+    }
+
+
+def point_id(config: dict[str, Any], code_version: str | None) -> str:
+    """Identity of a sweep point: the resolved config plus the code that runs it."""
+    blob = json.dumps({"config": config, "code": code_version}, sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def base_record(spec: RunSpec, config: dict[str, Any], status: str) -> dict[str, Any]:
+    env = environment()
+    layout = spec.layout
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "status": status,
+        "point_id": point_id(config, env["git"]["commit"]),
+        "config": config,
+        "spec": spec.to_dict(),
+        "layout": {
+            "world_size": layout.world_size,
+            "nodes": layout.nodes,
+            "dp": layout.dp,
+            "tp": layout.tp,
+            "pp": layout.pp,
+            "vp": layout.vp,
+            "cp": layout.cp,
+            "ep": layout.ep,
+            "etp": layout.etp,
+        },
+        "engine": spec.engine,
+        "data": {"kind": spec.data.kind.value},
+        "env": env,
+    }

@@ -1,0 +1,53 @@
+"""One run: compose -> spec -> validate -> (plan | engine) -> record."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig, OmegaConf
+
+from moe_vlm.plan import render
+from moe_vlm.record import RUN_JSON, base_record, write_json_atomic
+from moe_vlm.rules import errors, validate
+from moe_vlm.spec import RunSpec
+
+EXIT_INVALID = 2
+
+
+def resolved_config(cfg: DictConfig) -> dict[str, Any]:
+    plain = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
+    assert isinstance(plain, dict)
+    return {str(k): v for k, v in plain.items()}
+
+
+def run(cfg: DictConfig) -> None:
+    spec = RunSpec.from_config(cfg)
+    findings = validate(spec)
+    bad = errors(findings)
+    if spec.dry_run:
+        print(render(spec, findings))
+        if bad:
+            sys.exit(EXIT_INVALID)
+        return
+
+    for finding in findings:
+        print(finding.line(), file=sys.stderr)
+    run_dir = Path(HydraConfig.get().runtime.output_dir)
+    config = resolved_config(cfg)
+    if bad:
+        record = base_record(spec, config, status="rejected")
+        record["findings"] = [f.to_dict() for f in findings]
+        write_json_atomic(run_dir / RUN_JSON, record)
+        print(f"moe_vlm: rejected before any work: {len(bad)} error(s) above; nothing was run.", file=sys.stderr)
+        sys.exit(EXIT_INVALID)
+
+    from moe_vlm.engines import EngineUnavailable, launch
+
+    try:
+        launch(spec, config, run_dir)
+    except EngineUnavailable as exc:
+        print(f"moe_vlm: error: {exc}", file=sys.stderr)
+        sys.exit(EXIT_INVALID)

@@ -1,0 +1,245 @@
+"""The config schema: one plain dataclass per Hydra config group.
+
+Registered in Hydra's ConfigStore as ``train_schema`` so that a typo in a key or a
+value of the wrong type fails at composition, before anything runs. Every field a
+user may set lives here with a comment; the YAML files under ``conf/`` only fill in
+values.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING
+
+
+class Engine(Enum):
+    auto = "auto"  # megatron on GPU clusters, torch on cluster=local
+    torch = "torch"  # embedded engine: transformers Qwen3-VL-MoE + torch FSDP2
+    megatron = "megatron"  # Megatron Bridge + Megatron Core + Transformer Engine
+
+
+class DataKind(Enum):
+    mock = "mock"  # image-free token batches: NOT a performance proxy for a VLM
+    synthetic = "synthetic"  # realistic image payloads generated from the seed
+    real = "real"  # image-text WebDataset shards on disk (Energon layout)
+
+
+class TokenDispatcher(Enum):
+    alltoall = "alltoall"
+    allgather = "allgather"
+    flex = "flex"  # DeepEP / HybridEP, picked by `backend`
+
+
+class FlexBackend(Enum):
+    none = "none"
+    deepep = "deepep"
+    hybridep = "hybridep"
+
+
+class RecomputeGranularity(Enum):
+    none = "none"
+    selective = "selective"
+    full = "full"
+
+
+class RecomputeMethod(Enum):
+    none = "none"
+    uniform = "uniform"
+    block = "block"
+
+
+class CudaGraphImpl(Enum):
+    none = "none"
+    transformer_engine = "transformer_engine"
+    local = "local"
+    full_iteration = "full_iteration"
+
+
+class ShardingStrategy(Enum):
+    no_shard = "no_shard"
+    optim = "optim"
+    optim_grads = "optim_grads"
+    optim_grads_params = "optim_grads_params"
+
+
+@dataclass
+class ModelConfig:
+    name: str = MISSING
+    hf_model_id: str = MISSING  # the Hugging Face id; its config is materialised offline
+    arch: str = "qwen3_vl_moe"  # qwen3_vl_moe | qwen3_5_moe (hybrid linear attention)
+    # Language model (decoder).
+    num_layers: int = MISSING
+    hidden_size: int = MISSING
+    num_attention_heads: int = MISSING
+    num_query_groups: int = MISSING  # KV heads
+    head_dim: int = MISSING
+    vocab_size: int = MISSING
+    num_experts: int = MISSING
+    moe_top_k: int = MISSING
+    moe_ffn_hidden_size: int = MISSING  # per routed expert
+    num_shared_experts: int = 0
+    shared_expert_ffn_hidden_size: int = 0
+    num_dense_layers: int = 0  # leading dense (non-MoE) layers
+    dense_ffn_hidden_size: int = 0
+    # Every Nth layer is full attention, the others Gated DeltaNet (Qwen3.5); 1 = all full attention.
+    full_attention_interval: int = 1
+    linear_num_key_heads: int = 0
+    linear_num_value_heads: int = 0
+    linear_key_head_dim: int = 0
+    linear_value_head_dim: int = 0
+    tie_word_embeddings: bool = False
+    max_position_embeddings: int = 262144
+    rope_theta: float = 5_000_000.0
+    # Vision encoder (ViT) and patch merger / projector.
+    vision_depth: int = MISSING
+    vision_hidden_size: int = MISSING
+    vision_num_heads: int = MISSING
+    vision_intermediate_size: int = MISSING
+    vision_patch_size: int = 16
+    vision_spatial_merge_size: int = 2
+    vision_temporal_patch_size: int = 2
+    vision_num_position_embeddings: int = 2304
+    vision_deepstack_layers: list[int] = field(default_factory=list)
+    projector_out_size: int = MISSING  # merger output = decoder hidden size
+    # Special tokens (Qwen3-VL tokenizer ids; the tiny model keeps them inside its small vocab).
+    image_token_id: int = 151655
+    vision_start_token_id: int = 151652
+    vision_end_token_id: int = 151653
+    pad_token_id: int = 151643
+    # Defaults chosen per model so that runs are valid as typed.
+    default_seq_length: int = 4096
+    default_gbs: int = 512
+
+
+@dataclass
+class ParallelismConfig:
+    family: str = "fsdp"  # fsdp | 3d
+    tp: int = 1
+    pp: int = 1
+    vp: int = 1  # virtual pipeline stages per rank (1 = off)
+    cp: int = 1
+    ep: int = 0  # 0 = size EP to the experts (largest divisor of the expert count that fits the world)
+    etp: int = 1
+    sequence_parallel: bool = False
+    # Uneven pipeline split (0 = even): vision + embedding sit on the first stage, logits on the last.
+    first_stage_layers: int = 0
+    last_stage_layers: int = 0
+    # Megatron FSDP only.
+    sharding_strategy: ShardingStrategy = ShardingStrategy.optim_grads_params
+    fsdp_version: int = 1  # 2 is DP-only: no MoE, no TP/PP/CP/EP, no CUDA graphs
+    fsdp_double_buffer: bool = False
+    nccl_ub: bool = False
+
+
+@dataclass
+class DispatcherConfig:
+    name: str = "alltoall"
+    token_dispatcher: TokenDispatcher = TokenDispatcher.alltoall
+    backend: FlexBackend = FlexBackend.none
+    num_sms: int = 0  # 0 = engine default; moe_flex_dispatcher_num_sms otherwise
+    fp8_dispatch: bool = False
+    # HybridEP topology (env vars the engine reads). 0 = derive from the cluster.
+    hybridep_ranks_per_nvlink_domain: int = 0
+    hybridep_nvlink_domain_size: int = 0
+    hybridep_use_mnnvl: bool = False
+    hybridep_tokens_per_chunk_combine: int = 0  # 0 = engine default
+    overlap_moe_expert_parallel_comm: bool = False
+
+
+@dataclass
+class RecomputeConfig:
+    name: str = "none"
+    granularity: RecomputeGranularity = RecomputeGranularity.none
+    method: RecomputeMethod = RecomputeMethod.none  # full only
+    num_layers: int = 0  # full only: layers per recompute chunk (uniform) or count (block)
+    # selective only: core_attn, moe_act, layernorm, mla_up_proj, mlp, moe, shared_experts, gdn_norm_out
+    modules: list[str] = field(default_factory=list)
+
+
+@dataclass
+class CudaGraphConfig:
+    name: str = "none"
+    impl: CudaGraphImpl = CudaGraphImpl.none
+    # attn, mlp, moe, moe_router, moe_preprocess, mamba; empty = whole layer
+    scope: list[str] = field(default_factory=list)
+    warmup_steps: int = 3
+
+
+@dataclass
+class VisionFreezeConfig:
+    name: str = "none"
+    vision: bool = False  # ViT blocks and patch embedding
+    projector: bool = False  # patch merger (and deepstack mergers)
+    language: bool = False  # the decoder; set explicitly, never inherited from the engine
+
+
+@dataclass
+class DataConfig:
+    kind: DataKind = DataKind.mock
+    path: str | None = None  # real: directory of WebDataset shards
+    pack_sequences: bool = False  # False = pad every sample to seq_length
+    num_workers: int = 0
+    # synthetic: image sizes and counts per sample
+    min_images: int = 1
+    max_images: int = 2
+    min_long_side_px: int = 336
+    max_long_side_px: int = 1344
+    aspect_ratios: list[float] = field(default_factory=lambda: [1.0, 0.75, 1.333, 0.5625, 1.778])
+    min_text_tokens: int = 64
+    max_text_tokens: int = 512
+    # Qwen3-VL image processor bounds (pixels per image after resize)
+    min_pixels: int = 256 * 28 * 28 // 4
+    max_pixels: int = 1280 * 28 * 28
+
+
+@dataclass
+class ClusterConfig:
+    name: str = "local"
+    gpu: str = "cpu"  # device name as the engine sees it, e.g. "NVIDIA GB200"
+    compute_capability: float = 0.0  # 0 = no GPU
+    gpus_per_node: int = 2  # on cluster=local: ranks per node (CPU processes or local GPUs)
+    gpu_memory_gib: float = 0.0
+    nvlink_domain_gpus: int = 1  # GPUs that share one NVLink domain (NVL72: 72)
+    peak_bf16_flops: float = 0.0  # dense BF16 peak per GPU, the MFU denominator
+    default_dispatcher: str = "alltoall"
+    is_gpu_cluster: bool = False
+
+
+@dataclass
+class TrainConfig:
+    model: ModelConfig = MISSING
+    parallelism: ParallelismConfig = MISSING
+    dispatcher: DispatcherConfig = MISSING
+    recompute: RecomputeConfig = MISSING
+    cuda_graph: CudaGraphConfig = MISSING
+    vision_freeze: VisionFreezeConfig = MISSING
+    data: DataConfig = MISSING
+    cluster: ClusterConfig = MISSING
+    engine: Engine = Engine.auto
+    dry_run: bool = False
+    mbs: int = 1
+    gbs: int | None = None  # None = model default, rounded up to a multiple of MBS x DP
+    seq_length: int | None = None  # None = model default
+    nodes: int = 1
+    nproc: int | None = None  # ranks per node; None = cluster.gpus_per_node
+    train_iters: int = 8
+    warmup_steps: int = 2  # excluded from the steady-state window
+    seed: int = 1234
+    lr: float = 3e-4
+    # Shortcuts into the parallelism group: None keeps the group's value.
+    tp: int | None = None
+    pp: int | None = None
+    vp: int | None = None
+    cp: int | None = None
+    ep: int | None = None
+    etp: int | None = None
+
+
+def register() -> None:
+    ConfigStore.instance().store(name="train_schema", node=TrainConfig)
+
+
+register()

@@ -1,0 +1,212 @@
+"""RunSpec: the resolved knobs plus every derived number, computed once.
+
+Everything after composition (rules, plan, engines, metrics, memory) reads a RunSpec,
+never raw Hydra config, so a derived number (DP, accumulation steps, EP) has exactly one
+definition.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from enum import Enum
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from moe_vlm.schema import (
+    ClusterConfig,
+    CudaGraphConfig,
+    DataConfig,
+    DispatcherConfig,
+    ModelConfig,
+    ParallelismConfig,
+    RecomputeConfig,
+    TrainConfig,
+    VisionFreezeConfig,
+)
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How the world is cut up. Sizes that do not divide evenly are floored; rules report them."""
+
+    world_size: int
+    nodes: int
+    ranks_per_node: int
+    tp: int
+    pp: int
+    vp: int
+    cp: int
+    ep: int
+    etp: int
+    dp: int  # world / (TP x PP x CP)
+    expert_dp: int  # world / (EP x ETP x PP)
+    ep_auto: bool  # EP was sized automatically (ep=0)
+    nvlink_domain_gpus: int
+    ep_tp_group: int  # ranks one token can be dispatched across: EP x TP
+    nvlink_domains_spanned: int  # domains the whole job touches
+
+    @property
+    def ep_tp_inside_nvlink(self) -> bool:
+        return self.ep_tp_group <= self.nvlink_domain_gpus
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    model: ModelConfig
+    parallelism: ParallelismConfig
+    dispatcher: DispatcherConfig
+    recompute: RecomputeConfig
+    cuda_graph: CudaGraphConfig
+    freeze: VisionFreezeConfig
+    data: DataConfig
+    cluster: ClusterConfig
+    engine: str  # resolved: torch | megatron
+    engine_requested: str  # as the user set it: auto | torch | megatron
+    dry_run: bool
+    mbs: int
+    gbs: int
+    gbs_is_default: bool
+    seq_length: int
+    train_iters: int
+    warmup_steps: int
+    seed: int
+    lr: float
+    layout: Layout
+
+    @property
+    def accumulation_steps(self) -> int:
+        denominator = self.mbs * self.layout.dp
+        return self.gbs // denominator if denominator > 0 else 0
+
+    @property
+    def family(self) -> str:
+        return self.parallelism.family
+
+    def to_dict(self) -> dict[str, Any]:
+        return _plain(asdict(self)) | {"accumulation_steps": self.accumulation_steps}
+
+    @classmethod
+    def from_config(cls, cfg: DictConfig | TrainConfig) -> RunSpec:
+        train: TrainConfig = OmegaConf.to_object(cfg) if isinstance(cfg, DictConfig) else cfg  # type: ignore[assignment]
+        return build_spec(train)
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, Enum):
+        return value.value
+    if isinstance(value, dict):
+        return {key: _plain(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(item) for item in value]
+    return value
+
+
+def resolve_engine(requested: str, cluster: ClusterConfig) -> str:
+    if requested != "auto":
+        return requested
+    return "megatron" if cluster.is_gpu_cluster else "torch"
+
+
+def auto_expert_parallel(
+    num_experts: int, world_size: int, pp: int, etp: int, tp: int, nvlink_domain_gpus: int, engine: str
+) -> int:
+    """Largest EP that divides the experts and the expert-parallel world and keeps EP x TP on NVLink.
+
+    The guide sizes EP to the expert topology ("often large"), but never past the NVLink
+    domain, where all-to-all traffic would fall back to the scale-out network.
+    """
+    if engine == "torch":
+        return 1  # the embedded engine replicates experts; it has no expert parallelism
+    room = world_size // max(pp * etp, 1)
+    limit = max(nvlink_domain_gpus // max(tp, etp, 1), 1)
+    best = 1
+    for candidate in range(1, num_experts + 1):
+        if num_experts % candidate == 0 and room % candidate == 0 and candidate <= limit:
+            best = candidate
+    return best
+
+
+def build_spec(train: TrainConfig) -> RunSpec:
+    par = train.parallelism
+    cluster = train.cluster
+    model = train.model
+    engine = resolve_engine(train.engine.value, cluster)
+
+    tp = train.tp if train.tp is not None else par.tp
+    pp = train.pp if train.pp is not None else par.pp
+    vp = train.vp if train.vp is not None else par.vp
+    cp = train.cp if train.cp is not None else par.cp
+    etp = train.etp if train.etp is not None else par.etp
+    ep_requested = train.ep if train.ep is not None else par.ep
+    ranks_per_node = train.nproc if train.nproc is not None else cluster.gpus_per_node
+    world = train.nodes * ranks_per_node
+
+    ep_auto = ep_requested == 0
+    ep = (
+        auto_expert_parallel(model.num_experts, world, pp, etp, tp, cluster.nvlink_domain_gpus, engine)
+        if ep_auto
+        else ep_requested
+    )
+    dp = world // (tp * pp * cp) if tp > 0 and pp > 0 and cp > 0 else 0
+    expert_dp = world // (ep * etp * pp) if ep > 0 and etp > 0 and pp > 0 else 0
+
+    layout = Layout(
+        world_size=world,
+        nodes=train.nodes,
+        ranks_per_node=ranks_per_node,
+        tp=tp,
+        pp=pp,
+        vp=vp,
+        cp=cp,
+        ep=ep,
+        etp=etp,
+        dp=dp,
+        expert_dp=expert_dp,
+        ep_auto=ep_auto,
+        nvlink_domain_gpus=cluster.nvlink_domain_gpus,
+        ep_tp_group=ep * tp,
+        nvlink_domains_spanned=math.ceil(world / max(cluster.nvlink_domain_gpus, 1)),
+    )
+
+    step = train.mbs * dp
+    if train.gbs is None and step > 0:
+        gbs = math.ceil(model.default_gbs / step) * step
+    else:
+        gbs = train.gbs if train.gbs is not None else model.default_gbs
+
+    # The engine is what runs the job, so the spec carries resolved copies of the shortcut knobs.
+    resolved_par = ParallelismConfig(**{**vars(par), "tp": tp, "pp": pp, "vp": vp, "cp": cp, "ep": ep, "etp": etp})
+    return RunSpec(
+        model=model,
+        parallelism=resolved_par,
+        dispatcher=train.dispatcher,
+        recompute=train.recompute,
+        cuda_graph=train.cuda_graph,
+        freeze=train.vision_freeze,
+        data=train.data,
+        cluster=cluster,
+        engine=engine,
+        engine_requested=train.engine.value,
+        dry_run=train.dry_run,
+        mbs=train.mbs,
+        gbs=gbs,
+        gbs_is_default=train.gbs is None,
+        seq_length=train.seq_length if train.seq_length is not None else model.default_seq_length,
+        train_iters=train.train_iters,
+        warmup_steps=train.warmup_steps,
+        seed=train.seed,
+        lr=train.lr,
+        layout=layout,
+    )
+
+
+def hybridep_topology(spec: RunSpec) -> dict[str, int]:
+    """HybridEP env settings implied by the cluster and layout (what Bridge's GB200 recipes set)."""
+    cluster = spec.cluster
+    return {
+        "NUM_OF_HYBRID_EP_RANKS_PER_NVLINK_DOMAIN": min(spec.layout.ep, cluster.nvlink_domain_gpus),
+        "NVLINK_DOMAIN_SIZE": cluster.nvlink_domain_gpus,
+        "USE_MNNVL": int(cluster.nvlink_domain_gpus > cluster.gpus_per_node),
+    }

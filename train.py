@@ -1,0 +1,24 @@
+"""moe_vlm entry point: `python train.py [group=option ...] [key=value ...]`."""
+
+import sys
+
+import hydra
+from omegaconf import DictConfig
+
+import moe_vlm.schema  # noqa: F401  (registers the config schema)
+from moe_vlm.compose import BadInput, preflight
+from moe_vlm.run import EXIT_INVALID, run
+
+
+@hydra.main(version_base=None, config_path="conf", config_name="train")
+def main(cfg: DictConfig) -> None:
+    run(cfg)
+
+
+if __name__ == "__main__":
+    try:
+        preflight(sys.argv[1:])
+    except BadInput as bad:
+        print(f"moe_vlm: error: {bad}", file=sys.stderr)
+        sys.exit(EXIT_INVALID)
+    main()
