@@ -1,0 +1,35 @@
+"""`moe-vlm report | status | advise`: one console script, one module per subcommand."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+SUBCOMMANDS = {
+    "report": ("moe_vlm.report", "turn run and sweep directories into ranked tables and plots"),
+    "status": ("moe_vlm.launch.status", "per-point state of a sweep (queued/running/completed/failed/rejected)"),
+    "advise": ("moe_vlm.advise", "what to run first, or what to try next after a sweep"),
+}
+
+
+def usage() -> str:
+    lines = ["usage: moe-vlm {" + "|".join(SUBCOMMANDS) + "} [args...]", ""]
+    lines += [f"  {name:<8} {summary}" for name, (_, summary) in SUBCOMMANDS.items()]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args or args[0] in ("-h", "--help"):
+        print(usage())
+        return 0 if args else 2
+    name, rest = args[0], args[1:]
+    if name not in SUBCOMMANDS:
+        print(f"moe-vlm: error: unknown subcommand {name!r}; allowed: {', '.join(SUBCOMMANDS)}.", file=sys.stderr)
+        return 2
+    module = importlib.import_module(SUBCOMMANDS[name][0])
+    return int(module.main(rest) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
