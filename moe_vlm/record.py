@@ -3,6 +3,24 @@
 run.json is written with temp file + fsync + rename, so a killed run never leaves a
 half-written record; steps.jsonl is appended and flushed line by line, so a killed run
 leaves every completed step readable.
+
+One steps.jsonl line per optimizer step per rank (rank 0 gathers and writes them all):
+
+    step                 1-based optimizer step
+    rank                 data-parallel rank
+    warmup               step <= warmup_steps (excluded from the steady window)
+    time_unix_s          wall clock at the end of the step
+    step_time_s          wall time of the whole optimizer step (all micro-batches), synchronised
+    loss                 mean loss over this rank's micro-batches
+    grad_norm            global gradient norm (same on every rank)
+    lr                   learning rate used
+    micro_batches        accumulation steps run
+    tokens               {"padded", "real", "text", "image", "loss"}: this rank, summed over micro-batches
+    sequences, images, vision_patches, sum_seq_len_squared, sum_patches_squared
+                         this rank, summed over micro-batches (see data.batch.BatchStats)
+    peak_memory_gib      peak so far on this rank
+    memory_kind          "cuda_max_allocated" (GPU) or "process_peak_rss" (CPU)
+    components_s         {"vision_encoder", "projector", "decoder"}: forward + backward seconds
 """
 
 from __future__ import annotations
