@@ -7,8 +7,83 @@ import pytest
 from moe_vlm.rules import CATALOGUE, validate
 from tests.conftest import make_spec
 
+# A small GPU-cluster run on the Megatron engine: 1 B200 node (8 GPUs), Qwen3-VL-30B-A3B, EP auto = 8.
+MEG = ["cluster=b200", "model=qwen3_vl_30b_a3b", "nodes=1"]
+GB200 = ["cluster=gb200", "model=qwen3_vl_30b_a3b", "nodes=2"]
+BIG_3D = ["cluster=b200", "model=qwen3_vl_235b_a22b", "nodes=8", "parallelism=3d", "pp=8"]
+TE = "cuda_graph=te_moe"
+
 # code -> (overrides that fire it, overrides that do not)
-CASES: dict[str, tuple[list[str], list[str]]] = {}
+CASES: dict[str, tuple[list[str], list[str]]] = {
+    "C001": (["mbs=0"], []),
+    "C002": (["parallelism.family=2d"], []),
+    "C003": (["train_iters=2", "warmup_steps=2"], ["train_iters=3", "warmup_steps=2"]),
+    "C004": (["vision_freeze=vision_projector", "vision_freeze.language=true"], ["vision_freeze=vision_projector"]),
+    "L001": ([*MEG, "parallelism=3d", "tp=3"], [*MEG, "parallelism=3d", "tp=2"]),
+    "L002": ([*MEG, "ep=16"], [*MEG, "ep=8"]),
+    "L003": ([*MEG, "ep=3"], [*MEG, "ep=4"]),
+    # 94 layers over PP=8 is uneven; 11 + 6 x 12 + 11 = 94 is the explicit uneven split.
+    "L004": (BIG_3D, [*BIG_3D, "parallelism.first_stage_layers=11", "parallelism.last_stage_layers=11"]),
+    "L005": ([*MEG, "parallelism=3d", "tp=8"], [*MEG, "parallelism=3d", "tp=4"]),
+    "L006": ([*MEG, "gbs=100"], [*MEG, "gbs=64"]),
+    "L007": (
+        [*MEG, "parallelism=3d", "cp=2", "seq_length=4098"],
+        [*MEG, "parallelism=3d", "cp=2", "seq_length=4096"],
+    ),
+    "L008": ([*MEG, "parallelism=3d", "vp=2"], [*MEG, "parallelism=3d", "pp=2", "vp=2"]),
+    "L009": (
+        [*MEG, "parallelism=3d", "tp=2", "ep=4"],
+        [*MEG, "parallelism=3d", "tp=2", "ep=4", "parallelism.sequence_parallel=true"],
+    ),
+    "L010": ([*MEG, "parallelism=3d", "etp=5"], [*MEG, "parallelism=3d", "ep=4", "etp=2"]),
+    "L011": ([*MEG, "nproc=16"], [*MEG, "nproc=8"]),
+    "L012": ([*MEG, "parallelism.sequence_parallel=true"], MEG),
+    "F001": ([*MEG, "parallelism.fsdp_version=2"], MEG),
+    "F002": ([*MEG, "parallelism=3d", "parallelism.sharding_strategy=optim"], [*MEG, "parallelism=3d"]),
+    "F003": ([*MEG, "pp=2"], MEG),
+    "F004": ([*MEG, "tp=2"], MEG),
+    "D001": ([*GB200, "dispatcher=deepep"], [*MEG, "dispatcher=deepep"]),
+    "D002": ([*MEG, "dispatcher=hybridep", "cluster.compute_capability=12.0"], [*MEG, "dispatcher=hybridep"]),
+    "D003": ([*MEG, "dispatcher=deepep", "ep=1"], [*MEG, "dispatcher=deepep"]),
+    "D004": ([*MEG, "dispatcher=hybridep", "dispatcher.fp8_dispatch=true"], [*MEG, "dispatcher=hybridep"]),
+    "D005": ([*MEG, "dispatcher.token_dispatcher=flex"], MEG),
+    "D006": (
+        [*MEG, "dispatcher.overlap_moe_expert_parallel_comm=true", "recompute=full"],
+        [*MEG, "dispatcher.overlap_moe_expert_parallel_comm=true"],
+    ),
+    "D007": (
+        [*MEG, "dispatcher=hybridep", "dispatcher.hybridep_nvlink_domain_size=72"],
+        [*MEG, "dispatcher=hybridep"],
+    ),
+    "G001": ([*MEG, TE, "cuda_graph.scope=[moe_router,bogus]"], [*MEG, TE]),
+    "G002": ([*MEG, TE, "cuda_graph.impl=local"], [*MEG, "cuda_graph=full_iteration"]),
+    "G003": ([*MEG, TE, "cuda_graph.scope=[moe,moe_router]"], [*MEG, TE]),
+    "G004": ([*MEG, TE, "cuda_graph.scope=[moe_preprocess]"], [*MEG, TE]),
+    "G005": ([*MEG, TE, "cuda_graph.scope=[moe]"], [*MEG, TE]),
+    "G006": ([*MEG, TE, "cuda_graph.scope=[mlp]"], [*MEG, TE]),
+    "G007": ([*MEG, TE, "recompute=full"], [*MEG, "cuda_graph=full_iteration", "recompute=full"]),
+    "G008": ([*MEG, TE, "recompute=selective", "recompute.modules=[moe]"], [*MEG, TE, "recompute=selective"]),
+    "G009": ([*MEG, "cuda_graph=te_attn_moe"], [*MEG, TE]),
+    "G010": ([*MEG, TE, "data.pack_sequences=true"], [*MEG, TE]),
+    "G011": ([*MEG, "cuda_graph.scope=[attn]"], MEG),
+    "R001": ([*MEG, "recompute=selective", "recompute.modules=[bogus]"], [*MEG, "recompute=selective"]),
+    "R002": ([*MEG, "recompute=selective", "recompute.modules=[]"], [*MEG, "recompute=selective"]),
+    "R003": ([*MEG, "recompute=full"], [*MEG, "recompute=selective"]),
+    "E001": (["parallelism=3d"], []),
+    "E002": (["tp=2"], []),
+    "E003": (["dispatcher=deepep"], []),
+    "E004": ([TE], []),
+    "E005": (["model=qwen35_vl_35b_a3b", "engine=torch"], []),
+    "E006": (["parallelism.sharding_strategy=optim"], ["parallelism.sharding_strategy=optim_grads"]),
+    "E007": (["engine=megatron"], ["engine=megatron", "dry_run=true"]),
+    "A001": (["data=real"], ["data=real", "data.path=/tmp/shards"]),
+    "A002": (["data.min_images=3", "data.max_images=1"], []),
+    "A003": ([*MEG, "data.pack_sequences=true", "mbs=2"], [*MEG, "data.pack_sequences=true"]),
+    "A004": (["data=mock"], ["data=synthetic"]),
+    "W001": ([*MEG, "parallelism=3d", "ep=4", "etp=2"], [*MEG, "parallelism=3d", "ep=8"]),
+    "W002": ([*MEG, "nodes=2", "ep=16"], [*MEG, "nodes=2"]),
+    "W003": (GB200, [*GB200, "dispatcher=hybridep"]),
+}
 
 
 def codes(*overrides: str) -> set[str]:
@@ -30,3 +105,23 @@ def test_rule_fires(code: str) -> None:
 def test_rule_quiet(code: str) -> None:
     _, quiet = CASES[code]
     assert code not in codes(*quiet), f"{code} fired for {quiet}"
+
+
+def test_all_findings_reported_at_once() -> None:
+    findings = validate(make_spec("mbs=0", "parallelism=3d", "tp=2", "dispatcher=deepep"))
+    assert {"C001", "E001", "E002", "E003"} <= {f.code for f in findings}
+    levels = [f.level.value for f in findings]
+    assert levels == sorted(levels), "errors come before warnings"
+
+
+def test_every_finding_names_keys_and_a_fix() -> None:
+    findings = validate(make_spec("mbs=0", "parallelism=3d", "tp=2", "dispatcher=deepep", "cuda_graph=te_moe"))
+    for finding in findings:
+        assert finding.keys and finding.message and finding.fix
+        assert "\n" not in finding.line()
+
+
+def test_rule_codes_are_unique_and_stable_format() -> None:
+    codes_seen = [rule.code for rule in CATALOGUE]
+    assert len(codes_seen) == len(set(codes_seen))
+    assert all(len(code) == 4 and code[0].isalpha() and code[1:].isdigit() for code in codes_seen)

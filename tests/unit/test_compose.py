@@ -1,0 +1,157 @@
+"""Every config group option composes; bad input fails in one line with exit 2 and writes nothing."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from moe_vlm.rules import errors, validate
+from tests.conftest import CONF, REPO, make_spec
+
+GROUPS = ["model", "parallelism", "dispatcher", "recompute", "cuda_graph", "vision_freeze", "data", "cluster"]
+
+
+def options(group: str) -> list[str]:
+    return sorted(path.stem for path in (CONF / group).glob("*.yaml"))
+
+
+@pytest.mark.parametrize(
+    "override", [f"{group}={option}" for group in GROUPS for option in options(group)]
+)
+def test_every_group_option_composes(override: str) -> None:
+    spec = make_spec(override, "dry_run=true")
+    group, option = override.split("=")
+    name = {
+        "parallelism": spec.family,
+        "vision_freeze": spec.freeze.name,
+        "data": spec.data.kind.value,
+    }.get(group) or getattr(spec, group).name
+    assert name == option
+
+
+def test_every_group_has_its_options() -> None:
+    assert options("model") == ["qwen35_vl_35b_a3b", "qwen3_vl_235b_a22b", "qwen3_vl_30b_a3b", "tiny_moe_vlm"]
+    assert options("cuda_graph") == ["full_iteration", "none", "te_attn_moe", "te_moe"]
+    assert options("cluster") == ["b200", "gb200", "h100", "h200", "local"]
+    assert options("dispatcher") == ["allgather", "alltoall", "deepep", "hybridep"]
+
+
+def test_defaults_are_valid_as_typed() -> None:
+    assert not errors(validate(make_spec()))
+
+
+def test_issue_examples_are_valid_as_typed() -> None:
+    fsdp = make_spec(
+        "parallelism=fsdp", "dispatcher=hybridep", "cluster=gb200", "model=qwen3_vl_235b_a22b", "nodes=16"
+    )
+    three_d = make_spec(
+        "parallelism=3d", "tp=1", "pp=4", "ep=8", "recompute=selective", "cuda_graph=te_moe",
+        "cluster=b200", "nodes=8", "model=qwen3_vl_30b_a3b",
+    )  # fmt: skip
+    assert not errors(validate(fsdp)) and not errors(validate(three_d))
+    assert fsdp.engine == three_d.engine == "megatron"
+
+
+def test_derived_layout() -> None:
+    spec = make_spec("parallelism=3d", "pp=4", "ep=8", "cluster=b200", "nodes=8", "model=qwen3_vl_30b_a3b")
+    lay = spec.layout
+    assert (lay.world_size, lay.dp, lay.expert_dp) == (64, 16, 2)
+    assert spec.gbs == 512 and spec.accumulation_steps == 512 // (1 * 16)
+    assert lay.ep_tp_inside_nvlink
+
+
+def test_auto_ep_stays_inside_the_nvlink_domain() -> None:
+    # 128 experts on 64 GB200s: one NVL72 domain holds all 64 ranks, so EP = 64.
+    assert make_spec("cluster=gb200", "nodes=16", "model=qwen3_vl_235b_a22b").layout.ep == 64
+    # On B200 the domain is one 8-GPU node, so EP stops at 8.
+    assert make_spec("cluster=b200", "nodes=16", "model=qwen3_vl_235b_a22b").layout.ep == 8
+    # The torch engine has no expert parallelism.
+    assert make_spec().layout.ep == 1
+
+
+def test_default_gbs_rounds_to_a_multiple_of_mbs_times_dp() -> None:
+    spec = make_spec("mbs=3")  # tiny: default 4, DP=2 -> next multiple of 6 is 6
+    assert spec.gbs == 6 and spec.gbs_is_default
+    assert make_spec("gbs=8").gbs == 8
+
+
+def test_shortcuts_override_the_group() -> None:
+    spec = make_spec("parallelism=3d", "tp=2", "cluster=b200", "model=qwen3_vl_30b_a3b")
+    assert spec.layout.tp == spec.parallelism.tp == 2
+
+
+def train(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, str(REPO / "train.py"), *args], cwd=cwd, capture_output=True, text=True, timeout=120
+    )
+
+
+BAD_INPUT = {
+    "unknown option": (["dispatcher=foo"], ["dispatcher=foo", "allgather, alltoall, deepep, hybridep"]),
+    "unknown key": (["mbz=2"], ["mbz", "unknown key", "mbs"]),
+    "unknown nested key": (["model.hidden=3"], ["model.hidden", "hidden_size"]),
+    "wrong type": (["mbs=abc"], ["mbs", "Integer"]),
+    "bad enum": (["engine=gpu"], ["engine", "auto, torch, megatron"]),
+    "bad sweep value": (["-m", "mbs=1,x"], ["mbs", "Integer"]),
+    "added key": (["+foo=1"], ["foo", "unknown key"]),
+    "zero size": (["mbs=0"], ["C001", "mbs"]),
+    "negative size": (["nodes=-1"], ["C001", "nodes"]),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", sorted(BAD_INPUT))
+def test_bad_input_is_one_line_exit_2(case: str, tmp_path: Path) -> None:
+    args, needles = BAD_INPUT[case]
+    done = train(*args, cwd=tmp_path)
+    assert done.returncode == 2, done.stderr
+    assert "Traceback" not in done.stderr
+    error_lines = [line for line in done.stderr.splitlines() if line.startswith(("moe_vlm: error", "ERROR"))]
+    assert len(error_lines) == 1, done.stderr
+    for needle in needles:
+        assert needle in error_lines[0]
+    assert "Fix:" in error_lines[0]
+    if case not in ("zero size", "negative size"):
+        # Composition errors are caught before Hydra creates any output directory.
+        assert not any(tmp_path.iterdir())
+
+
+@pytest.mark.slow
+def test_dry_run_prints_the_plan(tmp_path: Path) -> None:
+    done = train(
+        "parallelism=fsdp", "dispatcher=hybridep", "cluster=gb200", "model=qwen3_vl_235b_a22b", "nodes=16",
+        "dry_run=true", cwd=tmp_path,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    out = done.stdout
+    for needle in (
+        "world size     64 = 16 node(s) x 4 rank(s)/node",
+        "EP=64 (auto)",
+        "inside the 72-GPU domain",
+        "GBS=1024",
+        "model.expert_model_parallel_size",
+        "model.moe_flex_dispatcher_backend",
+        "model.freeze_language_model",
+        "ddp.use_megatron_fsdp",
+        "VALID",
+    ):
+        assert needle in out
+
+
+@pytest.mark.slow
+def test_invalid_dry_run_exits_2_with_every_finding(tmp_path: Path) -> None:
+    done = train("parallelism=3d", "tp=2", "dispatcher=deepep", "dry_run=true", cwd=tmp_path)
+    assert done.returncode == 2
+    for code in ("E001", "E002", "E003"):
+        assert f"ERROR {code}" in done.stdout
+    assert "INVALID: " in done.stdout
+
+
+@pytest.mark.slow
+def test_hydra_cfg_printing_still_works(tmp_path: Path) -> None:
+    done = train("--cfg", "job", "model=qwen3_vl_30b_a3b", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "num_experts: 128" in done.stdout
