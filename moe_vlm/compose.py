@@ -18,7 +18,7 @@ from hydra._internal.utils import get_args_parser
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import ConfigCompositionException, MissingConfigException, OverrideParseException
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
@@ -38,7 +38,7 @@ def _available_keys(full_key: str, overrides: list[str]) -> list[str]:
     return sorted(str(k) for k in node.keys() if k != "hydra")
 
 
-def _compose(overrides: list[str]) -> object:
+def _compose(overrides: list[str]) -> DictConfig:
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
         return compose(config_name=CONFIG_NAME, overrides=overrides, return_hydra_config=True)
@@ -102,8 +102,9 @@ def preflight(argv: list[str]) -> None:
     for override in overrides:
         _reject_added_keys(override)
     try:
-        _compose(fixed)
-        for sweep in (o for o in overrides if _is_sweep(o)):
+        base = _compose(fixed)
+        swept = [*(o for o in overrides if _is_sweep(o)), *_preset_sweeps(base, overrides)]
+        for sweep in swept:
             for concrete in _override_values(sweep):
                 _compose([*fixed, concrete])
     except (
@@ -115,6 +116,13 @@ def preflight(argv: list[str]) -> None:
         raise BadInput(explain(exc, overrides)) from exc
     finally:
         GlobalHydra.instance().clear()
+
+
+def _preset_sweeps(cfg: DictConfig, overrides: list[str]) -> list[str]:
+    """Axes a sweep preset adds (`hydra.sweeper.params`), unless the command line sets that key."""
+    params = OmegaConf.select(cfg, "hydra.sweeper.params") or {}
+    given = {o.split("=", 1)[0].lstrip("+~") for o in overrides}
+    return [f"{key}={value}" for key, value in params.items() if key not in given]
 
 
 def _reject_added_keys(override: str) -> None:

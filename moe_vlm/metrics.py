@@ -1,14 +1,34 @@
 """The metrics contract: from steps.jsonl records and the RunSpec to the run.json summary.
 
-Engine-independent. (Minimal first version; FLOPs, MFU and token kinds are added on top.)
+Engine-independent: every engine writes the records described in ``moe_vlm.record`` and calls
+``summarize(steps, spec)``. The rules a careful engineer applies by hand:
+
+- Steady window: steps after the declared warm-up (``warmup_steps``, or a record's own
+  ``warmup: true``), and without steps an engine marked ``"exclude": "<reason>"`` (profiler or
+  checkpoint steps). The window and what it left out are part of the summary.
+- Tokens per step, summed over data-parallel ranks: nominal (GBS x seq_length), padded (what was
+  computed), real (unpadded: text + image placeholders), loss-bearing, image.
+- Throughput per GPU = tokens / (step time x world size), so FSDP and 3D layouts of the same
+  world compare; sums over the window divided by summed step time (a ratio of totals, not a
+  mean of ratios). The ranking metric is effective (real) tokens/s/GPU; nominal sits beside it.
+- FLOPs from ``moe_vlm.flops``: ours (model), Bridge-comparable, hardware. TFLOP/s/GPU and MFU
+  from ours, against the cluster's dense BF16 peak, named in the summary. A cluster without a
+  peak (cluster=local) gets no MFU and a reason; an MFU above 100% means the FLOPs or the timing
+  are wrong, so it is reported as an error, never as a number.
+- Peak memory per GPU (max over ranks), and the vision encoder / projector / decoder shares of
+  the component time the engine measured.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from statistics import median
 from typing import Any
 
+from moe_vlm.flops import MODULES, Workload, step_flops
 from moe_vlm.spec import RunSpec
+
+TERA = 1e12
 
 
 def _percentile(values: list[float], q: float) -> float:
@@ -21,21 +41,190 @@ def _percentile(values: list[float], q: float) -> float:
     return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
 
 
-def summarize(steps: list[dict[str, Any]], spec: RunSpec) -> dict[str, Any]:
-    """Summary over the steady window (steps after spec.warmup_steps), one entry per step."""
-    by_step: dict[int, list[dict[str, Any]]] = {}
+@dataclass
+class SteadyWindow:
+    steps: list[int]  # steady optimizer steps, ascending
+    excluded: dict[str, list[int]] = field(default_factory=dict)  # reason -> steps left out
+
+    def describe(self) -> str:
+        if not self.steps:
+            kept = "no steady steps"
+        else:
+            kept = f"steps {self.steps[0]}-{self.steps[-1]} ({len(self.steps)} steps)"
+        left_out = "; ".join(f"{reason}: {_ranges(steps)}" for reason, steps in self.excluded.items())
+        return f"{kept}; excluded {left_out}" if left_out else kept
+
+
+def _ranges(steps: list[int]) -> str:
+    """[1, 2, 3, 7] -> '1-3, 7'."""
+    parts: list[str] = []
+    for n in sorted(steps):
+        if parts and parts[-1].split("-")[-1] == str(n - 1):
+            parts[-1] = parts[-1].split("-")[0] + f"-{n}"
+        else:
+            parts.append(str(n))
+    return ", ".join(parts)
+
+
+def by_step(steps: list[dict[str, Any]]) -> dict[int, list[dict[str, Any]]]:
+    """Records grouped by step, one per rank (the last one wins if a resumed run repeated a step)."""
+    grouped: dict[int, dict[int, dict[str, Any]]] = {}
     for record in steps:
-        by_step.setdefault(int(record["step"]), []).append(record)
-    steady = [n for n in sorted(by_step) if n > spec.warmup_steps]
-    if not steady:
-        return {"steady_steps": None}
-    step_times = [max(r["step_time_s"] for r in by_step[n]) for n in steady]
-    real_tokens = [sum(r["tokens"]["real"] for r in by_step[n]) for n in steady]
-    world = spec.layout.world_size
-    total_time = sum(step_times)
+        grouped.setdefault(int(record["step"]), {})[int(record.get("rank", 0))] = record
+    return {step: list(ranks.values()) for step, ranks in sorted(grouped.items())}
+
+
+def steady_window(grouped: dict[int, list[dict[str, Any]]], warmup_steps: int) -> SteadyWindow:
+    excluded: dict[str, list[int]] = {}
+    steady: list[int] = []
+    for step, records in grouped.items():
+        reason = next((str(r["exclude"]) for r in records if r.get("exclude")), None)
+        if step <= warmup_steps or any(r.get("warmup") for r in records):
+            reason = "warm-up"
+        if reason:
+            excluded.setdefault(reason, []).append(step)
+        else:
+            steady.append(step)
+    return SteadyWindow(steps=steady, excluded=excluded)
+
+
+def _tokens(record: dict[str, Any], kind: str) -> int:
+    return int(record.get("tokens", {}).get(kind, 0))
+
+
+def workload_of(records: list[dict[str, Any]]) -> Workload:
+    """One step's statistics summed over its data-parallel ranks."""
+    return Workload(
+        sequences=sum(int(r.get("sequences", 0)) for r in records),
+        padded_tokens=sum(_tokens(r, "padded") for r in records),
+        real_tokens=sum(_tokens(r, "real") for r in records),
+        sum_seq_len_squared=sum(int(r.get("sum_seq_len_squared", 0)) for r in records),
+        vision_patches=sum(int(r.get("vision_patches", 0)) for r in records),
+        sum_patches_squared=sum(int(r.get("sum_patches_squared", 0)) for r in records),
+    )
+
+
+def peak_of(spec: RunSpec) -> dict[str, Any]:
+    """The MFU denominator, named: which GPU, which precision, which number, from where."""
+    cluster = spec.cluster
+    flops = cluster.peak_bf16_flops
+    if flops <= 0:
+        return {"name": None, "flops": None}
     return {
-        "steady_steps": [steady[0], steady[-1]],
-        "step_time_s": {"p10": _percentile(step_times, 0.1), "p50": median(step_times), "p90": _percentile(step_times, 0.9)},
-        "effective_tokens_per_s_per_gpu": sum(real_tokens) / total_time / world,
-        "peak_memory_gib": max(r["peak_memory_gib"] for n in steady for r in by_step[n]),
+        "name": f"{cluster.gpu} dense BF16 {flops / TERA:g} TFLOP/s (cluster={cluster.name})",
+        "flops": flops,
     }
+
+
+def mfu_of(model_flops_per_s_per_gpu: float, spec: RunSpec) -> tuple[float | None, str | None]:
+    """(MFU, None), or (None, why there is no MFU). Above 100% is an error, not a number."""
+    peak = peak_of(spec)
+    if peak["flops"] is None:
+        return None, (
+            f"cluster={spec.cluster.name} ({spec.cluster.gpu}) has no dense BF16 peak "
+            "(cluster.peak_bf16_flops=0), so MFU is not defined; a CPU peak would be made up"
+        )
+    mfu = model_flops_per_s_per_gpu / peak["flops"]
+    if mfu > 1.0:
+        return None, (
+            f"ERROR: MFU {mfu:.0%} exceeds 100% of {peak['name']}: the FLOPs count or the step timing is "
+            "wrong (check step_time_s synchronisation and the token statistics)"
+        )
+    return mfu, None
+
+
+def summarize(steps: list[dict[str, Any]], spec: RunSpec) -> dict[str, Any]:
+    """The run.json "summary": steady-window statistics, throughput, FLOPs, MFU, memory, shares."""
+    grouped = by_step(steps)
+    window = steady_window(grouped, spec.warmup_steps)
+    world = spec.layout.world_size
+    peak = peak_of(spec)
+    summary: dict[str, Any] = {
+        "steady_steps": [window.steps[0], window.steps[-1]] if window.steps else None,
+        "steady_window": {
+            "steps": len(window.steps),
+            "excluded": window.excluded,
+            "text": window.describe(),
+        },
+        "world_size": world,
+        "peak": peak,
+        "errors": [],
+    }
+    memory = [r for records in grouped.values() for r in records if r.get("peak_memory_gib") is not None]
+    summary["peak_memory_gib"] = max((float(r["peak_memory_gib"]) for r in memory), default=None)
+    summary["memory_kind"] = memory[-1].get("memory_kind") if memory else None
+    if not window.steps:
+        summary["errors"].append(
+            f"no steady steps: {len(grouped)} step(s) recorded, warmup_steps={spec.warmup_steps}; "
+            "raise train_iters"
+        )
+        summary["mfu"] = None
+        summary["mfu_note"] = "no steady steps"
+        return summary
+
+    steady = [grouped[n] for n in window.steps]
+    step_times = [max(float(r["step_time_s"]) for r in records) for records in steady]
+    total_time = sum(step_times)
+    summary["step_time_s"] = {
+        "p10": _percentile(step_times, 0.1),
+        "p50": median(step_times),
+        "p90": _percentile(step_times, 0.9),
+        "mean": total_time / len(step_times),
+    }
+
+    nominal_per_step = spec.gbs * spec.seq_length
+    totals = {
+        kind: sum(_tokens(r, kind) for records in steady for r in records)
+        for kind in ("padded", "real", "text", "image", "loss")
+    }
+    totals["nominal"] = nominal_per_step * len(steady)
+    summary["tokens_per_step"] = {kind: total / len(steady) for kind, total in totals.items()}
+    per_gpu_second = total_time * world
+    summary["effective_tokens_per_s_per_gpu"] = totals["real"] / per_gpu_second
+    summary["nominal_tokens_per_s_per_gpu"] = totals["nominal"] / per_gpu_second
+    summary["padded_tokens_per_s_per_gpu"] = totals["padded"] / per_gpu_second
+    summary["loss_tokens_per_s_per_gpu"] = totals["loss"] / per_gpu_second
+    summary["image_tokens_per_s_per_gpu"] = totals["image"] / per_gpu_second
+
+    flops = [step_flops(spec, workload_of(records)) for records in steady]
+    model_flops = sum(f.model for f in flops)
+    summary["flops_per_step"] = {
+        "model": model_flops / len(flops),
+        "bridge": sum(f.bridge for f in flops) / len(flops),
+        "hardware": sum(f.hardware for f in flops) / len(flops),
+        "recompute": sum(f.recompute for f in flops) / len(flops),
+        "model_by_module": {m: sum(f.model_by_module[m] for f in flops) / len(flops) for m in MODULES},
+        "multipliers": {m: vars(multiplier) for m, multiplier in flops[0].multipliers.items()},
+    }
+    summary["tflops_per_gpu"] = model_flops / per_gpu_second / TERA
+    summary["bridge_tflops_per_gpu"] = (
+        summary["flops_per_step"]["bridge"] * len(flops) / per_gpu_second / TERA
+    )
+    summary["hardware_tflops_per_gpu"] = (
+        summary["flops_per_step"]["hardware"] * len(flops) / per_gpu_second / TERA
+    )
+    mfu, note = mfu_of(model_flops / per_gpu_second, spec)
+    summary["mfu"] = mfu
+    summary["mfu_note"] = note
+    if note and note.startswith("ERROR"):
+        summary["errors"].append(note)
+
+    component_seconds = {m: 0.0 for m in MODULES}
+    rank_step_seconds = 0.0
+    for records in steady:
+        for record in records:
+            measured = record.get("components_s") or {}
+            for module in MODULES:
+                component_seconds[module] += float(measured.get(module, 0.0))
+            rank_step_seconds += float(record["step_time_s"])
+    measured_total = sum(component_seconds.values())
+    if measured_total > 0:
+        summary["components"] = {m: component_seconds[m] / measured_total for m in MODULES}
+        # How much of the step the three components explain (the rest: optimizer, comms, data).
+        summary["component_coverage"] = measured_total / rank_step_seconds if rank_step_seconds else None
+    else:
+        summary["components"] = None
+        summary["component_coverage"] = None
+    rank_steps = sum(len(records) for records in steady)
+    summary["component_time_s_per_rank_step"] = {m: s / rank_steps for m, s in component_seconds.items()}
+    return summary

@@ -6,6 +6,7 @@ import json
 from typing import Any
 
 from moe_vlm.engines.bridge_fields import bridge_overrides, select_recipe
+from moe_vlm.engines.hf_config import is_local_checkpoint
 from moe_vlm.rules import Finding
 from moe_vlm.spec import RunSpec
 
@@ -32,6 +33,32 @@ def layout_lines(spec: RunSpec) -> list[str]:
     ]
 
 
+def megatron_lines(spec: RunSpec) -> list[str]:
+    """The Bridge recipe and every field the engine sets on it (THE table, row by row)."""
+    recipe = select_recipe(spec)
+    if recipe is None:
+        return ["-- Megatron Bridge --", f"recipe         none for model arch {spec.model.arch}"]
+    note = f"; {recipe.note}" if recipe.note else ""
+    source = (
+        f"local checkpoint dir {spec.model.hf_model_id}"
+        if is_local_checkpoint(spec.model)
+        else f"config.json materialised offline from model={spec.model.name} (no hub access)"
+    )
+    overrides = bridge_overrides(spec)
+    lines = [
+        "-- Megatron Bridge --",
+        f"recipe         {recipe.name} ({recipe.kind}{note})",
+        f"hf config      {source}",
+        "forward step   megatron.bridge.models.qwen_vl.qwen3_vl_step.forward_step, one process per GPU",
+        f"fields         {len(overrides)} rows of moe_vlm/engines/bridge_fields.py (knob -> field = value; "
+        "(recipe's) = left as the recipe set it):",
+    ]
+    for o in overrides:
+        why = f"   # {o.why}" if o.why else ""
+        lines.append(f"  {o.knob:<40} {o.field:<48} = {_fmt(o.value)}{why}")
+    return lines
+
+
 def render(spec: RunSpec, findings: list[Finding]) -> str:
     knobs = [
         f"model={spec.model.name} parallelism={spec.family} dispatcher={spec.dispatcher.name} "
@@ -46,12 +73,7 @@ def render(spec: RunSpec, findings: list[Finding]) -> str:
     out += [f.line() for f in findings] or ["none"]
     out.append("")
     if spec.engine == "megatron":
-        recipe = select_recipe(spec)
-        recipe_line = f"{recipe.module}.{recipe.function} ({recipe.kind})" if recipe else "none for this model"
-        out += ["-- Megatron Bridge --", f"recipe         {recipe_line}", "overrides (knob -> field = value):"]
-        for o in bridge_overrides(spec):
-            why = f"   # {o.why}" if o.why else ""
-            out.append(f"  {o.knob:<40} {o.field:<48} = {_fmt(o.value)}{why}")
+        out += megatron_lines(spec)
     else:
         out += ["-- torch engine --", "transformers Qwen3VLMoeForConditionalGeneration + torch FSDP2 "
                 f"({spec.parallelism.sharding_strategy.value}), {spec.layout.world_size} rank(s)"]

@@ -83,7 +83,7 @@ class StepWriter:
 
 def read_steps(path: Path) -> list[dict[str, Any]]:
     """Every complete line; a torn last line from a killed writer is skipped."""
-    steps = []
+    steps: list[dict[str, Any]] = []
     if not path.exists():
         return steps
     for line in path.read_text().splitlines():

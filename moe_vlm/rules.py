@@ -13,10 +13,13 @@ Engine rules cite where Megatron enforces them (MLM = Megatron-LM, MB = Megatron
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from enum import Enum
+from pathlib import Path
 
+from moe_vlm.engines.bridge_fields import effective_sequence_parallel
 from moe_vlm.schema import (
     CudaGraphImpl,
     DataKind,
@@ -273,14 +276,23 @@ def _gbs(spec: RunSpec) -> Iterator[Violation]:
         )
 
 
-@rule("L007", Level.error, "sequence length divisible by 2 x CP")
+@rule("L007", Level.error, "sequence length divisible by the CP/SP padding multiple (MB ConfigContainer)")
 def _seq_cp(spec: RunSpec) -> Iterator[Violation]:
-    cp = spec.layout.cp
-    if cp > 1 and spec.seq_length % (2 * cp):
+    # Bridge pads VLM batches to lcm(2 x CP, TP x CP with sequence parallelism) and rejects a
+    # seq_length that is not a multiple of it.
+    lay = spec.layout
+    if lay.cp < 1 or lay.tp < 1:
+        return
+    multiple = 2 * lay.cp if lay.cp > 1 else 1
+    if spec.engine == "megatron" and lay.tp > 1 and effective_sequence_parallel(spec):
+        multiple = math.lcm(multiple, lay.tp * lay.cp)
+    if multiple > 1 and spec.seq_length % multiple:
         yield Violation(
-            ("seq_length", "cp"),
-            f"seq_length={spec.seq_length} must be divisible by 2 x CP = {2 * cp} for context parallelism.",
-            f"round seq_length to a multiple of {2 * cp}.",
+            ("seq_length", "cp", "tp"),
+            f"seq_length={spec.seq_length} must be a multiple of {multiple} "
+            f"(2 x CP = {2 * lay.cp if lay.cp > 1 else 1}; TP x CP = {lay.tp * lay.cp} with sequence "
+            "parallelism).",
+            f"round seq_length to a multiple of {multiple}.",
         )
 
 
@@ -290,13 +302,15 @@ def _vp_needs_pp(spec: RunSpec) -> Iterator[Violation]:
         yield Violation(("vp", "pp"), "vp > 1 (interleaved pipeline) needs pp > 1.", "set vp=1 or raise pp.")
 
 
-@rule("L009", Level.error, "EP x TP needs sequence parallelism (MLM TransformerConfig)")
+@rule("L009", Level.warning, "EP x TP wants sequence parallelism (MLM ModelParallelConfig warns)")
 def _ep_tp_sp(spec: RunSpec) -> Iterator[Violation]:
     lay = spec.layout
     if lay.ep > 1 and lay.tp > 1 and not spec.parallelism.sequence_parallel:
+        forced = spec.model.arch == "qwen3_vl_moe"
         yield Violation(
             ("parallelism.sequence_parallel", "tp", "ep"),
-            "Megatron requires sequence parallelism when expert and tensor parallelism are combined.",
+            "Megatron says sequence parallelism must be used when expert and tensor parallelism are combined"
+            + (" (the Qwen3-VL-MoE provider turns it on for TP > 1)." if forced else " (it only warns)."),
             "set parallelism.sequence_parallel=true.",
         )
 
@@ -323,13 +337,34 @@ def _ranks_per_gpu(spec: RunSpec) -> Iterator[Violation]:
         )
 
 
-@rule("L012", Level.warning, "sequence parallelism without TP does nothing")
+@rule("L012", Level.error, "sequence parallelism needs TP > 1 (MLM ModelParallelConfig)")
 def _sp_without_tp(spec: RunSpec) -> Iterator[Violation]:
     if spec.parallelism.sequence_parallel and spec.layout.tp == 1 and spec.engine == "megatron":
         yield Violation(
             ("parallelism.sequence_parallel",),
-            "sequence_parallel=true with TP=1 has no effect (Megatron turns it off).",
+            "sequence_parallel=true with TP=1: Megatron Core rejects sequence parallelism without tensor "
+            "parallelism.",
             "set parallelism.sequence_parallel=false or raise tp.",
+        )
+
+
+@rule("L013", Level.error, "Qwen3-VL deepstack layers sit on the first pipeline stage (MB Qwen3VLModel)")
+def _deepstack_first_stage(spec: RunSpec) -> Iterator[Violation]:
+    # Qwen3VLModel asserts, when it builds the first stage, that the first model chunk holds at
+    # least as many decoder layers as there are deepstack feature levels.
+    lay, model = spec.layout, spec.model
+    deepstack = len(model.vision_deepstack_layers)
+    if spec.engine != "megatron" or model.arch != "qwen3_vl_moe" or not deepstack or lay.pp < 1 or lay.vp < 1:
+        return
+    first_stage = spec.parallelism.first_stage_layers or model.num_layers // lay.pp
+    first_chunk = first_stage // lay.vp
+    if first_chunk < deepstack:
+        yield Violation(
+            ("parallelism.first_stage_layers", "pp", "vp"),
+            f"the first pipeline chunk holds {first_chunk} decoder layer(s), fewer than the {deepstack} deepstack "
+            f"levels {model.name} injects there.",
+            f"give the first stage at least {deepstack * lay.vp} layers (parallelism.first_stage_layers) or "
+            "lower pp/vp.",
         )
 
 
@@ -622,10 +657,14 @@ def _graph_moe_recompute(spec: RunSpec) -> Iterator[Violation]:
 
 @rule("G009", Level.error, "attn scope breaks Qwen3-VL graph capture (MB Qwen3-VL perf recipes)")
 def _graph_attn_qwen3vl(spec: RunSpec) -> Iterator[Violation]:
-    if "attn" in spec.cuda_graph.scope and spec.model.arch == "qwen3_vl_moe" and spec.engine == "megatron":
+    graph = spec.cuda_graph
+    # An empty scope with the TE implementation captures the whole layer, attention included.
+    captures_attn = "attn" in graph.scope or (graph.impl is CudaGraphImpl.transformer_engine and not graph.scope)
+    if captures_attn and spec.model.arch == "qwen3_vl_moe" and spec.engine == "megatron":
         yield Violation(
             ("cuda_graph",),
-            "CUDA-graph scope 'attn' breaks Qwen3VLModel capture (Bridge forces moe_router + moe_preprocess).",
+            "CUDA graphs that capture attention ('attn' or whole-layer scope) break Qwen3VLModel capture "
+            "(Bridge's Qwen3-VL recipes force moe_router + moe_preprocess).",
             "use cuda_graph=te_moe.",
         )
 
@@ -829,6 +868,51 @@ def _megatron_needs_gpu(spec: RunSpec) -> Iterator[Violation]:
         )
 
 
+# What the torch engine's activation checkpointing can recompute (engines/torch_model.py).
+TORCH_SELECTIVE_RECOMPUTE = ("core_attn", "layernorm", "moe", "mlp")
+
+
+@rule("E008", Level.error, "the torch engine recomputes only what it can checkpoint")
+def _torch_recompute(spec: RunSpec) -> Iterator[Violation]:
+    r = spec.recompute
+    if not _torch_only(spec):
+        return
+    if r.granularity is RecomputeGranularity.selective:
+        unsupported = [m for m in r.modules if m in SELECTIVE_RECOMPUTE_MODULES and m not in TORCH_SELECTIVE_RECOMPUTE]
+        if unsupported:
+            yield Violation(
+                ("recompute.modules", "engine"),
+                f"recompute.modules {unsupported} need the Megatron engine; the torch engine checkpoints "
+                f"{list(TORCH_SELECTIVE_RECOMPUTE)} (moe_act sits inside transformers' fused expert loop).",
+                "use moe instead of moe_act, or engine=megatron on a GPU cluster.",
+            )
+        if "mlp" in r.modules and spec.model.num_dense_layers == 0:
+            yield Violation(
+                ("recompute.modules",),
+                f"recompute module 'mlp' checkpoints dense MLP layers; {spec.model.name} has none, so it would "
+                "change nothing.",
+                "use moe to recompute the MoE blocks, or drop mlp.",
+            )
+    if r.granularity is RecomputeGranularity.full and r.method is RecomputeMethod.uniform and r.num_layers > 1:
+        yield Violation(
+            ("recompute.num_layers", "engine"),
+            f"uniform full recompute in chunks of {r.num_layers} layers needs the Megatron engine; the torch "
+            "engine checkpoints each decoder layer on its own.",
+            "set recompute.num_layers=1, use recompute.method=block (first N layers), or engine=megatron.",
+        )
+
+
+@rule("E009", Level.error, "the torch engine's Qwen3-VL-MoE has no shared experts")
+def _torch_shared_experts(spec: RunSpec) -> Iterator[Violation]:
+    if _torch_only(spec) and spec.model.arch == "qwen3_vl_moe" and spec.model.num_shared_experts > 0:
+        yield Violation(
+            ("model.num_shared_experts", "engine"),
+            f"num_shared_experts={spec.model.num_shared_experts}: transformers' Qwen3-VL-MoE has no shared "
+            "experts, so the torch engine would train a different model than configured.",
+            "set model.num_shared_experts=0, or engine=megatron.",
+        )
+
+
 # --- A: data ---------------------------------------------------------------------------
 
 
@@ -860,13 +944,16 @@ def _synthetic_ranges(spec: RunSpec) -> Iterator[Violation]:
             )
 
 
-@rule("A003", Level.error, "Energon packing needs MBS=1")
+@rule("A003", Level.error, "in-batch packing needs MBS >= 2 (MB ConfigContainer)")
 def _packing_mbs(spec: RunSpec) -> Iterator[Violation]:
-    if spec.engine == "megatron" and spec.data.pack_sequences and spec.mbs != 1:
+    # Bridge packs the sequences of one micro-batch together (enable_in_batch_packing): with one
+    # sequence per micro-batch there is nothing to pack, and ConfigContainer.validate rejects it.
+    if spec.engine == "megatron" and spec.data.pack_sequences and spec.mbs < 2:
         yield Violation(
             ("data.pack_sequences", "mbs"),
-            "Energon sequence packing needs MBS=1 on the Megatron engine.",
-            "set mbs=1 or data.pack_sequences=false.",
+            f"data.pack_sequences=true packs the sequences of one micro-batch; mbs={spec.mbs} has nothing "
+            "to pack.",
+            "set mbs=2 or more, or data.pack_sequences=false.",
         )
 
 
@@ -878,6 +965,71 @@ def _mock_data(spec: RunSpec) -> Iterator[Violation]:
             "image-free mock data ran about 2x faster than real multimodal input; its throughput is "
             "labelled mock and never ranked with real results.",
             "use data=synthetic or data=real before drawing throughput conclusions.",
+        )
+
+
+@rule("A005", Level.error, "real data path is an Energon-prepared WebDataset")
+def _real_dataset_dir(spec: RunSpec) -> Iterator[Violation]:
+    # Only what a directory listing shows; shards are opened and checked by data.check_data.
+    path = spec.data.path
+    if spec.data.kind is not DataKind.real or not path:
+        return
+    meta = Path(path).expanduser() / ".nv-meta"
+    has_info = (meta / ".info.yaml").is_file() or (meta / ".info.json").is_file()
+    if not Path(path).expanduser().is_dir():
+        yield Violation(
+            ("data.path",),
+            f"data.path={path} does not exist.",
+            "build a dataset with `python scripts/build_dataset.py --skimage DIR` and set data.path=DIR.",
+        )
+    elif not (has_info and (meta / "split.yaml").is_file()):
+        yield Violation(
+            ("data.path",),
+            f"data.path={path} is not an Energon-prepared WebDataset (no .nv-meta/.info.yaml, split.yaml).",
+            "build it with scripts/build_dataset.py (or run `energon prepare` on the shards).",
+        )
+
+
+def _image_tokens_bounds(spec: RunSpec) -> tuple[int, int]:
+    """Fewest and most placeholder tokens one image can become.
+
+    The Qwen-VL resize keeps height x width within [min_pixels, max_pixels] in multiples of
+    patch x merge, so tokens = pixels / (patch x merge)^2 lies within these bounds.
+    """
+    factor = spec.model.vision_patch_size * spec.model.vision_spatial_merge_size
+    return math.ceil(spec.data.min_pixels / factor**2), max(spec.data.max_pixels // factor**2, 1)
+
+
+@rule("A006", Level.error, "the smallest image sample fits seq_length")
+def _smallest_sample_fits(spec: RunSpec) -> Iterator[Violation]:
+    if spec.data.kind is DataKind.mock:
+        return
+    images = spec.data.min_images if spec.data.kind is DataKind.synthetic else 1
+    fewest, _ = _image_tokens_bounds(spec)
+    needed = images * (fewest + 2) + 1  # vision_start/end per image, and one text token
+    if images > 0 and needed > spec.seq_length:
+        yield Violation(
+            ("seq_length", "data.min_pixels"),
+            f"even the smallest sample ({images} image(s) of >= {fewest} tokens at data.min_pixels="
+            f"{spec.data.min_pixels}) needs {needed} tokens, more than seq_length={spec.seq_length}: "
+            "every sample would be skipped (image tokens are never cut).",
+            f"raise seq_length to {needed} or more, or lower data.min_pixels.",
+        )
+
+
+@rule("A007", Level.warning, "the largest synthetic images fit seq_length")
+def _largest_sample_fits(spec: RunSpec) -> Iterator[Violation]:
+    if spec.data.kind is not DataKind.synthetic:
+        return
+    _, most = _image_tokens_bounds(spec)
+    needed = spec.data.max_images * (most + 2) + 1
+    if spec.data.max_images > 0 and needed > spec.seq_length:
+        yield Violation(
+            ("seq_length", "data.max_images", "data.max_pixels"),
+            f"{spec.data.max_images} image(s) at data.max_pixels={spec.data.max_pixels} need up to {needed} "
+            f"tokens, more than seq_length={spec.seq_length}: such samples are skipped (counted in "
+            "run.json data.stats.skipped_samples), which skews the image-size distribution.",
+            f"raise seq_length to {needed}, or lower data.max_images / data.max_pixels.",
         )
 
 

@@ -9,12 +9,15 @@ from typing import Any
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
+from moe_vlm.launch.failures import record_exception
+from moe_vlm.launch.safety import scrub
 from moe_vlm.plan import render
 from moe_vlm.record import RUN_JSON, base_record, write_json_atomic
 from moe_vlm.rules import errors, validate
 from moe_vlm.spec import RunSpec
 
 EXIT_INVALID = 2
+EXIT_FAILED = 1
 
 
 def resolved_config(cfg: DictConfig) -> dict[str, Any]:
@@ -36,7 +39,8 @@ def run(cfg: DictConfig) -> None:
     for finding in findings:
         print(finding.line(), file=sys.stderr)
     run_dir = Path(HydraConfig.get().runtime.output_dir)
-    config = resolved_config(cfg)
+    # Secrets from the environment never reach a record, even through ${oc.env:...}.
+    config = scrub(resolved_config(cfg))
     if bad:
         record = base_record(spec, config, status="rejected")
         record["findings"] = [f.to_dict() for f in findings]
@@ -44,10 +48,17 @@ def run(cfg: DictConfig) -> None:
         print(f"moe_vlm: rejected before any work: {len(bad)} error(s) above; nothing was run.", file=sys.stderr)
         sys.exit(EXIT_INVALID)
 
-    from moe_vlm.engines import EngineUnavailable, launch
+    from moe_vlm.engines import EngineUnavailable, RunFailed, launch
 
     try:
         launch(spec, config, run_dir)
     except EngineUnavailable as exc:
         print(f"moe_vlm: error: {exc}", file=sys.stderr)
         sys.exit(EXIT_INVALID)
+    except RunFailed as exc:
+        print(f"moe_vlm: run failed ({exc}); see {run_dir / RUN_JSON}", file=sys.stderr)
+        sys.exit(EXIT_FAILED)
+    except Exception as exc:
+        # Classified into run.json unless the engine already recorded something more specific.
+        record_exception(spec, config, run_dir, exc)
+        raise

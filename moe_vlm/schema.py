@@ -179,18 +179,19 @@ class VisionFreezeConfig:
 @dataclass
 class DataConfig:
     kind: DataKind = DataKind.mock
-    path: str | None = None  # real: directory of WebDataset shards
-    pack_sequences: bool = False  # False = pad every sample to seq_length
-    num_workers: int = 0
-    # synthetic: image sizes and counts per sample
+    path: str | None = None  # real: an Energon-prepared WebDataset directory (scripts/build_dataset.py)
+    pack_sequences: bool = False  # False = pad every sample to seq_length; True = pack samples into rows
+    num_workers: int = 0  # Megatron engine: dataloader workers; the torch engine loads in its training loop
+    # synthetic: per sample, uniform draws from each [min, max] range (text_tokens: byte-level ids)
     min_images: int = 1
-    max_images: int = 2
+    max_images: int = 2  # real: also the most images a sample may have (Energon max_num_images)
     min_long_side_px: int = 336
     max_long_side_px: int = 1344
+    # width / height, one drawn per image
     aspect_ratios: list[float] = field(default_factory=lambda: [1.0, 0.75, 1.333, 0.5625, 1.778])
     min_text_tokens: int = 64
     max_text_tokens: int = 512
-    # Qwen3-VL image processor bounds (pixels per image after resize)
+    # Qwen3-VL image processor bounds, every kind (pixels per image after resize)
     min_pixels: int = 256 * 28 * 28 // 4
     max_pixels: int = 1280 * 28 * 28
 

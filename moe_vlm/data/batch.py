@@ -6,7 +6,7 @@ honest throughput figure needs (what was padding, what was text, what was image)
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 import torch
 
@@ -26,6 +26,9 @@ class BatchStats:
     sum_seq_len_squared: int  # sum over sequences of real length^2 (causal attention FLOPs)
     sum_patches_squared: int  # sum over images of patches^2 (ViT attention FLOPs)
     skipped_samples: int = 0  # bad samples dropped (with a warning) while building this batch
+    samples: int = 0  # samples in this batch (more than `sequences` when packed)
+    vision_marker_tokens: int = 0  # vision_start/vision_end ids; counted in text_tokens
+    truncated_text_tokens: int = 0  # text cut from samples longer than seq_length (never image tokens)
 
     def to_dict(self) -> dict[str, int]:
         return asdict(self)
@@ -40,6 +43,11 @@ class Batch:
     pixel_values: torch.Tensor | None  # [total_patches, C x T x P x P]
     image_grid_thw: torch.Tensor | None  # [images, 3]
     stats: BatchStats
+    data_kind: str = ""  # mock | synthetic | real: carried so no record can lose the label
+    sample_keys: list[str] = field(default_factory=list)  # in row order
+    images_per_sample: list[int] = field(default_factory=list)  # aligned with sample_keys
+    image_original_hw: list[tuple[int, int]] = field(default_factory=list)  # before the processor's resize
+    image_resized_hw: list[tuple[int, int]] = field(default_factory=list)  # what the ViT sees
 
     def model_inputs(self) -> dict[str, torch.Tensor]:
         inputs = {

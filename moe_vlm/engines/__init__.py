@@ -12,13 +12,21 @@ class EngineUnavailable(RuntimeError):
     """The engine cannot run here (missing library or hardware); the message says why."""
 
 
+class RunFailed(RuntimeError):
+    """Training started and failed; the run's run.json already records why (status failed)."""
+
+
 def launch(spec: RunSpec, config: dict[str, Any], run_dir: Path) -> None:
     if spec.engine == "torch":
         from moe_vlm.engines import torch_engine
 
         torch_engine.launch(spec, config, run_dir)
         return
-    raise EngineUnavailable(
-        "engine=megatron: the Megatron Bridge engine is not available in this build yet; "
-        "plan the run with dry_run=true, or use engine=torch."
-    )
+    if spec.engine == "megatron":
+        # Imports the Megatron stack lazily; raises EngineUnavailable with the reason when it
+        # (or a GPU) is missing.
+        from moe_vlm.engines import megatron_engine
+
+        megatron_engine.launch(spec, config, run_dir)
+        return
+    raise EngineUnavailable(f"engine={spec.engine}: no such engine; allowed: torch, megatron.")

@@ -38,6 +38,8 @@ CASES: dict[str, tuple[list[str], list[str]]] = {
     "L010": ([*MEG, "parallelism=3d", "etp=5"], [*MEG, "parallelism=3d", "ep=4", "etp=2"]),
     "L011": ([*MEG, "nproc=16"], [*MEG, "nproc=8"]),
     "L012": ([*MEG, "parallelism.sequence_parallel=true"], MEG),
+    # 94 layers over PP=8 with 2 on the first stage: fewer than the 3 deepstack levels.
+    "L013": ([*BIG_3D, "parallelism.first_stage_layers=2"], [*BIG_3D, "parallelism.first_stage_layers=11"]),
     "F001": ([*MEG, "parallelism.fsdp_version=2"], MEG),
     "F002": ([*MEG, "parallelism=3d", "parallelism.sharding_strategy=optim"], [*MEG, "parallelism=3d"]),
     "F003": ([*MEG, "pp=2"], MEG),
@@ -76,10 +78,21 @@ CASES: dict[str, tuple[list[str], list[str]]] = {
     "E005": (["model=qwen35_vl_35b_a3b", "engine=torch"], []),
     "E006": (["parallelism.sharding_strategy=optim"], ["parallelism.sharding_strategy=optim_grads"]),
     "E007": (["engine=megatron"], ["engine=megatron", "dry_run=true"]),
+    "E008": (
+        ["recompute=selective", "recompute.modules=[core_attn,moe_act]"],
+        ["recompute=selective", "recompute.modules=[core_attn,layernorm,moe]"],
+    ),
+    "E009": (["model.num_shared_experts=1", "model.shared_expert_ffn_hidden_size=32"], []),
     "A001": (["data=real"], ["data=real", "data.path=/tmp/shards"]),
     "A002": (["data.min_images=3", "data.max_images=1"], []),
-    "A003": ([*MEG, "data.pack_sequences=true", "mbs=2"], [*MEG, "data.pack_sequences=true"]),
+    "A003": ([*MEG, "data.pack_sequences=true"], [*MEG, "data.pack_sequences=true", "mbs=2"]),
     "A004": (["data=mock"], ["data=synthetic"]),
+    # A005's quiet case on a real directory is in tests/unit/test_data_real.py (it needs a built dataset).
+    "A005": (["data=real", "data.path=/nonexistent/moe_vlm"], ["data=synthetic", "data.path=/nonexistent"]),
+    # 1 image >= 49 tokens at min_pixels=50176 (patch 16 x merge 2: 32 px per token) + 2 markers + 1 text.
+    "A006": (["data=synthetic", "seq_length=32"], ["data=synthetic", "seq_length=64"]),
+    # 2 images x (980 + 2) + 1 = 1965 tokens at max_pixels=1003520.
+    "A007": (["data=synthetic", "seq_length=1024"], ["data=synthetic", "seq_length=2048"]),
     "W001": ([*MEG, "parallelism=3d", "ep=4", "etp=2"], [*MEG, "parallelism=3d", "ep=8"]),
     "W002": ([*MEG, "nodes=2", "ep=16"], [*MEG, "nodes=2"]),
     "W003": (GB200, [*GB200, "dispatcher=hybridep"]),

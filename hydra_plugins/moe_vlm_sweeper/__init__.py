@@ -1,0 +1,8 @@
+"""moe_vlm's Hydra plugins: the planning sweeper (default for train.py) and the submitit launchers.
+
+Hydra discovers them through the `hydra_plugins` namespace package.
+"""
+
+from moe_vlm.launch.points import register_resolvers
+
+register_resolvers()

@@ -1,0 +1,192 @@
+"""A submitit launcher that plans each point, submits, and returns.
+
+Built on hydra-submitit-launcher's BaseSubmititLauncher (its job-side `__call__` composes the
+point's config and runs the task through Hydra), with what release 1.2.0 lacks:
+
+- resources per point from the RunSpec (nodes, tasks per node = GPUs per node, GPUs per node),
+  not one set for the whole sweep;
+- srun arguments (pyxis container image/mounts), `--segment`, site values, checked strings;
+- submit-and-exit: `launch` returns once sbatch accepted every job (`moe-vlm status` follows);
+- in each task: a USR2 handler that marks the point for a requeue, attempt bookkeeping, the
+  restart count in run.json, and a non-zero exit when the run failed (so srun ends the step).
+"""
+
+# No `from __future__ import annotations`: Hydra's plugin scan executes this module outside
+# sys.modules, where dataclasses cannot resolve string annotations.
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+from hydra.core.singleton import Singleton
+from hydra.core.utils import JobReturn, JobStatus, run_job, setup_globals
+from hydra_plugins.hydra_submitit_launcher.submitit_launcher import BaseSubmititLauncher
+from omegaconf import DictConfig, open_dict
+
+from moe_vlm.launch import points, requeue, slurm
+from moe_vlm.launch.safety import scrub
+from moe_vlm.record import RUN_JSON, write_json_atomic
+from moe_vlm.spec import RunSpec
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class PlannedJob:
+    overrides: list[str]
+    point_dir: Path
+    spec: RunSpec
+    settings: slurm.SlurmSettings
+    params: dict[str, Any]
+
+
+class SubmititLauncher(BaseSubmititLauncher):
+    def __init__(self, **params: Any) -> None:
+        super().__init__(**params)
+        self.params = scrub(self.params)  # the launcher is pickled into every job
+        self.settings = slurm.settings_from(self.params)
+        self._EXECUTOR = self.settings.executor
+
+    # --- submitting side -------------------------------------------------------------------
+
+    @property
+    def folder(self) -> str:
+        return str(Path(self.settings.submitit_folder).expanduser().absolute())
+
+    def plan(self, overrides: Sequence[str]) -> PlannedJob:
+        """Compose one point and derive its Slurm job; raises BadInput on unsafe settings."""
+        assert self.hydra_context is not None and self.config is not None
+        cfg = self.hydra_context.config_loader.load_sweep_config(self.config, list(overrides))
+        spec = RunSpec.from_config(points.task_config(cfg))
+        settings = slurm.checked(self.settings, spec)
+        point_dir = Path(str(cfg.hydra.sweep.dir), str(cfg.hydra.sweep.subdir)).absolute()
+        return PlannedJob(list(overrides), point_dir, spec, settings, slurm.job_parameters(settings, spec))
+
+    def check(self, overrides: Sequence[str]) -> None:
+        self.plan(overrides)
+
+    def python(self, job: PlannedJob) -> str:
+        return slurm.python_command(job.settings)
+
+    def render(self, overrides: Sequence[str]) -> str:
+        """What dry_run prints for a point: the sbatch script and the srun line, nothing submitted."""
+        job = self.plan(overrides)
+        if self.settings.executor != "slurm":
+            return f"(hydra/launcher executor={self.settings.executor}: runs on this machine, no sbatch script)"
+        params = slurm.point_parameters(job.params, job.point_dir, self.python(job))
+        script = slurm.render_sbatch(params, self.folder, self.python(job))
+        return "\n".join(
+            ["-- sbatch script --", script.rstrip(), "", "-- srun command --", slurm.srun_line(script)]
+        )
+
+    def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
+        assert self.config is not None
+        planned = [self.plan(overrides) for overrides in job_overrides]
+        if self.settings.executor == "local":
+            return self._launch_local(planned, initial_job_idx)
+        import submitit
+
+        returns = []
+        for number, job in enumerate(planned, start=initial_job_idx):
+            executor = submitit.SlurmExecutor(folder=self.folder, max_num_timeout=0, python=self.python(job))
+            executor.update_parameters(**slurm.point_parameters(job.params, job.point_dir, self.python(job)))
+            submitted = executor.submit(self, job.overrides, "hydra.sweep.dir", number, f"job_id_for_{number}",
+                                        Singleton.get_state())
+            points.add_submission(
+                job.point_dir,
+                {
+                    "job_id": submitted.job_id,
+                    "executor": "slurm",
+                    "submitted_unix_s": points.now(),
+                    "script": str(submitted.paths.submission_file),
+                },
+            )
+            points.update_point(job.point_dir, submitit_folder=self.folder)
+            log.info("queued %s: job %s", job.point_dir.name, submitted.job_id)
+            returns.append(
+                JobReturn(overrides=job.overrides, working_dir=str(job.point_dir), status=JobStatus.UNKNOWN,
+                          _return_value=submitted.job_id)
+            )
+        return returns
+
+    def _launch_local(self, planned: list[PlannedJob], initial_job_idx: int) -> Sequence[JobReturn]:
+        """submitit's local executor: one process per point on this machine, waited for."""
+        import submitit
+
+        executor = submitit.LocalExecutor(folder=self.folder, max_num_timeout=0)
+        executor.update_parameters(timeout_min=self.settings.timeout_min, tasks_per_node=1, nodes=1)
+        jobs = []
+        for number, job in enumerate(planned, start=initial_job_idx):
+            submitted = executor.submit(self, job.overrides, "hydra.sweep.dir", number, f"job_id_for_{number}",
+                                        Singleton.get_state())
+            points.add_submission(
+                job.point_dir, {"job_id": submitted.job_id, "executor": "local", "submitted_unix_s": points.now()}
+            )
+            points.update_point(job.point_dir, submitit_folder=self.folder)
+            jobs.append((job, submitted))
+        returns = []
+        for job, submitted in jobs:
+            try:
+                returns.append(submitted.results()[0])
+            except Exception as exc:  # the point's run.json says why; keep the sweep going
+                from moe_vlm.launch.failures import record_job_failure
+
+                if points.run_status(job.point_dir) is None:
+                    record_job_failure(job.point_dir, submitted.job_id)
+                returns.append(JobReturn(overrides=job.overrides, working_dir=str(job.point_dir),
+                                         status=JobStatus.FAILED, _return_value=exc))
+        return returns
+
+    # --- job side: runs in every Slurm task --------------------------------------------------
+
+    def __call__(
+        self,
+        sweep_overrides: list[str],
+        job_dir_key: str,
+        job_num: int,
+        job_id: str,
+        singleton_state: dict[type, Singleton],
+    ) -> JobReturn:
+        import submitit
+
+        assert self.hydra_context is not None and self.config is not None and self.task_function is not None
+        Singleton.set_state(singleton_state)
+        setup_globals()
+        sweep_config: DictConfig = self.hydra_context.config_loader.load_sweep_config(self.config, sweep_overrides)
+        point_dir = Path(str(sweep_config.hydra.sweep.dir), str(sweep_config.hydra.sweep.subdir)).absolute()
+        if self.settings.executor == "slurm":
+            requeue.prepare_attempt(point_dir)
+            requeue.install(point_dir)
+        environment = submitit.JobEnvironment()
+        with open_dict(sweep_config.hydra.job) as job:
+            job.id = environment.job_id
+            sweep_config.hydra.job.num = job_num
+        result = run_job(
+            hydra_context=self.hydra_context,
+            task_function=self.task_function,
+            config=sweep_config,
+            job_dir_key=job_dir_key,
+            job_subdir_key="hydra.sweep.subdir",
+        )
+        if requeue.global_rank() == 0:
+            _record_launch(point_dir, environment.job_id, self.settings.executor)
+        if result.status == JobStatus.FAILED:
+            # Hydra caught the exception; raise it so the task exits non-zero and srun ends the step.
+            raise result._return_value
+        return result
+
+
+def _record_launch(point_dir: Path, job_id: str, executor: str) -> None:
+    run = points.read_run(point_dir)
+    if not run:
+        return
+    launch = {
+        **run.get("launch", {}),
+        "executor": executor,
+        "slurm_job_id": job_id if executor == "slurm" else None,
+        "restarts": requeue.restart_count(),
+        "attempts_before": len(list((point_dir / points.ATTEMPTS).glob("*"))),
+        "host": os.uname().nodename,
+    }
+    write_json_atomic(point_dir / RUN_JSON, {**run, "launch": launch})

@@ -1,0 +1,240 @@
+"""The planning sweeper: compose and validate every point before anything is spent.
+
+For `python train.py -m mbs=1,2,4 recompute=full,selective` (or `sweep=<preset>`), it:
+
+1. expands the grid (preset axes from `hydra.sweeper.params`, command-line sweeps win);
+2. composes every point and builds its RunSpec; a point that cannot compose stops the sweep
+   with one line (exit 2) before anything is submitted;
+3. validates every point with the rule catalogue; points with error findings are never
+   launched and get a `rejected` run.json naming the rules;
+4. names every point by its identity (hash of the resolved config and the code version) and
+   skips points already completed in the sweep directory, or queued/running in Slurm:
+   rerunning the command resumes the sweep; `hydra.sweeper.force=true` reruns completed ones;
+5. with `dry_run=true`, prints each point's plan and, on Slurm, its sbatch script and srun
+   line, and submits nothing;
+6. hands the rest to the launcher; on Slurm that returns once the jobs are queued.
+"""
+
+# No `from __future__ import annotations`: Hydra's plugin scan executes this module outside
+# sys.modules, where dataclasses cannot resolve string annotations.
+import logging
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.utils import JobReturn
+from hydra.errors import HydraException
+from hydra.plugins.launcher import Launcher
+from hydra.plugins.sweeper import Sweeper
+from hydra.types import HydraContext, TaskFunction
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from moe_vlm.compose import BadInput, explain
+from moe_vlm.launch import points
+from moe_vlm.launch.safety import scrub_text
+from moe_vlm.launch.status import collect
+from moe_vlm.plan import render
+from moe_vlm.record import RUN_JSON, base_record, git_state, write_json_atomic
+from moe_vlm.rules import Finding, errors, validate
+from moe_vlm.spec import RunSpec
+
+log = logging.getLogger(__name__)
+EXIT_INVALID = 2
+
+
+@dataclass
+class Point:
+    index: int
+    overrides: list[str]
+    point_id: str
+    config: dict[str, Any]
+    spec: RunSpec
+    findings: list[Finding]
+
+    @property
+    def valid(self) -> bool:
+        return not errors(self.findings)
+
+    def label(self) -> str:
+        return " ".join(self.overrides) or "(defaults)"
+
+
+def quote_override_value(value: str) -> str:
+    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+class PlanningSweeper(Sweeper):
+    def __init__(self, params: dict[str, str] | None = None, force: bool = False) -> None:
+        super().__init__()
+        self.params = dict(params or {})
+        self.force = force
+        self.config: DictConfig | None = None
+        self.hydra_context: HydraContext | None = None
+        self.launcher: Launcher | None = None
+
+    def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
+        from hydra.core.plugins import Plugins
+
+        self.config = config
+        self.hydra_context = hydra_context
+        self.launcher = Plugins.instance().instantiate_launcher(
+            hydra_context=hydra_context, task_function=task_function, config=config
+        )
+
+    # --- planning ----------------------------------------------------------------------------
+
+    def grid(self, arguments: list[str]) -> list[list[str]]:
+        assert self.hydra_context is not None
+        parser = OverridesParser.create(config_loader=self.hydra_context.config_loader)
+        lines = [f"{key}={value}" for key, value in self.params.items()] + list(arguments)
+        return BasicSweeper.split_arguments(parser.parse_overrides(lines), None)[0]
+
+    def plan(self, grid: list[list[str]]) -> list[Point]:
+        assert self.hydra_context is not None and self.config is not None
+        code_version = git_state()["commit"]
+        planned: dict[str, Point] = {}
+        for index, overrides in enumerate(grid):
+            try:
+                cfg = self.hydra_context.config_loader.load_sweep_config(self.config, overrides)
+                task = points.task_config(cfg)
+                spec = RunSpec.from_config(task)
+                config = points.resolved(task)
+            except (HydraException, OmegaConfBaseException) as exc:
+                raise BadInput(f"sweep point {' '.join(overrides)}: {explain(exc, overrides)}") from exc
+            point_id = points.identity(config, code_version)
+            # Two spellings of one point (mbs=1 and mbs=01) run once.
+            planned.setdefault(point_id, Point(index, overrides, point_id, config, spec, validate(spec)))
+        return list(planned.values())
+
+    def job_overrides(self, point: Point, sweep_dir: Path) -> list[str]:
+        return [
+            *point.overrides,
+            f"hydra.sweep.dir={quote_override_value(str(sweep_dir))}",
+            f"hydra.sweep.subdir={point.point_id}",
+        ]
+
+    # --- the sweep ---------------------------------------------------------------------------
+
+    def sweep(self, arguments: list[str]) -> Any:
+        try:
+            return self._sweep(arguments)
+        except BadInput as bad:
+            print(f"moe_vlm: error: {bad}", file=sys.stderr)
+            sys.exit(EXIT_INVALID)
+
+    def _sweep(self, arguments: list[str]) -> Any:
+        assert self.config is not None and self.launcher is not None
+        sweep_dir = Path(str(self.config.hydra.sweep.dir)).absolute()
+        planned = self.plan(self.grid(arguments))
+        check = getattr(self.launcher, "check", None)
+        for point in planned:
+            if check is not None:
+                check(self.job_overrides(point, sweep_dir))
+
+        dry = [p for p in planned if p.spec.dry_run]
+        if dry:
+            self.print_dry_run(dry, sweep_dir)
+            planned = [p for p in planned if not p.spec.dry_run]
+            if not planned:
+                return []
+
+        sweep_dir.mkdir(parents=True, exist_ok=True)
+        (sweep_dir / "multirun.yaml").write_text(scrub_text(OmegaConf.to_yaml(self.config)))
+        existing = {status.point_id: status for status in collect(sweep_dir)}
+
+        to_launch: list[Point] = []
+        counts = {"rejected": 0, "skipped_completed": 0, "skipped_in_flight": 0}
+        for point in planned:
+            point_dir = sweep_dir / point.point_id
+            before = existing.get(point.point_id)
+            if not point.valid:
+                self.record_rejected(point, point_dir)
+                counts["rejected"] += 1
+                continue
+            if before is not None and before.state in ("queued", "running"):
+                print(f"moe_vlm: {point.label()}: already {before.state} (job {before.job_id}); not resubmitted")
+                counts["skipped_in_flight"] += 1
+                continue
+            if before is not None and before.state == "completed" and not self.force:
+                counts["skipped_completed"] += 1
+                continue
+            points.archive_attempt(point_dir)
+            self.write_plan(point, point_dir)
+            to_launch.append(point)
+
+        valid = len(planned) - counts["rejected"]
+        print(
+            f"moe_vlm: sweep {sweep_dir}: {len(planned)} point(s): {len(to_launch)} to run, "
+            f"{counts['skipped_completed']} already completed, {counts['skipped_in_flight']} in flight, "
+            f"{counts['rejected']} rejected"
+            + ("" if self.force or not counts["skipped_completed"] else " (hydra.sweeper.force=true reruns them)")
+        )
+        if valid == 0:
+            print("moe_vlm: every point was rejected; nothing was submitted.", file=sys.stderr)
+            sys.exit(EXIT_INVALID)
+        if not to_launch:
+            return []
+        results = self.launch(to_launch, sweep_dir)
+        queued = sum(r.status.name == "UNKNOWN" for r in results)
+        if queued:
+            print(f"moe_vlm: {queued} job(s) queued. Follow them with: moe-vlm status {sweep_dir} --watch 30")
+        else:
+            finished = [points.run_status(sweep_dir / p.point_id) or "no record" for p in to_launch]
+            tally = ", ".join(f"{finished.count(s)} {s}" for s in sorted(set(finished)))
+            print(f"moe_vlm: done: {tally}. Table: moe-vlm status {sweep_dir}")
+        return results
+
+    def launch(self, to_launch: list[Point], sweep_dir: Path) -> list[JobReturn]:
+        assert self.launcher is not None
+        jobs = [self.job_overrides(p, sweep_dir) for p in to_launch]
+        if hasattr(self.launcher, "plan"):  # moe_vlm's submitit launcher: submits every point itself
+            return list(self.launcher.launch(jobs, initial_job_idx=0))
+        # In-process launchers (Hydra's basic one) run points one by one; a point that exits
+        # (a failed run calls sys.exit) must not end the sweep: its run.json says why.
+        results: list[JobReturn] = []
+        for number, (point, job) in enumerate(zip(to_launch, jobs, strict=True)):
+            try:
+                results.extend(self.launcher.launch([job], initial_job_idx=number))
+            except SystemExit as exc:
+                if exc.code not in (0, None):
+                    print(f"moe_vlm: {point.label()}: exited with status {exc.code}; continuing", file=sys.stderr)
+        return results
+
+    def record_rejected(self, point: Point, point_dir: Path) -> None:
+        self.write_plan(point, point_dir)
+        record = base_record(point.spec, point.config, status="rejected")
+        record["findings"] = [f.to_dict() for f in point.findings]
+        write_json_atomic(point_dir / RUN_JSON, record)
+        codes = ", ".join(f"{f.code} ({f.message})" for f in errors(point.findings))
+        print(f"moe_vlm: rejected {point.label()}: {codes}", file=sys.stderr)
+
+    def write_plan(self, point: Point, point_dir: Path) -> None:
+        previous = points.read_point(point_dir) or {}
+        points.write_point(
+            point_dir,
+            {
+                "point_id": point.point_id,
+                "overrides": point.overrides,
+                "config": point.config,
+                "valid": point.valid,
+                "planned_unix_s": points.now(),
+                "submissions": previous.get("submissions", []),
+            },
+        )
+
+    def print_dry_run(self, dry: list[Point], sweep_dir: Path) -> None:
+        renderer = getattr(self.launcher, "render", None)
+        for number, point in enumerate(dry, start=1):
+            print(f"===== point {number}/{len(dry)}: {point.label()}  (id {point.point_id}) =====")
+            print(render(point.spec, point.findings))
+            if point.valid and renderer is not None:
+                print()
+                print(scrub_text(renderer(self.job_overrides(point, sweep_dir))))
+            print()
+        rejected = sum(not p.valid for p in dry)
+        print(f"moe_vlm: dry run: {len(dry)} point(s), {len(dry) - rejected} valid, {rejected} would be rejected; "
+              "nothing was submitted.")

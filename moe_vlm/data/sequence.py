@@ -1,0 +1,284 @@
+"""From raw samples to model batches: one encoder and one collator for every data kind.
+
+A sample becomes, in order,
+
+    for each image:  <vision_start> <image> x (t*h*w / merge^2) <vision_end>
+    then its text:   byte ids
+
+Labels carry the text only (IGNORE_INDEX on markers, image placeholders and padding);
+mm_token_type_ids is 1 exactly on the image placeholders, which is what Qwen3-VL's
+multimodal RoPE needs.
+
+Samples longer than seq_length: image tokens are never cut (the model would find fewer
+placeholders than image features and fail). The text is shortened to fit and the cut is
+counted (truncated_text_tokens); a sample whose images alone do not leave room for one
+text token is skipped with a warning naming its key and counted (skipped_samples).
+
+Padding (data.pack_sequences=false): one sample per row, padded to seq_length.
+Packing (data.pack_sequences=true): consecutive samples share a row while they fit; the
+first label of each packed sample is IGNORE_INDEX so no sample learns from its neighbour.
+The torch engine attends over the whole row (no variable-length kernel on CPU), so a
+packed row's attention cost is its full real length squared, which is what
+sum_seq_len_squared records.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+
+import torch
+
+from moe_vlm.data.batch import IGNORE_INDEX, Batch, BatchStats
+from moe_vlm.data.errors import NoUsableSamples
+from moe_vlm.data.tokenizer import ByteTokenizer
+from moe_vlm.data.vision import ImagePreprocessor
+
+log = logging.getLogger(__name__)
+
+# Warn for each of the first few skipped samples by key; the count in the stats covers the rest.
+MAX_SKIP_WARNINGS = 20
+# A source that yields this many skipped samples in a row has nothing usable left.
+MAX_CONSECUTIVE_SKIPS = 1000
+
+
+@dataclass
+class RawSample:
+    key: str  # unique and stable: names the sample in warnings
+    images: list[torch.Tensor]  # uint8 [3, H, W]
+    text_ids: list[int]
+
+
+@dataclass(frozen=True)
+class SkippedSample:
+    key: str
+    reason: str
+
+
+@dataclass
+class EncodedSample:
+    key: str
+    input_ids: torch.Tensor  # [length] int64
+    labels: torch.Tensor  # [length] int64
+    mm_token_type_ids: torch.Tensor  # [length] int32
+    pixel_values: torch.Tensor | None
+    image_grid_thw: torch.Tensor | None
+    original_hw: list[tuple[int, int]] = field(default_factory=list)
+    resized_hw: list[tuple[int, int]] = field(default_factory=list)
+    text_tokens: int = 0  # text ids kept (markers excluded)
+    truncated_text_tokens: int = 0
+
+    @property
+    def length(self) -> int:
+        return int(self.input_ids.numel())
+
+    @property
+    def images(self) -> int:
+        return 0 if self.image_grid_thw is None else int(self.image_grid_thw.shape[0])
+
+
+class SampleEncoder:
+    """Raw sample -> token sequence with image placeholders, within seq_length."""
+
+    def __init__(self, tokenizer: ByteTokenizer, preprocessor: ImagePreprocessor, seq_length: int) -> None:
+        self.tokenizer = tokenizer
+        self.preprocessor = preprocessor
+        self.seq_length = seq_length
+
+    def encode(self, sample: RawSample) -> EncodedSample | SkippedSample:
+        if not sample.text_ids:
+            return SkippedSample(sample.key, "sample has no text")
+        processed = None
+        image_tokens: list[int] = []
+        if sample.images:
+            try:
+                processed = self.preprocessor(sample.images)
+            except ValueError as exc:  # e.g. an aspect ratio past 200:1
+                return SkippedSample(sample.key, f"image processor rejected it: {exc}")
+            image_tokens = self.preprocessor.tokens_per_image(processed.image_grid_thw)
+        image_span = sum(tokens + 2 for tokens in image_tokens)
+        room_for_text = self.seq_length - image_span
+        if room_for_text < 1:
+            return SkippedSample(
+                sample.key,
+                f"its {len(image_tokens)} image(s) need {image_span} tokens, leaving no room for text in "
+                f"seq_length={self.seq_length} (raise seq_length or lower data.max_pixels)",
+            )
+        text = sample.text_ids[:room_for_text]
+        tok = self.tokenizer
+        ids: list[int] = []
+        types: list[int] = []
+        for tokens in image_tokens:
+            ids += [tok.vision_start_token_id, *([tok.image_token_id] * tokens), tok.vision_end_token_id]
+            types += [0, *([1] * tokens), 0]
+        ids += text
+        types += [0] * len(text)
+        input_ids = torch.tensor(ids, dtype=torch.long)
+        mm_token_type_ids = torch.tensor(types, dtype=torch.int32)
+        labels = torch.full_like(input_ids, IGNORE_INDEX)
+        labels[image_span:] = input_ids[image_span:]
+        return EncodedSample(
+            key=sample.key,
+            input_ids=input_ids,
+            labels=labels,
+            mm_token_type_ids=mm_token_type_ids,
+            pixel_values=None if processed is None else processed.pixel_values,
+            image_grid_thw=None if processed is None else processed.image_grid_thw,
+            original_hw=[] if processed is None else processed.original_hw,
+            resized_hw=[] if processed is None else processed.resized_hw,
+            text_tokens=len(text),
+            truncated_text_tokens=len(sample.text_ids) - len(text),
+        )
+
+
+class SkipCounter:
+    """Counts skipped samples, warns by key for the first few, and notices a source gone bad."""
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+        self.total = 0
+        self.consecutive = 0
+
+    def skip(self, skipped: SkippedSample) -> None:
+        self.total += 1
+        self.consecutive += 1
+        if self.total <= MAX_SKIP_WARNINGS:
+            log.warning("data=%s: skipped sample %s: %s", self.kind, skipped.key, skipped.reason)
+            if self.total == MAX_SKIP_WARNINGS:
+                log.warning(
+                    "data=%s: further skipped samples are counted in data.stats, not listed", self.kind
+                )
+        if self.consecutive >= MAX_CONSECUTIVE_SKIPS:
+            raise NoUsableSamples(
+                f"data={self.kind}: the last {self.consecutive} samples were all skipped "
+                f"(last: {skipped.key}: {skipped.reason}). "
+                "Fix: check the dataset, seq_length and data.max_pixels."
+            )
+
+    def used(self) -> None:
+        self.consecutive = 0
+
+
+def encoded_samples(
+    samples: Iterable[RawSample | SkippedSample], encoder: SampleEncoder, skips: SkipCounter
+) -> Iterator[EncodedSample]:
+    for sample in samples:
+        encoded = sample if isinstance(sample, SkippedSample) else encoder.encode(sample)
+        if isinstance(encoded, SkippedSample):
+            skips.skip(encoded)
+            continue
+        skips.used()
+        yield encoded
+
+
+def _rows(samples: Iterator[EncodedSample], seq_length: int, pack: bool) -> Iterator[list[EncodedSample]]:
+    if not pack:
+        for sample in samples:
+            yield [sample]
+        return
+    row: list[EncodedSample] = []
+    used = 0
+    for sample in samples:
+        if row and used + sample.length > seq_length:
+            yield row
+            row, used = [], 0
+        row.append(sample)
+        used += sample.length
+
+
+def collate(
+    samples: Iterable[RawSample | SkippedSample],
+    encoder: SampleEncoder,
+    mbs: int,
+    pack: bool,
+    pad_token_id: int,
+    data_kind: str,
+) -> Iterator[Batch]:
+    """Endless batches of `mbs` rows x seq_length from an endless sample stream."""
+    seq = encoder.seq_length
+    skips = SkipCounter(data_kind)
+    rows = _rows(encoded_samples(samples, encoder, skips), seq, pack)
+    skipped_before = 0
+    while True:
+        try:
+            batch_rows = [next(rows) for _ in range(mbs)]
+        except StopIteration:
+            return  # only a finite source ends; the data sources themselves repeat forever
+        batch = _assemble(batch_rows, seq, pad_token_id, data_kind)
+        batch.stats.skipped_samples = skips.total - skipped_before
+        skipped_before = skips.total
+        yield batch
+
+
+def _assemble(rows: list[list[EncodedSample]], seq: int, pad_token_id: int, data_kind: str) -> Batch:
+    mbs = len(rows)
+    input_ids = torch.full((mbs, seq), pad_token_id, dtype=torch.long)
+    labels = torch.full((mbs, seq), IGNORE_INDEX, dtype=torch.long)
+    attention_mask = torch.zeros((mbs, seq), dtype=torch.long)
+    mm_token_type_ids = torch.zeros((mbs, seq), dtype=torch.int32)
+    pixel_values: list[torch.Tensor] = []
+    grids: list[torch.Tensor] = []
+    keys: list[str] = []
+    images_per_sample: list[int] = []
+    original_hw: list[tuple[int, int]] = []
+    resized_hw: list[tuple[int, int]] = []
+    sum_seq_len_squared = 0
+    text_tokens = 0
+    truncated = 0
+    images = 0
+    for r, row in enumerate(rows):
+        offset = 0
+        for position, sample in enumerate(row):
+            end = offset + sample.length
+            input_ids[r, offset:end] = sample.input_ids
+            labels[r, offset:end] = sample.labels
+            if position > 0:
+                labels[r, offset] = IGNORE_INDEX  # its first token is not predicted from the previous sample
+            mm_token_type_ids[r, offset:end] = sample.mm_token_type_ids
+            attention_mask[r, offset:end] = 1
+            offset = end
+            keys.append(sample.key)
+            images_per_sample.append(sample.images)
+            text_tokens += sample.text_tokens
+            truncated += sample.truncated_text_tokens
+            images += sample.images
+            original_hw += sample.original_hw
+            resized_hw += sample.resized_hw
+            if sample.pixel_values is not None and sample.image_grid_thw is not None:
+                pixel_values.append(sample.pixel_values)
+                grids.append(sample.image_grid_thw)
+        sum_seq_len_squared += offset**2
+    grid = torch.cat(grids) if grids else None
+    patches = [] if grid is None else [int(n) for n in grid.prod(dim=-1).tolist()]
+    image_tokens = int((mm_token_type_ids == 1).sum())
+    markers = 2 * images
+    stats = BatchStats(
+        sequences=mbs,
+        padded_tokens=mbs * seq,
+        real_tokens=int(attention_mask.sum()),
+        text_tokens=text_tokens + markers,
+        image_tokens=image_tokens,
+        loss_tokens=int((labels != IGNORE_INDEX).sum()),
+        images=images,
+        vision_patches=sum(patches),
+        sum_seq_len_squared=sum_seq_len_squared,
+        sum_patches_squared=sum(n * n for n in patches),
+        samples=len(keys),
+        vision_marker_tokens=markers,
+        truncated_text_tokens=truncated,
+    )
+    return Batch(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        labels=labels,
+        mm_token_type_ids=mm_token_type_ids,
+        pixel_values=torch.cat(pixel_values) if pixel_values else None,
+        image_grid_thw=grid,
+        stats=stats,
+        data_kind=data_kind,
+        sample_keys=keys,
+        images_per_sample=images_per_sample,
+        image_original_hw=original_hw,
+        image_resized_hw=resized_hw,
+    )

@@ -1,0 +1,490 @@
+"""The embedded torch engine: transformers Qwen3-VL-MoE + torch FSDP2, one process per rank.
+
+    launch(spec, config, run_dir)
+      -> one rank of an outside launch (torchrun / Slurm / submitit env)  -> run_rank
+      -> otherwise spawn spec.layout.ranks_per_node local ranks           -> run_rank each
+    run_rank: process group (gloo on CPU, NCCL on GPU) -> Trainer -> steps.jsonl -> run.json
+
+Rank 0 gathers every rank's step record and appends it to steps.jsonl (flushed per step),
+prints one progress line per step, and writes run.json once at the end (atomically).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+import os
+import resource
+import signal
+import socket
+import sys
+import time
+import traceback
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import DTensor
+
+from moe_vlm.data import Batch, DataStats, build_batches
+from moe_vlm.engines import EngineUnavailable, RunFailed
+from moe_vlm.engines.torch_model import apply_freeze, apply_recompute, build_model
+from moe_vlm.launch.dist_env import DistEnv
+from moe_vlm.launch.failures import LOG_TAIL_LINES, classify, launch_info, write_failure
+from moe_vlm.metrics import summarize
+from moe_vlm.record import RUN_JSON, STEPS_JSONL, StepWriter, base_record, read_steps, write_json_atomic
+from moe_vlm.schema import DataKind, ShardingStrategy
+from moe_vlm.spec import RunSpec
+from moe_vlm.timing import COMPONENTS, ComponentTimer, clock_for
+
+GIB = 2**30
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+# --- launching -----------------------------------------------------------------------------
+
+
+def launch(spec: RunSpec, config: dict[str, Any], run_dir: Path) -> None:
+    env = DistEnv.from_environ()
+    if env is not None:
+        if env.world_size != spec.layout.world_size:
+            raise EngineUnavailable(
+                f"{env.launcher} started {env.world_size} ranks but nodes x nproc = {spec.layout.nodes} x "
+                f"{spec.layout.ranks_per_node} = {spec.layout.world_size}. "
+                "Fix: set nodes/nproc to match the launch."
+            )
+        run_rank(spec, config, run_dir, env)
+        return
+    if spec.layout.nodes > 1:
+        raise EngineUnavailable(
+            f"nodes={spec.layout.nodes}: the torch engine starts ranks on this machine only. "
+            "Fix: nodes=1, or launch one process per rank with Slurm (hydra/launcher=slurm) or torchrun."
+        )
+    _spawn_local(spec, config, run_dir)
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _start_method() -> str:
+    """fork where no GPU can be used: ranks start in milliseconds with torch and transformers
+    already imported, instead of re-importing them (tens of seconds per rank on a busy 2-core
+    laptop). Forking is unsafe once CUDA is initialised, so with NVIDIA devices present the ranks
+    are spawned."""
+    has_gpu_devices = any(Path("/dev").glob("nvidia[0-9]*"))
+    return "spawn" if has_gpu_devices else "fork"
+
+
+def _spawn_local(spec: RunSpec, config: dict[str, Any], run_dir: Path) -> None:
+    ranks = spec.layout.ranks_per_node
+    port = _free_port()
+    try:
+        mp.start_processes(
+            _spawned_rank,
+            args=(spec, config, run_dir, ranks, port),
+            nprocs=ranks,
+            join=True,
+            start_method=_start_method(),
+        )
+    except (mp.ProcessRaisedException, mp.ProcessExitedException) as exc:
+        # A rank that raised has recorded the failure already; one that died (killed, OOM-killer,
+        # segfault) could not, so the launcher does, keeping any more specific record.
+        text = str(exc)
+        exit_code = signal_number = None
+        if isinstance(exc, mp.ProcessExitedException):
+            exit_code = exc.exit_code
+            signal_number = signal.Signals[exc.signal_name].value if exc.signal_name else None
+        base = _record(spec, config, run_dir, "failed")
+        diagnosis = classify(text, exit_code=exit_code, signal_number=signal_number)
+        tail = [line for line in text.splitlines() if line.strip()][-LOG_TAIL_LINES:]
+        record = write_failure(run_dir, diagnosis, tail, base, launch=launch_info())
+        raise RunFailed(f"{record['failure']['class']}: {record['failure']['message']}") from None
+
+
+def _spawned_rank(
+    local_rank: int, spec: RunSpec, config: dict[str, Any], run_dir: Path, ranks: int, port: int
+) -> None:
+    # Die with the launcher: a rank must not outlive a killed run and keep writing its record.
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        if os.getppid() == 1:
+            os._exit(1)
+    env = DistEnv(
+        rank=local_rank,
+        world_size=ranks,
+        local_rank=local_rank,
+        local_world_size=ranks,
+        master_addr="127.0.0.1",
+        master_port=port,
+        launcher="spawn",
+    )
+    try:
+        run_rank(spec, config, run_dir, env)
+    except RunFailed:
+        sys.exit(1)  # recorded; the launcher reports it without a second traceback
+
+
+# --- one rank ------------------------------------------------------------------------------
+
+
+def pick_device(env: DistEnv) -> torch.device:
+    """The local GPU of this rank when there are GPUs, else the CPU."""
+    if not torch.cuda.is_available():
+        return torch.device("cpu")
+    count = torch.cuda.device_count()
+    if count == 1 and env.local_world_size > 1:  # the launcher gave each task its own GPU
+        return torch.device("cuda", 0)
+    if env.local_rank >= count:
+        raise EngineUnavailable(
+            f"local rank {env.local_rank} has no GPU ({count} visible). Fix: nproc={count}, "
+            "or CUDA_VISIBLE_DEVICES= to train on the CPU."
+        )
+    return torch.device("cuda", env.local_rank)
+
+
+def run_rank(spec: RunSpec, config: dict[str, Any], run_dir: Path, env: DistEnv) -> None:
+    device = pick_device(env)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    else:
+        # Ranks share the cores; oversubscribed intra-op threads only slow every rank down.
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        torch.set_num_threads(max(1, cores // env.local_world_size))
+    dist.init_process_group(
+        "nccl" if device.type == "cuda" else "gloo",
+        init_method=env.init_method,
+        rank=env.rank,
+        world_size=env.world_size,
+        timeout=timedelta(minutes=10),
+        device_id=device if device.type == "cuda" else None,
+    )
+    is_main = env.rank == 0
+    writer = StepWriter(run_dir / STEPS_JSONL) if is_main else None
+    trainer: Trainer | None = None
+    try:
+        trainer = Trainer(spec, device, env.rank, env.world_size)
+        console = Console(spec, trainer) if is_main else None
+        for step in range(1, spec.train_iters + 1):
+            record = trainer.step(step)
+            gathered: list[dict[str, Any]] | None = [{}] * env.world_size if is_main else None
+            dist.gather_object(record, gathered, dst=0)
+            if writer is not None and console is not None and gathered is not None:
+                for rank_record in gathered:
+                    writer.write(rank_record)
+                console.step(gathered)
+        data_stats = trainer.gather_data_stats()
+        if writer is not None:
+            writer.close()
+            steps = read_steps(run_dir / STEPS_JSONL)
+            record = _record(spec, config, run_dir, "completed", trainer, steps, data_stats)
+            write_json_atomic(run_dir / RUN_JSON, record)
+            if console is not None:
+                console.finish(record)
+    except Exception as exc:
+        if writer is not None:
+            writer.close()
+            text = "".join(traceback.format_exception(exc))
+            print(text, file=sys.stderr, flush=True)
+            base = _record(spec, config, run_dir, "failed", trainer, read_steps(run_dir / STEPS_JSONL))
+            tail = [line for line in text.splitlines() if line.strip()][-LOG_TAIL_LINES:]
+            record = write_failure(run_dir, classify(text), tail, base, launch=launch_info())
+            raise RunFailed(f"{record['failure']['class']}: {record['failure']['message']}") from exc
+        raise
+    finally:
+        if trainer is not None:
+            trainer.timer.remove()
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _record(
+    spec: RunSpec,
+    config: dict[str, Any],
+    run_dir: Path,
+    status: str,
+    trainer: Trainer | None = None,
+    steps: list[dict[str, Any]] | None = None,
+    data_stats: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    record = base_record(spec, config, status)
+    steps = steps if steps is not None else read_steps(run_dir / STEPS_JSONL)
+    record["summary"] = summarize(steps, spec) if steps else {}
+    record["data"] = {"kind": spec.data.kind.value, "stats": data_stats}
+    if trainer is not None:
+        record["torch_engine"] = trainer.describe()
+    return record
+
+
+# --- the training loop ---------------------------------------------------------------------
+
+
+@dataclass
+class Sharding:
+    mesh: DeviceMesh
+    reshard_after_forward: bool
+    name: str
+
+
+def sharding_for(spec: RunSpec, device: torch.device, world_size: int) -> Sharding:
+    """FSDP2 over the data-parallel ranks, as parallelism.sharding_strategy says."""
+    strategy = spec.parallelism.sharding_strategy
+    if strategy is ShardingStrategy.no_shard:
+        # HSDP with a shard group of one rank: parameters replicated, gradients all-reduced (DDP).
+        mesh = init_device_mesh(device.type, (world_size, 1), mesh_dim_names=("replicate", "shard"))
+        return Sharding(mesh, reshard_after_forward=False, name="replicate (FSDP2 HSDP, shard size 1)")
+    mesh = init_device_mesh(device.type, (world_size,), mesh_dim_names=("shard",))
+    if strategy is ShardingStrategy.optim_grads:
+        return Sharding(mesh, reshard_after_forward=False, name="FSDP2 full shard, no reshard after forward")
+    if strategy is ShardingStrategy.optim_grads_params:
+        return Sharding(mesh, reshard_after_forward=True, name="FSDP2 full shard")
+    raise EngineUnavailable(
+        f"parallelism.sharding_strategy={strategy.value} has no torch FSDP2 equivalent (rule E006)"
+    )
+
+
+def peak_memory_gib(device: torch.device) -> tuple[float, str]:
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / GIB, "cuda_max_allocated"
+    # ru_maxrss is KiB on Linux.
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / GIB, "process_peak_rss"
+
+
+def _sum_stats(batches: list[Batch]) -> dict[str, Any]:
+    total = {key: 0 for key in batches[0].stats.to_dict()} if batches else {}
+    for batch in batches:
+        for key, value in batch.stats.to_dict().items():
+            total[key] += value
+    return total
+
+
+class Trainer:
+    """Model, optimizer and data of one rank; `step()` runs one optimizer step."""
+
+    def __init__(
+        self,
+        spec: RunSpec,
+        device: torch.device,
+        rank: int,
+        world_size: int,
+        batches: Iterator[Batch] | None = None,
+        timing: bool = True,
+    ) -> None:
+        self.spec = spec
+        self.device = device
+        self.rank = rank
+        self.world_size = world_size
+        self.model = build_model(spec.model, spec.recompute, device, spec.seed)
+        self.parameter_counts = apply_freeze(self.model, spec.freeze)
+        self.recomputed = apply_recompute(self.model, spec.recompute)
+        self.timer = ComponentTimer(self.model, clock_for(device), enabled=timing)
+        self.sharding = sharding_for(spec, device, world_size)
+        self.precision = "bf16 params, fp32 reduce" if device.type == "cuda" else "fp32"
+        policy = (
+            MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+            if device.type == "cuda"
+            else MixedPrecisionPolicy()
+        )
+        mesh, reshard = self.sharding.mesh, self.sharding.reshard_after_forward
+        for layer in self.model.model.language_model.layers:
+            fully_shard(layer, mesh=mesh, reshard_after_forward=reshard, mp_policy=policy)
+        for block in self.model.model.visual.blocks:
+            fully_shard(block, mesh=mesh, reshard_after_forward=reshard, mp_policy=policy)
+        fully_shard(self.model, mesh=mesh, reshard_after_forward=reshard, mp_policy=policy)
+        # After sharding: the optimizer must hold the sharded parameters, and only trainable ones.
+        self.trainable = [p for p in self.model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(self.trainable, lr=spec.lr)
+        self.batches = batches if batches is not None else build_batches(spec, rank, world_size)
+        self.data_stats = DataStats()
+        self.micro_batches_run = 0
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "device": str(self.device),
+            "backend": dist.get_backend() if dist.is_initialized() else None,
+            "precision": self.precision,
+            "sharding": self.sharding.name,
+            "parameters": self.parameter_counts,
+            "trainable_parameters": sum(p.numel() for p in self.trainable),
+            "recomputed": self.recomputed,
+            "attention": getattr(self.model.config.text_config, "_attn_implementation", None),
+        }
+
+    def _synchronize(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def step(self, step: int) -> dict[str, Any]:
+        spec = self.spec
+        accumulation = spec.accumulation_steps
+        self._synchronize()
+        started = time.perf_counter()
+        losses: list[torch.Tensor] = []
+        consumed: list[Batch] = []
+        data_wait_s = 0.0
+        for _ in range(accumulation):
+            fetch_started = time.perf_counter()
+            batch = next(self.batches)
+            data_wait_s += time.perf_counter() - fetch_started
+            self.data_stats.add(batch)
+            consumed.append(batch)
+            inputs = {
+                name: tensor.to(self.device, non_blocking=True)
+                for name, tensor in batch.model_inputs().items()
+            }
+            loss = self.model(**inputs).loss
+            self.timer.begin_backward()
+            (loss / accumulation).backward()
+            self.timer.end_backward()
+            losses.append(loss.detach())
+            self.micro_batches_run += 1
+        optimizer_started = time.perf_counter()
+        grad_norm = self._grad_norm()
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self._synchronize()
+        finished = time.perf_counter()
+        step_time_s = finished - started
+        times = self.timer.collect()
+        stats = _sum_stats(consumed)
+        peak_gib, memory_kind = peak_memory_gib(self.device)
+        return {
+            "step": step,
+            "rank": self.rank,
+            "warmup": step <= spec.warmup_steps,
+            "time_unix_s": time.time(),
+            "step_time_s": step_time_s,
+            "loss": float(torch.stack(losses).mean()),
+            "grad_norm": grad_norm,
+            "lr": self.optimizer.param_groups[0]["lr"],
+            "micro_batches": len(consumed),
+            "tokens": {
+                "padded": stats["padded_tokens"],
+                "real": stats["real_tokens"],
+                "text": stats["text_tokens"],
+                "image": stats["image_tokens"],
+                "loss": stats["loss_tokens"],
+            },
+            **{
+                key: stats[key]
+                for key in (
+                    "sequences",
+                    "images",
+                    "vision_patches",
+                    "sum_seq_len_squared",
+                    "sum_patches_squared",
+                    "skipped_samples",
+                )
+            },
+            # Host-side waits inside step_time_s: building batches (data pipeline) and the
+            # grad-norm + optimizer tail (its collectives included).
+            "data_wait_s": data_wait_s,
+            "optimizer_s": finished - optimizer_started,
+            "peak_memory_gib": peak_gib,
+            "memory_kind": memory_kind,
+            "components_s": times.total_s if self.timer.enabled else None,
+            "components_forward_s": times.forward_s if self.timer.enabled else None,
+            "components_backward_s": times.backward_s if self.timer.enabled else None,
+        }
+
+    def _grad_norm(self) -> float:
+        grads = [p.grad for p in self.trainable if p.grad is not None]
+        if not grads:
+            return 0.0
+        norm = torch.nn.utils.get_total_norm(grads)
+        if isinstance(norm, DTensor):
+            norm = norm.full_tensor()  # sum over shards: the global norm, same on every rank
+        return float(norm)
+
+    def gather_data_stats(self) -> dict[str, Any] | None:
+        gathered: list[DataStats | None] = [None] * self.world_size if self.rank == 0 else []
+        dist.gather_object(self.data_stats, gathered if self.rank == 0 else None, dst=0)
+        if self.rank != 0:
+            return None
+        merged = DataStats()
+        for stats in gathered:
+            if stats is not None:
+                merged.merge(stats)
+        return merged.to_dict()
+
+
+# --- console -------------------------------------------------------------------------------
+
+
+class Console:
+    """Rank 0's progress: a header, one line per step, a summary table at the end."""
+
+    def __init__(self, spec: RunSpec, trainer: Trainer) -> None:
+        self.spec = spec
+        lay = spec.layout
+        label = (
+            "data=mock (image-free: NOT a VLM performance proxy)"
+            if spec.data.kind is DataKind.mock
+            else f"data={spec.data.kind.value}"
+        )
+        print(
+            f"moe_vlm torch engine: {spec.model.name} | {lay.world_size} rank(s) on {trainer.device.type} "
+            f"({trainer.describe()['backend']}, {trainer.precision}) | {trainer.sharding.name} | "
+            f"mbs {spec.mbs} x dp {lay.dp} x accumulation {spec.accumulation_steps} = gbs {spec.gbs} | "
+            f"seq {spec.seq_length} | recompute={spec.recompute.name} "
+            f"vision_freeze={spec.freeze.name} | {label}",
+            flush=True,
+        )
+
+    def step(self, records: list[dict[str, Any]]) -> None:
+        first = records[0]
+        step_time = max(r["step_time_s"] for r in records)
+        real_tokens = sum(r["tokens"]["real"] for r in records)
+        loss = sum(r["loss"] for r in records) / len(records)
+        components = first.get("components_s") or {}
+        parts = " ".join(f"{name.split('_')[0]} {components.get(name, 0.0):.3f}" for name in COMPONENTS)
+        print(
+            f"step {first['step']:>4}/{self.spec.train_iters}  loss {loss:.4f}  "
+            f"grad_norm {first['grad_norm']:.3f}  "
+            f"step {step_time:.3f} s  {real_tokens / step_time / len(records):,.0f} real tok/s/rank  "
+            f"peak {max(r['peak_memory_gib'] for r in records):.2f} GiB ({first['memory_kind']})  "
+            f"rank0 s: {parts}{'  (warm-up)' if first['warmup'] else ''}",
+            flush=True,
+        )
+
+    def finish(self, record: dict[str, Any]) -> None:
+        summary = record.get("summary") or {}
+        rows: list[tuple[str, str]] = [
+            ("status", str(record["status"])),
+            ("data", str(record["data"]["kind"])),
+        ]
+        for key, value in sorted(_flatten(summary).items()):
+            rows.append((key, _format(value)))
+        width = max(len(key) for key, _ in rows)
+        print("-" * (width + 30), flush=True)
+        for key, value in rows:
+            print(f"{key:<{width}}  {value}", flush=True)
+        print("-" * (width + 30), flush=True)
+
+
+def _flatten(value: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(value, dict):
+        flat: dict[str, Any] = {}
+        for key, item in value.items():
+            flat.update(_flatten(item, f"{prefix}.{key}" if prefix else str(key)))
+        return flat
+    return {prefix: value}
+
+
+def _format(value: Any) -> str:
+    if isinstance(value, float):
+        if math.isnan(value):
+            return "nan"
+        return f"{value:,.4g}" if abs(value) < 1e6 else f"{value:,.0f}"
+    if isinstance(value, list):
+        return ", ".join(_format(item) for item in value)
+    return str(value)

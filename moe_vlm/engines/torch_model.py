@@ -1,0 +1,154 @@
+"""The torch engine's model: a real transformers Qwen3-VL-MoE built from the `model` group.
+
+Random init from `engines.hf_config.transformers_config` (the same config the Megatron engine
+writes as config.json), no download. The rest applies the knobs that change the module graph:
+which parameters train (vision_freeze) and what is recomputed in backward (recompute).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+from torch.distributed._composable import checkpoint as composable_checkpoint
+from torch.utils.checkpoint import checkpoint as checkpoint_function
+from transformers import Qwen3VLMoeForConditionalGeneration
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+from transformers.models.qwen3_vl_moe.modeling_qwen3_vl_moe import (
+    Qwen3VLMoeTextMLP,
+    Qwen3VLMoeTextSparseMoeBlock,
+)
+
+from moe_vlm.engines.hf_config import transformers_config
+from moe_vlm.schema import (
+    ModelConfig,
+    RecomputeConfig,
+    RecomputeGranularity,
+    RecomputeMethod,
+    VisionFreezeConfig,
+)
+
+# Attention implementation whose core (softmax(QK^T)V) is recomputed in backward: SDPA inside
+# torch's non-reentrant checkpoint. Registered with transformers' own AttentionInterface so
+# the QKV/output projections around it are untouched, like Megatron's core_attn recompute.
+RECOMPUTED_SDPA = "moe_vlm_recomputed_sdpa"
+
+
+def _recomputed_sdpa(module: nn.Module, *args: Any, **kwargs: Any) -> tuple[torch.Tensor, None]:
+    output, _ = checkpoint_function(sdpa_attention_forward, module, *args, use_reentrant=False, **kwargs)
+    return output, None
+
+
+ALL_ATTENTION_FUNCTIONS.register(RECOMPUTED_SDPA, _recomputed_sdpa)
+ALL_MASK_ATTENTION_FUNCTIONS.register(RECOMPUTED_SDPA, sdpa_mask)
+
+
+def build_model(
+    model: ModelConfig, recompute: RecomputeConfig, device: torch.device, seed: int
+) -> Qwen3VLMoeForConditionalGeneration:
+    """Random-init model on `device`; every rank gets the same weights from the seed."""
+    core_attn = recompute.granularity is RecomputeGranularity.selective and "core_attn" in recompute.modules
+    config = transformers_config(model)
+    config._attn_implementation = {
+        "text_config": RECOMPUTED_SDPA if core_attn else "sdpa",
+        "vision_config": "sdpa",
+    }
+    config.text_config.use_cache = False
+    torch.manual_seed(seed)
+    with torch.device(device):
+        built = Qwen3VLMoeForConditionalGeneration(config)
+    built.train()
+    return built
+
+
+@dataclass(frozen=True)
+class ModelParts:
+    """The three parts vision_freeze and the component timers speak about."""
+
+    vision: list[nn.Module]  # ViT: patch embed, position embedding, blocks
+    projector: list[nn.Module]  # patch merger + deepstack mergers
+    language: list[nn.Module]  # decoder (embeddings, layers, norm) + lm_head
+
+    def parameters(self, part: str) -> Iterator[nn.Parameter]:
+        for module in getattr(self, part):
+            yield from module.parameters()
+
+
+def model_parts(model: Qwen3VLMoeForConditionalGeneration) -> ModelParts:
+    visual = model.model.visual
+    parts = ModelParts(
+        vision=[visual.patch_embed, visual.pos_embed, visual.blocks],
+        projector=[visual.merger, visual.deepstack_merger_list],
+        language=[model.model.language_model, model.lm_head],
+    )
+    # Every parameter in exactly one part, or freezing would silently miss some.
+    owned = [id(p) for part in ("vision", "projector", "language") for p in parts.parameters(part)]
+    every = [id(p) for p in model.parameters()]
+    if sorted(owned) != sorted(every) or len(set(owned)) != len(owned):
+        raise RuntimeError("model_parts: vision/projector/language do not partition the model's parameters")
+    return parts
+
+
+def apply_freeze(model: Qwen3VLMoeForConditionalGeneration, freeze: VisionFreezeConfig) -> dict[str, int]:
+    """requires_grad=False on frozen parts; returns parameter counts per part, frozen or not."""
+    parts = model_parts(model)
+    counts = {}
+    for part in ("vision", "projector", "language"):
+        frozen = bool(getattr(freeze, part))
+        params = list(parts.parameters(part))
+        for param in params:
+            param.requires_grad_(not frozen)
+        counts[part] = sum(p.numel() for p in params)
+    return counts
+
+
+def _checkpoint_module(module: nn.Module) -> None:
+    # Composable checkpoint: hooks instead of a wrapper, so names and fully_shard composition stay.
+    composable_checkpoint(module)
+
+
+def apply_recompute(model: Qwen3VLMoeForConditionalGeneration, recompute: RecomputeConfig) -> list[str]:
+    """Activation checkpointing as the recompute group says; returns the names of what is recomputed.
+
+    full: whole decoder layers (uniform with num_layers=1: every layer; block with num_layers=N:
+    the first N layers). selective: core_attn (through the attention function set at build time),
+    layernorm (both norms of each decoder layer), moe (MoE blocks), mlp (dense MLP blocks).
+    """
+    layers = model.model.language_model.layers
+    recomputed: list[str] = []
+    if recompute.granularity is RecomputeGranularity.full:
+        count = len(layers) if recompute.method is RecomputeMethod.uniform else recompute.num_layers
+        for index, layer in enumerate(layers):
+            if index < count:
+                _checkpoint_module(layer)
+                recomputed.append(f"model.language_model.layers.{index}")
+    elif recompute.granularity is RecomputeGranularity.selective:
+        # One entry per name in rules.TORCH_SELECTIVE_RECOMPUTE (core_attn is the attention function).
+        selectors: dict[str, Callable[[Any], list[tuple[str, nn.Module]]]] = {
+            "layernorm": lambda layer: [
+                ("input_layernorm", layer.input_layernorm),
+                ("post_attention_layernorm", layer.post_attention_layernorm),
+            ],
+            "moe": lambda layer: (
+                [("mlp", layer.mlp)] if isinstance(layer.mlp, Qwen3VLMoeTextSparseMoeBlock) else []
+            ),
+            "mlp": lambda layer: [("mlp", layer.mlp)] if isinstance(layer.mlp, Qwen3VLMoeTextMLP) else [],
+        }
+        unknown = [name for name in recompute.modules if name != "core_attn" and name not in selectors]
+        if unknown:
+            raise ValueError(
+                f"recompute.modules {unknown}: the torch engine cannot recompute them (rule E008)"
+            )
+        for index, layer in enumerate(layers):
+            if "core_attn" in recompute.modules:
+                recomputed.append(f"model.language_model.layers.{index}.self_attn(core)")
+            for name in recompute.modules:
+                for attr, module in selectors[name](layer) if name in selectors else []:
+                    _checkpoint_module(module)
+                    recomputed.append(f"model.language_model.layers.{index}.{attr}")
+    return recomputed

@@ -1,0 +1,251 @@
+"""Why a run failed, from its exit status, Slurm's job state and its logs.
+
+Classes, most specific first (the first that matches wins):
+
+    timeout    Slurm time limit ("DUE TO TIME LIMIT", state TIMEOUT) or a USR2 past the requeue budget
+    preempted  preemption ("DUE TO PREEMPTION", state PREEMPTED)
+    node       node failure (NODE_FAIL, BOOT_FAIL, Xid, ECC, "fallen off the bus")
+    oom        out of memory (CUDA OOM, torch.OutOfMemoryError, OOM killer, OUT_OF_MEMORY)
+    cancelled  scancel ("CANCELLED AT", state CANCELLED)
+    killed     a rank died from SIGKILL without OOM or node evidence (srun "task N: Killed", 137)
+    nccl       collective communication error or watchdog timeout (NCCL, or gloo on CPU)
+    python     a Python exception (traceback)
+    unknown    none of the above; the log tail says more
+
+Used in three places: the run itself on an exception (moe_vlm/run.py), the batch script after
+a failed srun step (`python -m moe_vlm.launch.failures`, see launch/slurm.py:teardown) and
+`moe-vlm status` / the sweeper for jobs that ended without a record (scancel, node loss).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import signal
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from omegaconf import OmegaConf
+
+from moe_vlm.launch import points
+from moe_vlm.launch.safety import scrub, scrub_text
+from moe_vlm.record import RUN_JSON, base_record, write_json_atomic
+
+LOG_TAIL_LINES = 30
+
+
+@dataclass(frozen=True)
+class FailureClass:
+    name: str
+    states: frozenset[str]  # Slurm job states that mean this class
+    pattern: re.Pattern[str] | None  # log evidence
+    what: str
+
+
+CLASSES: tuple[FailureClass, ...] = (
+    FailureClass("timeout", frozenset({"TIMEOUT", "DEADLINE"}), re.compile(r"DUE TO TIME LIMIT"), "hit the Slurm time limit"),
+    FailureClass("preempted", frozenset({"PREEMPTED"}), re.compile(r"DUE TO PREEMPTION"), "was preempted"),
+    FailureClass(
+        "node",
+        frozenset({"NODE_FAIL", "BOOT_FAIL"}),
+        re.compile(r"DUE TO NODE FAIL|Node failure|NODE_FAIL|\bXid\b|uncorrectable ECC|fallen off the bus", re.I),
+        "lost a node or GPU",
+    ),
+    FailureClass(
+        "oom",
+        frozenset({"OUT_OF_MEMORY"}),
+        re.compile(
+            r"CUDA out of memory|OutOfMemoryError|out of memory|oom[-_]kill|Exceeded job memory limit|\bMemoryError\b",
+            re.I,
+        ),
+        "ran out of memory",
+    ),
+    # "*** JOB n ... CANCELLED AT" is scancel; "*** STEP n.0 ... CANCELLED AT" alone is srun ending
+    # the step after a rank died (--kill-on-bad-exit), which the classes below explain.
+    FailureClass(
+        "cancelled", frozenset({"CANCELLED"}), re.compile(r"\*\*\* JOB \S+ ON \S+ CANCELLED AT (?!.*DUE TO)"), "was cancelled"
+    ),
+    FailureClass(
+        "killed",
+        frozenset(),
+        re.compile(r"task \d+: Killed|Killed by signal 9|signal 9\b|\bSIGKILL\b"),
+        "had a rank killed by SIGKILL (no OOM or node evidence in the logs)",
+    ),
+    FailureClass(
+        "nccl",
+        frozenset(),
+        re.compile(
+            r"NCCL error|nccl(System|Internal|UnhandledCuda|Remote)Error|Watchdog caught collective operation timeout"
+            r"|NCCL communicator was aborted|DistBackendError|Gloo connectFullMesh failed|Connection closed by peer"
+            r"|Connection reset by peer",
+        ),
+        "failed in a collective (NCCL/gloo error or timeout)",
+    ),
+    FailureClass("python", frozenset(), re.compile(r"Traceback \(most recent call last\)"), "raised a Python exception"),
+)
+PRIORITY = [c.name for c in CLASSES] + ["unknown"]
+# Lines Slurm writes when it requeues; they belong to the previous attempt, not to a failure.
+IGNORED = re.compile(r"DUE TO JOB REQUEUE|Bypassing signal|moe_vlm: requeueing")
+ATTEMPT_START = "Starting with JobEnvironment"
+
+
+@dataclass(frozen=True)
+class Diagnosis:
+    name: str
+    message: str
+    evidence: str | None
+
+
+def classify(
+    log_text: str, slurm_state: str | None = None, exit_code: int | None = None, signal_number: int | None = None
+) -> Diagnosis:
+    lines = [line for line in log_text.splitlines() if not IGNORED.search(line)]
+    state = (slurm_state or "").upper()
+    for failure in CLASSES:
+        if state in failure.states:
+            return Diagnosis(failure.name, f"the job {failure.what} (Slurm state {state})", None)
+        evidence = next((line for line in lines if failure.pattern and failure.pattern.search(line)), None)
+        if evidence is None and failure.name == "killed" and (signal_number == 9 or exit_code == 137):
+            evidence = f"exit code {exit_code}, signal {signal_number}"
+        if evidence is not None:
+            return Diagnosis(failure.name, f"the job {failure.what}", evidence.strip()[:300])
+    detail = f"exit code {exit_code}" if exit_code is not None else "no exit code"
+    if state:
+        detail += f", Slurm state {state}"
+    return Diagnosis("unknown", f"the run failed with no known failure pattern in its logs ({detail})", None)
+
+
+def current_attempt(text: str) -> str:
+    """Logs are appended across requeues; only the last attempt explains this failure."""
+    start = text.rfind(ATTEMPT_START)
+    if start < 0:
+        return text
+    return text[text.rfind("\n", 0, start) + 1 :]
+
+
+def job_logs(log_dir: Path | None) -> tuple[str, list[str]]:
+    """All task logs of a job (stderr first, task 0 last because srun and slurmstepd write there),
+    and a labelled tail of the error logs."""
+    if log_dir is None or not log_dir.is_dir():
+        return "", []
+    err = sorted(log_dir.glob("*_log.err"), key=lambda p: (p.name.endswith("_0_log.err"), p.name))
+    out = sorted(log_dir.glob("*_log.out"))
+    texts = {path: current_attempt(path.read_text(errors="replace")) for path in [*err, *out]}
+    tail: list[str] = []
+    for path in err:
+        task = path.name.rsplit("_", 2)[-2]
+        lines = [line for line in texts[path].splitlines() if line.strip()][-LOG_TAIL_LINES // 2 :]
+        tail += [f"[task {task}] {line}" for line in lines]
+    return "\n".join(texts.values()), tail[-LOG_TAIL_LINES:]
+
+
+def _outranks(new: str, old: str) -> bool:
+    return PRIORITY.index(new) < PRIORITY.index(old if old in PRIORITY else "unknown")
+
+
+def write_failure(
+    point_dir: Path,
+    diagnosis: Diagnosis,
+    log_tail: list[str],
+    base: dict[str, Any],
+    launch: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Record a failure in run.json; a more specific failure already recorded (say oom from the
+    rank that died, before another rank saw the broken collective) is kept."""
+    existing = points.read_run(point_dir)
+    if existing and existing.get("status") == "completed":
+        return existing
+    if existing and existing.get("status") == "failed":
+        old = (existing.get("failure") or {}).get("class", "unknown")
+        if not _outranks(diagnosis.name, old):
+            return existing
+    record = dict(base)
+    record["status"] = "failed"
+    record["failure"] = {
+        "class": diagnosis.name,
+        "message": diagnosis.message,
+        "evidence": diagnosis.evidence,
+        "log_tail": log_tail,
+    }
+    if launch:
+        record["launch"] = {**record.get("launch", {}), **launch}
+    record = scrub(record)
+    write_json_atomic(point_dir / RUN_JSON, record)
+    return record
+
+
+def record_exception(spec: Any, config: dict[str, Any], run_dir: Path, exc: BaseException) -> dict[str, Any]:
+    """The run raised: classify the traceback and record it (called from moe_vlm/run.py)."""
+    import traceback
+
+    text = scrub_text("".join(traceback.format_exception(exc)))
+    diagnosis = classify(text)
+    tail = [line for line in text.splitlines() if line.strip()][-LOG_TAIL_LINES:]
+    base = base_record(spec, config, status="failed")
+    return write_failure(run_dir, diagnosis, tail, base, launch=launch_info())
+
+
+def launch_info() -> dict[str, Any]:
+    env = os.environ
+    return {
+        "slurm_job_id": env.get("SLURM_JOB_ID"),
+        "restarts": int(env.get("SLURM_RESTART_COUNT", "0") or 0),
+    }
+
+
+def base_from_point(point_dir: Path) -> dict[str, Any]:
+    """A run record for a point whose process could not write one, rebuilt from point.json."""
+    from moe_vlm.schema import TrainConfig
+    from moe_vlm.spec import RunSpec
+
+    point = points.read_point(point_dir) or {}
+    config = point.get("config") or {}
+    try:
+        spec = RunSpec.from_config(OmegaConf.merge(OmegaConf.structured(TrainConfig), config))  # type: ignore[arg-type]
+        return base_record(spec, config, status="failed")
+    except Exception:  # a record without layout beats no record
+        return {"schema_version": 1, "status": "failed", "point_id": point.get("point_id"), "config": config}
+
+
+def record_job_failure(
+    point_dir: Path,
+    job_id: str | None,
+    slurm_state: str | None = None,
+    exit_code: int | None = None,
+    signal_number: int | None = None,
+    restarts: int | None = None,
+) -> dict[str, Any]:
+    point = points.read_point(point_dir) or {}
+    log_text, tail = job_logs(points.job_log_dir({**point, "job_id": job_id or point.get("job_id")}))
+    diagnosis = classify(log_text, slurm_state, exit_code, signal_number)
+    launch = {
+        "slurm_job_id": job_id,
+        "slurm_state": slurm_state,
+        "exit_code": exit_code,
+        "signal": signal.Signals(signal_number).name if signal_number else None,
+        "restarts": restarts if restarts is not None else int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0),
+    }
+    return write_failure(point_dir, diagnosis, tail, base_from_point(point_dir), launch)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m moe_vlm.launch.failures", description="record a failed Slurm step in its point's run.json"
+    )
+    parser.add_argument("--point-dir", type=Path, required=True)
+    parser.add_argument("--job-id", required=True)
+    parser.add_argument("--exit-code", type=int, required=True)
+    args = parser.parse_args(argv)
+    # A shell reports death by signal N as 128 + N.
+    signal_number = args.exit_code - 128 if args.exit_code > 128 else None
+    record = record_job_failure(args.point_dir, args.job_id, None, args.exit_code, signal_number)
+    failure = record.get("failure") or {}
+    print(f"moe_vlm: {args.point_dir.name}: {record.get('status')} ({failure.get('class', '-')})", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

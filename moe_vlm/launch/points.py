@@ -1,0 +1,144 @@
+"""The sweep directory: one subdirectory per point, named by the point's identity.
+
+    <sweep dir>/
+      multirun.yaml            the sweep's config (secrets masked)
+      <point_id>/point.json    written by the sweeper: overrides, resolved config, submissions
+      <point_id>/run.json      written by the run (completed | failed) or the sweeper (rejected)
+      <point_id>/attempts/N/   an earlier attempt's records, moved aside before a rerun
+      .submitit/<job id>/      submitit's pickles and per-task logs
+
+A point's directory is its identity (hash of the resolved config and the code version),
+so rerunning the same sweep finds every earlier result, whatever the order of the grid.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import shutil
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf, open_dict, read_write
+
+from moe_vlm.launch.safety import scrub
+from moe_vlm.record import RUN_JSON, STEPS_JSONL, point_id, write_json_atomic
+
+POINT_JSON = "point.json"
+ATTEMPTS = "attempts"
+TERMINAL = ("completed", "failed", "rejected")
+# Files of one attempt; moved aside together so a rerun starts clean and nothing is lost.
+ATTEMPT_FILES = (RUN_JSON, STEPS_JSONL, "requeue.json", "requeue.previous.json")
+
+
+def task_config(cfg: DictConfig) -> DictConfig:
+    """The config the task function sees: everything but the `hydra` node."""
+    task = copy.deepcopy(cfg)
+    with read_write(task), open_dict(task):
+        task.pop("hydra", None)
+    return task
+
+
+def identity(config: dict[str, Any], code_version: str | None) -> str:
+    """The point_id the real run records: a dry run shows the identity of the run it plans."""
+    return point_id({**config, "dry_run": False}, code_version)
+
+
+def resolved(task: DictConfig) -> dict[str, Any]:
+    """The resolved task config as run.json records it (secrets masked)."""
+    plain = OmegaConf.to_container(task, resolve=True, enum_to_str=True)
+    assert isinstance(plain, dict)
+    return scrub({str(k): v for k, v in plain.items()})
+
+
+def read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        payload = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+    return payload if isinstance(payload, dict) else None
+
+
+def read_point(point_dir: Path) -> dict[str, Any] | None:
+    return read_json(point_dir / POINT_JSON)
+
+
+def read_run(point_dir: Path) -> dict[str, Any] | None:
+    return read_json(point_dir / RUN_JSON)
+
+
+def run_status(point_dir: Path) -> str | None:
+    run = read_run(point_dir)
+    status = run.get("status") if run else None
+    return status if status in TERMINAL else None
+
+
+def write_point(point_dir: Path, payload: dict[str, Any]) -> None:
+    write_json_atomic(point_dir / POINT_JSON, scrub(payload))
+
+
+def update_point(point_dir: Path, **changes: Any) -> dict[str, Any]:
+    payload = read_point(point_dir) or {}
+    payload.update(changes)
+    write_point(point_dir, payload)
+    return payload
+
+
+def add_submission(point_dir: Path, submission: dict[str, Any]) -> None:
+    payload = read_point(point_dir) or {}
+    submissions = [*payload.get("submissions", []), submission]
+    update_point(point_dir, submissions=submissions, job_id=submission.get("job_id"))
+
+
+def archive_attempt(point_dir: Path) -> Path | None:
+    """Move the records of the last attempt to attempts/<n>/; None when there were none."""
+    present = [point_dir / name for name in ATTEMPT_FILES if (point_dir / name).exists()]
+    if not present:
+        return None
+    attempts = point_dir / ATTEMPTS
+    attempts.mkdir(parents=True, exist_ok=True)
+    number = 1 + max((int(p.name) for p in attempts.iterdir() if p.name.isdigit()), default=0)
+    target = attempts / str(number)
+    target.mkdir()
+    for path in present:
+        shutil.move(str(path), target / path.name)
+    return target
+
+
+def iter_points(sweep_dir: Path) -> Iterator[Path]:
+    if not sweep_dir.is_dir():
+        return
+    for child in sorted(sweep_dir.iterdir()):
+        if child.is_dir() and ((child / POINT_JSON).exists() or (child / RUN_JSON).exists()):
+            yield child
+
+
+def job_log_dir(point: dict[str, Any]) -> Path | None:
+    folder, job_id = point.get("submitit_folder"), point.get("job_id")
+    if not folder or not job_id:
+        return None
+    return Path(str(folder).replace("%j", str(job_id)))
+
+
+def sweep_name(task_overrides: list[str]) -> str:
+    """A stable directory name for a sweep command: readable overrides plus a short hash, so that
+    rerunning the same command lands in the same directory (and resumes it)."""
+    # dry_run=true plans the same sweep, so it names the same directory.
+    ordered = sorted(str(o) for o in task_overrides if not str(o).lstrip("+~").startswith("dry_run="))
+    digest = hashlib.sha256(json.dumps(ordered).encode()).hexdigest()[:8]
+    readable = "_".join(ordered) or "default"
+    readable = "".join(c if c.isalnum() or c in "=,.-" else "_" for c in readable)[:60].strip("_")
+    return f"{readable}-{digest}"
+
+
+def register_resolvers() -> None:
+    OmegaConf.register_new_resolver(
+        "moe_vlm_sweep_name", lambda overrides: sweep_name(list(overrides or [])), replace=True
+    )
+
+
+def now() -> float:
+    return round(time.time(), 3)

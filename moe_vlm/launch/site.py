@@ -1,0 +1,90 @@
+"""Site settings: the values that differ per cluster account, never per experiment.
+
+Account, partition, QoS, container image, mounts and setup lines are the user's, so the
+launcher presets leave them empty and they come, in order of precedence, from:
+
+1. the launcher config (`hydra.launcher.account=...` on the command line),
+2. environment variables `MOE_VLM_ACCOUNT`, `MOE_VLM_PARTITION`, `MOE_VLM_QOS`,
+   `MOE_VLM_RESERVATION`, `MOE_VLM_CONTAINER_IMAGE`, `MOE_VLM_CONTAINER_MOUNTS`
+   (comma separated), `MOE_VLM_PYTHON`,
+3. the site file `$MOE_VLM_SITE_FILE` or `~/.config/moe_vlm/site.yaml`: top-level keys
+   apply to every cluster, a section named after the cluster (`gb200:`, `b200:`) overrides
+   them for that cluster:
+
+       account: my_account
+       container_mounts: [/lustre:/lustre]
+       gb200:
+         partition: gb200
+         container_image: nvcr.io#nvidia/nemo:25.09
+       b200:
+         partition: batch_b200
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from moe_vlm.compose import BadInput
+
+SITE_KEYS = (
+    "account",
+    "partition",
+    "qos",
+    "reservation",
+    "container_image",
+    "container_mounts",
+    "container_workdir",
+    "container_env",
+    "setup",
+    "python",
+)
+LIST_KEYS = {"container_mounts", "container_env", "setup"}
+
+
+def site_file() -> Path:
+    explicit = os.environ.get("MOE_VLM_SITE_FILE")
+    if explicit:
+        return Path(explicit).expanduser()
+    return Path(os.environ.get("XDG_CONFIG_HOME", "~/.config")).expanduser() / "moe_vlm" / "site.yaml"
+
+
+def load_site_file(path: Path, cluster: str) -> dict[str, Any]:
+    if not path.is_file():
+        return {}
+    try:
+        raw = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise BadInput(f"{path}: not valid YAML ({str(exc).splitlines()[0]}). Fix: correct the site file.") from exc
+    if not isinstance(raw, dict):
+        raise BadInput(f"{path}: expected a mapping of site keys. Fix: see `moe_vlm/launch/site.py`.")
+    section = raw.get(cluster) or {}
+    values = {k: v for k, v in raw.items() if not isinstance(v, dict)} | dict(section)
+    unknown = sorted(set(values) - set(SITE_KEYS))
+    if unknown:
+        raise BadInput(
+            f"{path}: unknown key(s) {unknown}. Allowed: {', '.join(SITE_KEYS)}. Fix: correct the spelling."
+        )
+    return values
+
+
+def from_environment() -> dict[str, Any]:
+    values: dict[str, Any] = {}
+    for key in SITE_KEYS:
+        raw = os.environ.get(f"MOE_VLM_{key.upper()}")
+        if raw is None or raw == "":
+            continue
+        values[key] = [item for item in raw.split(",") if item] if key in LIST_KEYS else raw
+    return values
+
+
+def resolve(explicit: dict[str, Any], cluster: str) -> dict[str, Any]:
+    """Site values for `cluster`: explicit launcher values win, then env, then the site file."""
+    merged = load_site_file(site_file(), cluster) | from_environment()
+    for key, value in explicit.items():
+        if value not in (None, [], ""):
+            merged[key] = value
+    return merged

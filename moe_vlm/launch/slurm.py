@@ -1,0 +1,339 @@
+"""Slurm: launcher settings -> sbatch parameters -> the rendered script, and batched polling.
+
+The script is rendered by submitit's own renderer (`submitit.slurm.slurm._make_sbatch_string`),
+the function submitit calls when it submits, so what `dry_run=true` prints is byte for byte
+what sbatch receives. What submitit and hydra-submitit-launcher 1.2.0 lack is added here:
+srun arguments (pyxis container image and mounts, --kill-on-bad-exit), `--segment`, resources
+derived per point from the RunSpec (nodes, tasks per node = GPUs per node), a teardown that
+requeues from outside the container and records failures, and one `scontrol` call to poll
+every job of a sweep.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from moe_vlm.compose import BadInput
+from moe_vlm.launch import safety, site
+from moe_vlm.spec import RunSpec
+
+# Exit status of a rank that was asked to stop for a requeue (EX_TEMPFAIL): not a failure.
+EXIT_REQUEUE = 75
+REQUEUE_MARKER = "requeue.json"
+PREVIOUS_REQUEUE_MARKER = "requeue.previous.json"
+ENV_TIME_LIMIT_S = "MOE_VLM_TIME_LIMIT_S"
+ENV_SIGNAL_DELAY_S = "MOE_VLM_SIGNAL_DELAY_S"
+ENV_MAX_REQUEUES = "MOE_VLM_MAX_REQUEUES"
+
+
+@dataclass
+class SlurmSettings:
+    """Everything `hydra/launcher=slurm*` sets. Resources that depend on the experiment (nodes,
+    tasks and GPUs per node) are not here: they come from each point's RunSpec."""
+
+    submitit_folder: str = "${hydra.sweep.dir}/.submitit/%j"
+    executor: str = "slurm"  # slurm | local (submitit's local executor: processes on this machine)
+    # Return once the jobs are queued (Slurm). False waits for every job, as the local executor does.
+    submit_and_exit: bool = True
+    # The cluster config this preset is written for (null = any). A mismatch is an error.
+    expects_cluster: str | None = None
+    name: str = "moe_vlm"  # Slurm job name
+    timeout_min: int = 30  # time limit per job
+    cpus_per_task: int | None = None
+    mem_gb: int | None = None  # per node; 0 = all of the node's memory; null = Slurm's default
+    exclusive: bool = False  # whole nodes
+    # GB200: keep a job inside one NVLink domain. "auto" = the largest node count that divides
+    # the job and fits one domain (all nodes when the job fits); a number = that; null = off.
+    segment: str | None = None
+    signal_delay_s: int = 120  # USR2 this long before the time limit (NCCL catches USR1)
+    max_requeues: int = 2  # requeues after a USR2 (time limit or preemption) before recording a failure
+    # Site values: null/empty here = from MOE_VLM_* env or ~/.config/moe_vlm/site.yaml (see launch/site.py).
+    account: str | None = None
+    partition: str | None = None
+    qos: str | None = None
+    reservation: str | None = None
+    constraint: str | None = None
+    container_image: str | None = None  # pyxis --container-image
+    container_mounts: list[str] = field(default_factory=list)  # pyxis --container-mounts, SRC:DST[:FLAGS]
+    container_workdir: str | None = None
+    container_env: list[str] = field(default_factory=list)  # env var names pyxis passes into the container
+    python: str | None = None  # interpreter the tasks run; null = the one submitting
+    setup: list[str] = field(default_factory=list)  # shell lines before srun (module load, exports)
+    srun_args: list[str] = field(default_factory=list)  # extra srun arguments
+    additional_parameters: dict[str, Any] = field(default_factory=dict)  # extra #SBATCH --key=value
+
+
+def settings_from(params: dict[str, Any]) -> SlurmSettings:
+    known = set(SlurmSettings.__dataclass_fields__)
+    return SlurmSettings(**{k: v for k, v in params.items() if k in known})
+
+
+def checked(settings: SlurmSettings, spec: RunSpec) -> SlurmSettings:
+    """Settings with site values filled in, every string that reaches sbatch/srun checked."""
+    if settings.expects_cluster and settings.expects_cluster != spec.cluster.name:
+        raise BadInput(
+            f"hydra.launcher: this preset is for cluster={settings.expects_cluster} but the run has "
+            f"cluster={spec.cluster.name}. Fix: add cluster={settings.expects_cluster}, or pick "
+            f"hydra/launcher=slurm_{spec.cluster.name} (presets: slurm, slurm_gb200, slurm_b200, local)."
+        )
+    values = dict(vars(settings))
+    explicit = {key: values.get(key) for key in site.SITE_KEYS}
+    resolved = site.resolve(explicit, spec.cluster.name)
+    site_setup = [] if settings.setup else list(resolved.get("setup") or [])
+    values.update({k: v for k, v in resolved.items() if k != "setup"})
+    values["setup"] = [*site_setup, *settings.setup]
+    out = SlurmSettings(**values)
+
+    safety.check_word("hydra.launcher.name", out.name, example="moe_vlm")
+    for key in ("account", "partition", "qos", "reservation", "constraint"):
+        value = getattr(out, key)
+        if value is not None:
+            safety.check_word(f"hydra.launcher.{key}", str(value))
+    if out.container_image is not None:
+        safety.check_word(
+            "hydra.launcher.container_image", out.container_image, safety.IMAGE_CHARS, "nvcr.io#nvidia/nemo:25.09"
+        )
+    for mount in out.container_mounts:
+        safety.check_mount("hydra.launcher.container_mounts", str(mount))
+    if out.container_workdir is not None:
+        safety.check_word("hydra.launcher.container_workdir", out.container_workdir, safety.MOUNT_PART_CHARS, "/work")
+    for name in out.container_env:
+        safety.check_word("hydra.launcher.container_env", str(name), "A-Za-z0-9_", "HF_TOKEN")
+    for line in out.setup:
+        safety.check_setup_line("hydra.launcher.setup", str(line))
+    for arg in out.srun_args:
+        safety.check_no_control("hydra.launcher.srun_args", str(arg))
+    for key, value in out.additional_parameters.items():
+        safety.check_word("hydra.launcher.additional_parameters", str(key), "A-Za-z0-9_-", "mail_type")
+        safety.check_no_control(f"hydra.launcher.additional_parameters.{key}", str(value))
+    if out.segment not in (None, "auto") and not str(out.segment).isdigit():
+        raise BadInput(
+            f"hydra.launcher.segment={out.segment!r}: expected auto, a node count or null. Fix: segment=auto."
+        )
+    if out.executor not in ("slurm", "local"):
+        raise BadInput(f"hydra.launcher.executor={out.executor!r}: expected slurm or local. Fix: executor=slurm.")
+    return out
+
+
+def segment_nodes(settings: SlurmSettings, spec: RunSpec) -> int | None:
+    """Nodes per --segment: each segment must sit inside one NVLink domain."""
+    if settings.segment is None:
+        return None
+    if settings.segment != "auto":
+        return int(settings.segment)
+    nodes = spec.layout.nodes
+    per_domain = max(spec.cluster.nvlink_domain_gpus // max(spec.layout.ranks_per_node, 1), 1)
+    return max(n for n in range(1, nodes + 1) if nodes % n == 0 and n <= per_domain)
+
+
+def python_command(settings: SlurmSettings) -> str:
+    return settings.python or shlex.quote(sys.executable)
+
+
+def srun_arguments(settings: SlurmSettings) -> list[str]:
+    # One dead rank ends the step at once, instead of the others hanging in a collective.
+    args = ["--kill-on-bad-exit=1"]
+    if settings.container_image:
+        args.append(f"--container-image={settings.container_image}")
+    if settings.container_mounts:
+        args.append(f"--container-mounts={','.join(settings.container_mounts)}")
+    if settings.container_workdir:
+        args.append(f"--container-workdir={settings.container_workdir}")
+    if settings.container_env:
+        args.append(f"--container-env={','.join(settings.container_env)}")
+    return [*args, *settings.srun_args]
+
+
+def job_parameters(settings: SlurmSettings, spec: RunSpec) -> dict[str, Any]:
+    """Keyword arguments for submitit's SlurmExecutor (and its renderer) for one point."""
+    layout = spec.layout
+    additional: dict[str, Any] = {"requeue": True}
+    segment = segment_nodes(settings, spec)
+    if segment is not None:
+        additional["segment"] = segment
+    if settings.reservation:
+        additional["reservation"] = settings.reservation
+    additional.update(settings.additional_parameters)
+    params: dict[str, Any] = {
+        "job_name": settings.name,
+        "time": settings.timeout_min,
+        "nodes": layout.nodes,
+        "ntasks_per_node": layout.ranks_per_node,
+        "cpus_per_task": settings.cpus_per_task,
+        "gpus_per_node": layout.ranks_per_node if spec.cluster.is_gpu_cluster else None,
+        "mem": None if settings.mem_gb is None else f"{settings.mem_gb}GB",
+        "exclusive": True if settings.exclusive else None,
+        "partition": settings.partition,
+        "account": settings.account,
+        "qos": settings.qos,
+        "constraint": settings.constraint,
+        "signal_delay_s": settings.signal_delay_s,
+        "setup": [
+            *settings.setup,
+            # The tasks read these to tell a time-limit signal from a preemption and to cap requeues.
+            f"export {ENV_TIME_LIMIT_S}={settings.timeout_min * 60}",
+            f"export {ENV_SIGNAL_DELAY_S}={settings.signal_delay_s}",
+            f"export {ENV_MAX_REQUEUES}={settings.max_requeues}",
+        ],
+        "srun_args": srun_arguments(settings),
+        "additional_parameters": additional,
+    }
+    return safety.scrub({k: v for k, v in params.items() if v is not None})
+
+
+def prologue(point_dir: Path) -> list[str]:
+    """Shell lines before srun: name the point; a requeue marker found now belongs to the
+    attempt before this one (the task archives it), so the teardown cannot act on it again."""
+    return [
+        f"moe_vlm_point={shlex.quote(str(point_dir))}",
+        f'if [ -e "$moe_vlm_point/{REQUEUE_MARKER}" ]; then',
+        f'  mv -f "$moe_vlm_point/{REQUEUE_MARKER}" "$moe_vlm_point/{PREVIOUS_REQUEUE_MARKER}"',
+        "fi",
+    ]
+
+
+def teardown(python: str) -> list[str]:
+    """Shell lines after srun, run by the batch script outside any container.
+
+    A rank that got USR2 leaves a requeue marker in its point directory and exits; the
+    requeue happens here because `scontrol` is not available inside pyxis containers. A
+    failed step is classified from its exit status and logs into the point's run.json.
+    """
+    return [
+        "moe_vlm_rc=$?",
+        f'if [ -e "$moe_vlm_point/{REQUEUE_MARKER}" ]; then',
+        '  echo "moe_vlm: requeueing job $SLURM_JOB_ID (restart ${SLURM_RESTART_COUNT:-0})" >&2',
+        '  scontrol requeue "$SLURM_JOB_ID" && exit 0',
+        'elif [ "$moe_vlm_rc" -ne 0 ]; then',
+        f'  {python} -m moe_vlm.launch.failures --point-dir "$moe_vlm_point" --job-id "$SLURM_JOB_ID" '
+        '--exit-code "$moe_vlm_rc" >&2 || true',
+        "fi",
+        'exit "$moe_vlm_rc"',
+    ]
+
+
+def point_parameters(params: dict[str, Any], point_dir: Path, python: str) -> dict[str, Any]:
+    """One point's full submission: the shared parameters plus its prologue and teardown."""
+    return {**params, "setup": [*params.get("setup", []), *prologue(point_dir)], "teardown": teardown(python)}
+
+
+def render_sbatch(params: dict[str, Any], folder: str, python: str) -> str:
+    """The sbatch script submitit writes for these parameters (see SlurmExecutor._submit_command)."""
+    from submitit.slurm.slurm import _make_sbatch_string
+
+    command = " ".join([python, "-u -m submitit.core._submit", shlex.quote(folder)])
+    return _make_sbatch_string(command=command, folder=folder, **params)
+
+
+def srun_line(script: str) -> str:
+    return next((line for line in script.splitlines() if line.startswith("srun ")), "")
+
+
+# --- polling -----------------------------------------------------------------------------
+
+PENDING_STATES = {"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "CONFIGURING", "RESIZING", "SUSPENDED"}
+RUNNING_STATES = {"RUNNING", "COMPLETING", "STAGE_OUT", "SIGNALING"}
+
+
+@dataclass(frozen=True)
+class JobState:
+    job_id: str
+    state: str  # Slurm's JobState, e.g. PENDING, RUNNING, COMPLETED, CANCELLED, TIMEOUT
+    reason: str = ""
+    exit_code: int | None = None
+    signal: int | None = None
+    restarts: int = 0
+
+    @property
+    def active(self) -> bool:
+        return self.state in PENDING_STATES or self.state in RUNNING_STATES
+
+
+def _fields(line: str) -> dict[str, str]:
+    return dict(re.findall(r"(?:^|\s)([A-Za-z][A-Za-z/:_]*)=(\S*)", line))
+
+
+def _exit(value: str) -> tuple[int | None, int | None]:
+    match = re.fullmatch(r"(\d+):(\d+)", value or "")
+    return (int(match.group(1)), int(match.group(2))) if match else (None, None)
+
+
+def _array_indices(task_ids: str) -> list[str]:
+    indices: list[str] = []
+    for part in task_ids.split("%")[0].split(","):
+        low, _, high = part.partition("-")
+        if low.isdigit():
+            indices += [str(i) for i in range(int(low), int(high or low) + 1)]
+    return indices
+
+
+def parse_scontrol(text: str) -> dict[str, JobState]:
+    """`scontrol --oneliner show job` output -> state per job id ('123' or '123_4' for arrays)."""
+    states: dict[str, JobState] = {}
+    for line in text.splitlines():
+        f = _fields(line)
+        if "JobId" not in f:
+            continue
+        code, sig = _exit(f.get("ExitCode", ""))
+        restarts = int(f["Restarts"]) if f.get("Restarts", "").isdigit() else 0
+        ids = [f["JobId"]]
+        if f.get("ArrayJobId") and f.get("ArrayTaskId"):
+            ids = [f"{f['ArrayJobId']}_{i}" for i in _array_indices(f["ArrayTaskId"])]
+        for job_id in ids:
+            states[job_id] = JobState(job_id, f.get("JobState", "UNKNOWN"), f.get("Reason", ""), code, sig, restarts)
+    return states
+
+
+def parse_sacct(text: str) -> dict[str, JobState]:
+    """`sacct -X -n -P -o JobID,State,ExitCode` output (the fallback once scontrol forgot a job)."""
+    states: dict[str, JobState] = {}
+    for line in text.splitlines():
+        parts = line.split("|")
+        if len(parts) < 3 or "." in parts[0]:
+            continue
+        code, sig = _exit(parts[2])
+        state = parts[1].split()[0] if parts[1] else "UNKNOWN"  # "CANCELLED by 0" -> CANCELLED
+        states[parts[0]] = JobState(parts[0], state, "", code, sig)
+    return states
+
+
+def _run(command: list[str]) -> str | None:
+    if shutil.which(command[0]) is None:
+        return None
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return done.stdout if done.returncode == 0 else None
+
+
+def query_jobs(job_ids: Iterable[str]) -> dict[str, JobState] | None:
+    """States of these jobs with one `scontrol` call for all of them, plus one `sacct` call for
+    any the controller has already forgotten (where accounting is enabled). Jobs Slurm no longer
+    knows are absent from the result; None when the controller cannot be reached."""
+    wanted = {j for j in job_ids if j}
+    if not wanted:
+        return {}
+    shown = _run(["scontrol", "--oneliner", "show", "job"])
+    if shown is None:
+        return None
+    known = parse_scontrol(shown)
+    found = {j: s for j, s in known.items() if j in wanted}
+    missing = sorted(wanted - set(found))
+    if missing:
+        bases = sorted({j.split("_")[0] for j in missing})
+        text = _run(["sacct", "-X", "-n", "-P", "-o", "JobID,State,ExitCode", "-j", ",".join(bases)])
+        found |= {j: s for j, s in parse_sacct(text or "").items() if j in wanted}
+    return found
+
+
+def slurm_available() -> bool:
+    return shutil.which("sbatch") is not None and _run(["scontrol", "ping"]) is not None

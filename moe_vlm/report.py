@@ -1,0 +1,657 @@
+"""`moe-vlm report PATH...`: every run.json under run dirs, sweep dirs or globs -> ranked tables and plots.
+
+    moe-vlm report multirun/2026-08-30/12-00-00
+    moe-vlm report 'sweeps/*' --out reports/today --compare parallelism
+    moe-vlm report SWEEP --save-baseline baseline.json       # after a good sweep
+    moe-vlm report SWEEP --baseline baseline.json --tolerance 0.05
+
+Reads completed, failed and rejected runs alike into one pandas table (results.csv and
+results.parquet), writes report.md and the plots next to them in the first PATH (or --out), and
+prints the Markdown report. Completed synthetic/real runs are ranked by effective (real)
+tokens/s/GPU; mock-data runs go to a separate, labelled table and never into that ranking.
+
+Exit status: 0 fine; 1 the --baseline check found a config whose effective throughput dropped by
+more than --tolerance (or that completed in the baseline and no longer does); 2 bad input (no
+run.json found, unknown --compare knob, unreadable baseline), with a one-line error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import math
+import os
+import sys
+import tempfile
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, NoReturn
+
+import pandas as pd
+
+from moe_vlm import plots
+from moe_vlm.record import RUN_JSON
+
+EXIT_OK = 0
+EXIT_REGRESSED = 1
+EXIT_BAD_INPUT = 2
+DEFAULT_TOLERANCE = 0.05
+BASELINE_METRIC = "effective_tokens_per_s_per_gpu"
+WORK_MATCH_TOLERANCE = 0.01  # effective tokens or image tokens per step differing more: different work
+
+# Knob -> where it lives in run.json: the resolved RunSpec first, the raw Hydra config second
+# (a record written before the spec existed, e.g. by a launcher on failure, still has its config).
+KNOBS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "model": (("spec", "model", "name"), ("config", "model", "name")),
+    "parallelism": (("spec", "parallelism", "family"), ("config", "parallelism", "family")),
+    "nodes": (("spec", "layout", "nodes"), ("config", "nodes")),
+    "world_size": (("spec", "layout", "world_size"), ("layout", "world_size")),
+    "tp": (("spec", "layout", "tp"), ("layout", "tp")),
+    "pp": (("spec", "layout", "pp"), ("layout", "pp")),
+    "vp": (("spec", "layout", "vp"), ("layout", "vp")),
+    "cp": (("spec", "layout", "cp"), ("layout", "cp")),
+    "ep": (("spec", "layout", "ep"), ("layout", "ep")),
+    "etp": (("spec", "layout", "etp"), ("layout", "etp")),
+    "dispatcher": (("spec", "dispatcher", "name"), ("config", "dispatcher", "name")),
+    "recompute": (("spec", "recompute", "name"), ("config", "recompute", "name")),
+    "cuda_graph": (("spec", "cuda_graph", "name"), ("config", "cuda_graph", "name")),
+    "vision_freeze": (("spec", "freeze", "name"), ("config", "vision_freeze", "name")),
+    "data": (("data", "kind"), ("config", "data", "kind")),
+    "pack_sequences": (("spec", "data", "pack_sequences"), ("config", "data", "pack_sequences")),
+    "cluster": (("spec", "cluster", "name"), ("config", "cluster", "name")),
+    "engine": (("spec", "engine"), ("engine",)),
+    "mbs": (("spec", "mbs"), ("config", "mbs")),
+    "gbs": (("spec", "gbs"), ("config", "gbs")),
+    "seq_length": (("spec", "seq_length"), ("config", "seq_length")),
+    "train_iters": (("spec", "train_iters"), ("config", "train_iters")),
+}
+# Knobs that do not change what a step costs: left out of a config's identity for the baseline.
+NOT_IDENTITY = ("train_iters",)
+# Knobs that belong to another knob's choice: comparing parallelism families compares their layouts.
+OWNED_BY = {"parallelism": ("tp", "pp", "vp", "cp", "ep", "etp", "dispatcher")}
+# Equal work requires these equal (besides the knob being compared): the issue's "equal model,
+# data, GBS in tokens and sequence length".
+WORKLOAD = ("model", "data", "gbs_tokens", "seq_length")
+DEFAULT_LABEL_KNOBS = ["model", "parallelism", "mbs", "recompute"]
+
+
+class BadInput(Exception):
+    """A one-line message for the user; exit status 2."""
+
+
+# ---------------------------------------------------------------- reading
+
+
+def _dig(record: dict[str, Any], path: tuple[str, ...]) -> Any:
+    value: Any = record
+    for key in path:
+        if not isinstance(value, dict) or key not in value:
+            return None
+        value = value[key]
+    return value
+
+
+def find_run_files(paths: list[str]) -> list[Path]:
+    """run.json files under each PATH (a run dir, a sweep dir, a run.json, or a glob of those)."""
+    found: dict[Path, None] = {}
+    for given in paths:
+        matches = sorted(glob.glob(given)) if glob.has_magic(given) else [given]
+        for match in matches:
+            path = Path(match)
+            if path.is_file() and path.name == RUN_JSON:
+                found[path.resolve()] = None
+            elif path.is_dir():
+                for run_file in sorted(path.rglob(RUN_JSON)):
+                    found[run_file.resolve()] = None
+    return list(found)
+
+
+def row_of(run_file: Path, record: dict[str, Any]) -> dict[str, Any]:
+    """One table row: the knobs, the status, and the summary numbers a report shows."""
+    row: dict[str, Any] = {"run_dir": str(run_file.parent)}
+    for knob, (first, fallback) in KNOBS.items():
+        value = _dig(record, first)
+        row[knob] = value if value is not None else _dig(record, fallback)
+    row["status"] = record.get("status", "unknown")
+    row["point_id"] = record.get("point_id")
+    gbs, seq = row.get("gbs"), row.get("seq_length")
+    row["gbs_tokens"] = gbs * seq if isinstance(gbs, int) and isinstance(seq, int) else None
+    row["gpu"] = _dig(record, ("spec", "cluster", "gpu")) or _dig(record, ("config", "cluster", "gpu"))
+    row["gpu_memory_gib"] = _dig(record, ("spec", "cluster", "gpu_memory_gib"))
+    row["reason"] = _reason(record)
+
+    summary: dict[str, Any] = record.get("summary") or {}
+    step_time = summary.get("step_time_s") or {}
+    tokens = summary.get("tokens_per_step") or {}
+    flops = summary.get("flops_per_step") or {}
+    components = summary.get("components") or {}
+    peak = summary.get("peak") or {}
+    row |= {
+        "effective_tokens_per_s_per_gpu": summary.get("effective_tokens_per_s_per_gpu"),
+        "nominal_tokens_per_s_per_gpu": summary.get("nominal_tokens_per_s_per_gpu"),
+        "tflops_per_gpu": summary.get("tflops_per_gpu"),
+        "bridge_tflops_per_gpu": summary.get("bridge_tflops_per_gpu"),
+        "hardware_tflops_per_gpu": summary.get("hardware_tflops_per_gpu"),
+        "mfu": summary.get("mfu"),
+        "mfu_note": summary.get("mfu_note"),
+        "peak_name": peak.get("name"),
+        "step_time_p10_s": step_time.get("p10"),
+        "step_time_p50_s": step_time.get("p50"),
+        "step_time_p90_s": step_time.get("p90"),
+        "steady_steps": _steady(summary.get("steady_steps")),
+        "steady_window": (summary.get("steady_window") or {}).get("text"),
+        "peak_memory_gib": summary.get("peak_memory_gib"),
+        "memory_kind": summary.get("memory_kind"),
+        "real_tokens_per_step": tokens.get("real"),
+        "image_tokens_per_step": tokens.get("image"),
+        "padded_tokens_per_step": tokens.get("padded"),
+        "model_flops_per_step": flops.get("model"),
+        "bridge_flops_per_step": flops.get("bridge"),
+        "share_vision_encoder": components.get("vision_encoder"),
+        "share_projector": components.get("projector"),
+        "share_decoder": components.get("decoder"),
+        "errors": "; ".join(summary.get("errors") or []) or None,
+    }
+    return row
+
+
+def _steady(steps: Any) -> str | None:
+    return f"{steps[0]}-{steps[1]}" if isinstance(steps, list) and len(steps) == 2 else None
+
+
+def _reason(record: dict[str, Any]) -> str | None:
+    """Why a run did not complete, in one line."""
+    failure = record.get("failure")
+    if isinstance(failure, dict):
+        return f"{failure.get('class', 'failed')}: {failure.get('message', '')}".strip()
+    findings = [f for f in record.get("findings") or [] if f.get("level") == "error"]
+    if findings:
+        return "; ".join(f"{f['code']} {f['message']}" for f in findings)
+    return None
+
+
+def load_table(paths: list[str]) -> pd.DataFrame:
+    run_files = find_run_files(paths)
+    if not run_files:
+        raise BadInput(
+            f"no {RUN_JSON} found under {' '.join(paths)}; pass run directories, sweep directories "
+            f"or globs that contain {RUN_JSON} (e.g. moe-vlm report multirun/DATE/TIME)"
+        )
+    rows = []
+    for run_file in run_files:
+        try:
+            record = json.loads(run_file.read_text())
+        except (OSError, json.JSONDecodeError) as exc:
+            print(f"moe-vlm report: warning: skipping unreadable {run_file}: {exc}", file=sys.stderr)
+            continue
+        rows.append(row_of(run_file, record))
+    if not rows:
+        raise BadInput(f"every {RUN_JSON} under {' '.join(paths)} was unreadable (see warnings above)")
+    table = pd.DataFrame(rows)
+    common = os.path.commonpath([str(Path(r).parent) for r in table["run_dir"]]) if len(table) > 1 else None
+    table["run"] = [os.path.relpath(r, common) if common else Path(r).name for r in table["run_dir"]]
+    return table
+
+
+def varying_knobs(table: pd.DataFrame) -> list[str]:
+    return [k for k in KNOBS if table[k].astype(str).nunique() > 1]
+
+
+def is_mock(table: pd.DataFrame) -> pd.Series:
+    return table["data"].astype(str) == "mock"
+
+
+def ranked(table: pd.DataFrame, mock: bool) -> pd.DataFrame:
+    """Completed runs of one data class, best effective tokens/s/GPU first."""
+    done = table[(table["status"] == "completed") & (is_mock(table) == mock)]
+    return done.sort_values("effective_tokens_per_s_per_gpu", ascending=False, na_position="last")
+
+
+# ---------------------------------------------------------------- formatting
+
+
+def _number(value: Any, digits: int = 1) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    return f"{value:,.{digits}f}"
+
+
+def _flops(value: Any) -> str:
+    """TFLOP/s: GPU figures in the hundreds, CPU figures in the thousandths; keep 4 significant digits."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    return f"{value:,.1f}" if abs(value) >= 1000 else f"{value:.4g}"
+
+
+def _mfu(row: pd.Series) -> str:
+    note = row.get("mfu_note")
+    if isinstance(note, str) and note.startswith("ERROR"):
+        return "**ERROR >100%**"
+    mfu = row.get("mfu")
+    if mfu is None or (isinstance(mfu, float) and math.isnan(mfu)):
+        return "n/a"
+    return f"{mfu:.1%}"
+
+
+def _shares(row: pd.Series) -> str:
+    shares = [row.get(c) for c in plots.SHARES.values()]
+    if any(s is None or (isinstance(s, float) and math.isnan(s)) for s in shares):
+        return "-"
+    return "/".join(f"{100 * s:.0f}" for s in shares)
+
+
+def _step_time(row: pd.Series) -> str:
+    p50 = row.get("step_time_p50_s")
+    if p50 is None or (isinstance(p50, float) and math.isnan(p50)):
+        return "-"
+    return f"{p50:.3f} ({row['step_time_p10_s']:.3f}-{row['step_time_p90_s']:.3f})"
+
+
+def markdown_table(header: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def results_table(rows: pd.DataFrame, knobs: list[str]) -> str:
+    header = [
+        "#",
+        "run",
+        *knobs,
+        "eff tok/s/GPU",
+        "nominal tok/s/GPU",
+        "TFLOP/s/GPU",
+        "MFU",
+        "step s p50 (p10-p90)",
+        "steady",
+        "peak mem GiB",
+        "vis/proj/dec %",
+        "data",
+        "status",
+    ]
+    body = []
+    for rank, (_, row) in enumerate(rows.iterrows(), start=1):
+        body.append(
+            [
+                str(rank),
+                str(row["run"]),
+                *(str(row[k]) for k in knobs),
+                _number(row["effective_tokens_per_s_per_gpu"]),
+                _number(row["nominal_tokens_per_s_per_gpu"]),
+                _flops(row["tflops_per_gpu"]),
+                _mfu(row),
+                _step_time(row),
+                str(row["steady_steps"] or "-"),
+                _number(row["peak_memory_gib"], 2),
+                _shares(row),
+                str(row["data"]),
+                str(row["status"]),
+            ]
+        )
+    return markdown_table(header, body)
+
+
+def _peak_lines(rows: pd.DataFrame) -> list[str]:
+    lines = []
+    for name in sorted({str(n) for n in rows["peak_name"].dropna()}):
+        lines.append(f"MFU = model FLOPs (ours: real tokens, frozen-aware) / peak of {name}.")
+    notes = {str(n) for n in rows["mfu_note"].dropna() if not str(n).startswith("ERROR")}
+    lines += sorted(f"MFU n/a: {note}." for note in notes)
+    for _, row in rows.iterrows():
+        if isinstance(row["errors"], str):
+            lines.append(f"**ERROR** in run {row['run']}: {row['errors'].removeprefix('ERROR: ')}")
+    windows = {str(w) for w in rows["steady_window"].dropna()}
+    lines += sorted(f"Steady window: {w}." for w in windows)
+    return lines
+
+
+# ---------------------------------------------------------------- --compare
+
+
+@dataclass
+class Comparison:
+    workload: dict[str, Any]  # what is equal across the group
+    matched_on: dict[str, Any]  # the other knobs held equal
+    runs: dict[str, pd.Series]  # knob value -> best completed run at that value
+    flags: list[str]  # why some pair does different effective work (then no ratios)
+    ratios: dict[str, float]  # knob value -> effective tokens/s/GPU relative to the first value
+
+
+def _differs(a: Any, b: Any) -> bool:
+    a = 0.0 if a is None or (isinstance(a, float) and math.isnan(a)) else float(a)
+    b = 0.0 if b is None or (isinstance(b, float) and math.isnan(b)) else float(b)
+    return abs(a - b) > WORK_MATCH_TOLERANCE * max(abs(a), abs(b), 1.0)
+
+
+def compare(table: pd.DataFrame, knob: str) -> list[Comparison]:
+    """Side-by-side runs that differ in `knob` at equal model, data, GBS in tokens and seq length.
+
+    Within a workload the other varying knobs are matched too (except those the compared knob
+    owns: comparing parallelism compares TP/PP/EP layouts); at each setting the best run is shown.
+    Pairs whose effective tokens or image tokens per step differ are flagged and get no ratio.
+    """
+    done = table[table["status"] == "completed"]
+    owned = set(OWNED_BY.get(knob, ()))
+    matched = [k for k in varying_knobs(table) if k != knob and k not in owned and k not in WORKLOAD]
+    matched = [k for k in matched if k not in NOT_IDENTITY]
+    keys = [k for k in WORKLOAD if k != knob] + matched
+    result = []
+    for group_key, group in done.groupby(keys, dropna=False, sort=True):
+        if group[knob].astype(str).nunique() < 2:
+            continue
+        values = dict(zip(keys, group_key if isinstance(group_key, tuple) else (group_key,), strict=True))
+        best: dict[str, pd.Series] = {}
+        for value, runs in group.groupby(group[knob].astype(str), sort=True):
+            best[str(value)] = runs.sort_values(
+                "effective_tokens_per_s_per_gpu", ascending=False, na_position="last"
+            ).iloc[0]
+        flags = []
+        settings = list(best)
+        reference = best[settings[0]]
+        for setting in settings[1:]:
+            other = best[setting]
+            for column, what in (
+                ("real_tokens_per_step", "effective tokens/step"),
+                ("image_tokens_per_step", "image tokens/step"),
+            ):
+                if _differs(reference[column], other[column]):
+                    flags.append(
+                        f"{knob}={settings[0]} vs {knob}={setting} do different effective work: {what} "
+                        f"{_number(reference[column], 0)} vs {_number(other[column], 0)}; not compared"
+                    )
+        ratios: dict[str, float] = {}
+        if not flags:
+            base = reference["effective_tokens_per_s_per_gpu"]
+            ratios = {s: float(best[s]["effective_tokens_per_s_per_gpu"]) / float(base) for s in settings}
+        result.append(
+            Comparison(
+                workload={k: values[k] for k in WORKLOAD if k in values},
+                matched_on={k: values[k] for k in matched},
+                runs=best,
+                flags=flags,
+                ratios=ratios,
+            )
+        )
+    return result
+
+
+def compare_markdown(comparisons: list[Comparison], knob: str) -> str:
+    if not comparisons:
+        return f"No completed runs differ only in {knob} at equal model, data, GBS tokens and seq length."
+    blocks = []
+    for comparison in comparisons:
+        title = ", ".join(f"{k}={v}" for k, v in {**comparison.workload, **comparison.matched_on}.items())
+        header = [
+            knob,
+            "run",
+            "eff tok/s/GPU",
+            "vs first",
+            "TFLOP/s/GPU",
+            "MFU",
+            "step s p50",
+            "peak mem GiB",
+        ]
+        body = []
+        for setting, row in comparison.runs.items():
+            ratio = comparison.ratios.get(setting)
+            body.append(
+                [
+                    setting,
+                    str(row["run"]),
+                    _number(row["effective_tokens_per_s_per_gpu"]),
+                    f"{ratio:.2f}x" if ratio is not None else "not compared",
+                    _flops(row["tflops_per_gpu"]),
+                    _mfu(row),
+                    _number(row["step_time_p50_s"], 3),
+                    _number(row["peak_memory_gib"], 2),
+                ]
+            )
+        block = [f"#### {title}", "", markdown_table(header, body)]
+        block += [f"\n**FLAG**: {flag}" for flag in comparison.flags]
+        blocks.append("\n".join(block))
+    return "\n\n".join(blocks)
+
+
+# ---------------------------------------------------------------- baseline
+
+
+def identity(row: pd.Series) -> str:
+    return ",".join(f"{k}={row[k]}" for k in KNOBS if k not in NOT_IDENTITY)
+
+
+def save_baseline(table: pd.DataFrame, path: Path) -> int:
+    done = table[table["status"] == "completed"].dropna(subset=[BASELINE_METRIC])
+    configs = [
+        {
+            "config": identity(row),
+            "data": row["data"],
+            BASELINE_METRIC: float(row[BASELINE_METRIC]),
+            "run_dir": row["run_dir"],
+        }
+        for _, row in done.iterrows()
+    ]
+    with _atomic(path) as tmp:
+        tmp.write_text(json.dumps({"metric": BASELINE_METRIC, "configs": configs}, indent=2) + "\n")
+    return len(configs)
+
+
+def load_baseline(path: Path) -> dict[str, float]:
+    try:
+        payload = json.loads(path.read_text())
+        return {c["config"]: float(c[BASELINE_METRIC]) for c in payload["configs"]}
+    except (OSError, json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+        raise BadInput(
+            f"--baseline {path}: not a baseline file ({exc.__class__.__name__}: {exc}); "
+            "write one with --save-baseline FILE"
+        ) from exc
+
+
+def regression_check(table: pd.DataFrame, baseline: dict[str, float], tolerance: float) -> pd.DataFrame:
+    """One row per baseline config: ok, REGRESSED (slower than tolerance allows, or no longer completing)."""
+    rows = []
+    current = {identity(row): row for _, row in table.iterrows()}
+    for config, before in sorted(baseline.items()):
+        row = current.get(config)
+        if row is None:
+            rows.append(
+                {"config": config, "baseline": before, "now": None, "change": None, "verdict": "not run"}
+            )
+            continue
+        now = row[BASELINE_METRIC]
+        if row["status"] != "completed" or now is None or (isinstance(now, float) and math.isnan(now)):
+            rows.append(
+                {
+                    "config": config,
+                    "baseline": before,
+                    "now": None,
+                    "change": None,
+                    "verdict": f"REGRESSED ({row['status']})",
+                }
+            )
+            continue
+        change = float(now) / before - 1.0
+        verdict = "REGRESSED" if change < -tolerance else "ok"
+        rows.append(
+            {"config": config, "baseline": before, "now": float(now), "change": change, "verdict": verdict}
+        )
+    return pd.DataFrame(rows, columns=["config", "baseline", "now", "change", "verdict"])
+
+
+def regression_markdown(check: pd.DataFrame, path: Path, tolerance: float) -> str:
+    header = ["config", "baseline eff tok/s/GPU", "now", "change", "verdict"]
+    body = [
+        [
+            r["config"],
+            _number(r["baseline"]),
+            _number(r["now"]),
+            f"{r['change']:+.1%}" if r["change"] is not None and not math.isnan(r["change"]) else "-",
+            f"**{r['verdict']}**" if r["verdict"].startswith("REGRESSED") else r["verdict"],
+        ]
+        for _, r in check.iterrows()
+    ]
+    return f"Against {path}, tolerance {tolerance:.0%} drop in effective tokens/s/GPU.\n\n" + markdown_table(
+        header, body
+    )
+
+
+# ---------------------------------------------------------------- output
+
+
+@contextmanager
+def _atomic(path: Path) -> Iterator[Path]:
+    """Yield a temp path next to `path`; rename it over `path` only if the writer finished."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    try:
+        yield Path(tmp)
+        os.replace(tmp, path)
+    finally:
+        Path(tmp).unlink(missing_ok=True)
+
+
+def write_table(table: pd.DataFrame, out: Path) -> None:
+    writers: dict[str, Callable[[Path], None]] = {
+        "results.csv": lambda tmp: table.to_csv(tmp, index=False),
+        "results.parquet": lambda tmp: table.to_parquet(tmp, index=False),
+    }
+    for name, write in writers.items():
+        with _atomic(out / name) as tmp:
+            write(tmp)
+
+
+def output_dir(paths: list[str], out: str | None) -> Path:
+    if out:
+        return Path(out)
+    first = Path(paths[0])
+    if first.is_file():
+        return first.parent
+    if glob.has_magic(paths[0]):
+        # The deepest directory above the first wildcard.
+        parts = []
+        for part in first.parts:
+            if glob.has_magic(part):
+                break
+            parts.append(part)
+        return Path(*parts) if parts else Path(".")
+    return first
+
+
+def build_report(table: pd.DataFrame, out: Path, compare_knob: str | None) -> tuple[str, list[plots.Plot]]:
+    varying = varying_knobs(table)
+    knobs = [k for k in varying if k != "data"] or DEFAULT_LABEL_KNOBS
+    counts = table["status"].value_counts().to_dict()
+    lines = [
+        "# moe_vlm sweep report",
+        "",
+        f"{len(table)} runs: " + ", ".join(f"{n} {status}" for status, n in sorted(counts.items())) + ".",
+        "Ranked by effective (real, unpadded) tokens/s/GPU = real tokens / (step time x world size); "
+        "nominal = GBS x seq_length. TFLOP/s/GPU and MFU use our model FLOPs (real tokens, frozen-aware).",
+    ]
+    made: list[plots.Plot] = []
+    sections = [
+        (False, "## Ranked: synthetic and real data"),
+        (True, "## MOCK data (image-free): NOT a VLM performance proxy, not ranked with synthetic/real"),
+    ]
+    for mock, title in sections:
+        rows = ranked(table, mock)
+        if rows.empty:
+            continue
+        lines += ["", title, "", results_table(rows, knobs), ""]
+        lines += [f"- {line}" for line in _peak_lines(rows)]
+        lines.append(
+            "- vis/proj/dec %: vision encoder / projector / decoder share of measured component time."
+        )
+        if not made:  # plots from the ranked class if any, else from mock (labelled), never mixed
+            made = plots.all_plots(rows, knobs, mock)
+
+    unfinished = table[table["status"] != "completed"]
+    if not unfinished.empty:
+        lines += ["", "## Not completed", ""]
+        body = [
+            [str(r["run"]), *(str(r[k]) for k in knobs), str(r["status"]), str(r["reason"] or "-")]
+            for _, r in unfinished.iterrows()
+        ]
+        lines.append(markdown_table(["run", *knobs, "status", "reason"], body))
+
+    if compare_knob:
+        lines += [
+            "",
+            f"## Compare: {compare_knob}",
+            "",
+            compare_markdown(compare(table, compare_knob), compare_knob),
+        ]
+
+    if made:
+        lines += ["", "## Plots", ""] + [f"![{p.name}]({p.name}.png)" for p in made]
+    lines += ["", f"Table: results.csv, results.parquet (one row per run.json) in {out}."]
+    return "\n".join(lines) + "\n", made
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        print(f"moe-vlm report: error: {message} (see moe-vlm report --help)", file=sys.stderr)
+        sys.exit(EXIT_BAD_INPUT)
+
+
+def parser() -> argparse.ArgumentParser:
+    p = _Parser(
+        prog="moe-vlm report", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("paths", nargs="+", metavar="PATH", help="run dirs, sweep dirs, run.json files or globs")
+    p.add_argument("--out", help="where report.md, results.csv/.parquet and plots go (default: first PATH)")
+    p.add_argument("--compare", metavar="KNOB", help=f"side-by-side by one knob: {', '.join(KNOBS)}")
+    p.add_argument("--baseline", metavar="FILE", help="flag configs slower than this saved baseline")
+    p.add_argument(
+        "--tolerance",
+        type=float,
+        default=DEFAULT_TOLERANCE,
+        help=f"allowed drop vs --baseline, as a fraction (default {DEFAULT_TOLERANCE})",
+    )
+    p.add_argument("--save-baseline", metavar="FILE", help="save this report's throughput as a baseline")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        if args.compare and args.compare not in KNOBS:
+            raise BadInput(f"unknown knob {args.compare!r} for --compare; allowed: {', '.join(KNOBS)}")
+        if not 0.0 <= args.tolerance < 1.0:
+            raise BadInput(
+                f"--tolerance {args.tolerance}: must be a fraction in [0, 1), e.g. --tolerance 0.05"
+            )
+        baseline = load_baseline(Path(args.baseline)) if args.baseline else None
+        table = load_table(args.paths)
+    except BadInput as exc:
+        print(f"moe-vlm report: error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+
+    out = output_dir(args.paths, args.out)
+    text, made = build_report(table, out, args.compare)
+    status = EXIT_OK
+    if baseline is not None:
+        check = regression_check(table, baseline, args.tolerance)
+        text += (
+            "\n## Regression check\n\n"
+            + regression_markdown(check, Path(args.baseline), args.tolerance)
+            + "\n"
+        )
+        regressed = check[check["verdict"].str.startswith("REGRESSED")]
+        if not regressed.empty:
+            status = EXIT_REGRESSED
+            text += f"\n**{len(regressed)} config(s) regressed** (exit status {EXIT_REGRESSED}).\n"
+
+    write_table(table, out)
+    for plot in made:
+        plot.save(out)
+    with _atomic(out / "report.md") as tmp:
+        tmp.write_text(text)
+    if args.save_baseline:
+        saved = save_baseline(table, Path(args.save_baseline))
+        text += f"\nSaved a baseline of {saved} completed config(s) to {args.save_baseline}.\n"
+    print(text, end="")
+    return status

@@ -1,0 +1,220 @@
+"""Real sweeps of the tiny model through the real Slurm launcher on a real single-node Slurm.
+
+scripts/test.sh starts Slurm (scripts/slurm_local.sh) and sets MOE_VLM_SLURM=1; then these
+tests fail, not skip, when Slurm is unreachable. Without MOE_VLM_SLURM they skip, saying how
+to run them.
+
+Every job is two Slurm tasks (nproc=2), one torch.distributed rank each, set up from the Slurm
+environment. The node has 2 CPUs, so jobs run one after another.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from moe_vlm.launch.status import collect
+
+REPO = Path(__file__).resolve().parents[2]
+PYTHON = sys.executable
+RUN = ["model=tiny_moe_vlm", "nproc=2", "warmup_steps=1", "seq_length=128"]
+SHORT = "train_iters=3"
+# Long enough to interrupt after the first step (a step takes 0.3-6 s here), short enough to rerun.
+LONG = "train_iters=10"
+
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+
+
+@pytest.fixture(scope="module")
+def slurm() -> None:
+    expected = os.environ.get("MOE_VLM_SLURM") == "1"
+    try:
+        ping = subprocess.run(["scontrol", "ping"], capture_output=True, text=True, timeout=20)
+        up = ping.returncode == 0 and "UP" in ping.stdout
+    except (OSError, subprocess.TimeoutExpired):
+        up = False
+    if up:
+        return
+    if expected:
+        pytest.fail("MOE_VLM_SLURM=1 but Slurm is not answering `scontrol ping` (is SLURM_CONF exported?)")
+    pytest.skip(
+        "no Slurm here: run scripts/test.sh (it installs and starts a single-node Slurm), or "
+        "`eval $(scripts/slurm_local.sh start) && MOE_VLM_SLURM=1 pytest -m slurm`"
+    )
+
+
+def sweep(sweep_dir: Path, *overrides: str) -> subprocess.CompletedProcess[str]:
+    command = [PYTHON, "train.py", "-m", "hydra/launcher=slurm", f"hydra.sweep.dir={sweep_dir}", *RUN, *overrides]
+    return subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=180)
+
+
+def status(sweep_dir: Path) -> dict[str, dict[str, Any]]:
+    """What `moe-vlm status` sees (in-process: polling must not start a Python per second)."""
+    rows = [asdict(row) for row in collect(sweep_dir)]
+    # Keyed by the overrides each test varies ("seed=1 tp=3").
+    return {
+        " ".join(o for o in row["overrides"] if o not in RUN and not o.startswith("train_iters=")): row for row in rows
+    }
+
+
+def wait_for(check: Callable[[], Any], timeout_s: float, what: str, poll_s: float = 1.0) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(poll_s)
+    raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
+
+
+def run_json(point_dir: str | Path) -> dict[str, Any]:
+    return json.loads((Path(point_dir) / "run.json").read_text())
+
+
+def steps_written(point_dir: str | Path) -> int:
+    path = Path(point_dir) / "steps.jsonl"
+    return len(path.read_text().splitlines()) if path.exists() else 0
+
+
+def scontrol_job(job_id: str) -> dict[str, str]:
+    out = subprocess.run(["scontrol", "-o", "show", "job", job_id], capture_output=True, text=True).stdout
+    return dict(part.split("=", 1) for part in out.split() if "=" in part)
+
+
+def rank_pid(job_id: str, rank: int) -> int | None:
+    """The process of one rank of a running job (the srun task running submitit)."""
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            environ = (proc / "environ").read_bytes().split(b"\0")
+            cmdline = (proc / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if (
+            f"SLURM_JOB_ID={job_id}".encode() in environ
+            and f"SLURM_PROCID={rank}".encode() in environ
+            and b"submitit.core._submit" in cmdline
+        ):
+            return int(proc.name)
+    return None
+
+
+@pytest.fixture
+def sweep_dir(tmp_path: Path):
+    path = tmp_path / "sweep"
+    yield path
+    jobs = [json.loads(p.read_text()).get("job_id") for p in path.glob("*/point.json")]
+    jobs = [j for j in jobs if j]
+    if jobs:
+        subprocess.run(["scancel", *jobs], capture_output=True)
+
+
+def test_sweep_submits_and_exits_rejects_invalid_points_and_resumes(slurm: None, sweep_dir: Path) -> None:
+    started = time.monotonic()
+    first = sweep(sweep_dir, SHORT, "seed=1", "tp=1,3")
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert "1 job(s) queued" in first.stdout and "moe-vlm status" in first.stdout
+    states = status(sweep_dir)
+    # Submit-and-exit: the command is back while the job is still queued or running.
+    assert states["seed=1 tp=1"]["state"] in ("queued", "running"), states
+
+    rejected = [row for row in states.values() if row["state"] == "rejected"]
+    assert len(rejected) == 1 and rejected[0]["job_id"] is None
+    record = run_json(rejected[0]["point_dir"])
+    assert {f["code"] for f in record["findings"] if f["level"] == "error"} >= {"L001"}
+    assert "L001" in first.stderr  # the rejection is printed with its rule codes
+
+    point = wait_for(
+        lambda: (row := status(sweep_dir)["seed=1 tp=1"])["state"] not in ("queued", "running") and row, 240, "the job"
+    )
+    assert point["state"] == "completed", point
+    record = run_json(point["point_dir"])
+    assert record["launch"]["slurm_job_id"] == point["job_id"] and record["launch"]["restarts"] == 0
+    assert record["layout"]["world_size"] == 2 and steps_written(point["point_dir"]) == 6  # 3 steps x 2 ranks
+
+    table = subprocess.run(
+        [PYTHON, "-m", "moe_vlm.cli", "status", str(sweep_dir)], cwd=REPO, capture_output=True, text=True, check=True
+    ).stdout
+    assert "2/2 finished: 1 completed, 1 rejected" in table and point["job_id"] in table
+
+    again = sweep(sweep_dir, SHORT, "seed=1", "tp=1,3")
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "0 to run, 1 already completed, 0 in flight, 1 rejected" in again.stdout
+    assert "queued" not in again.stdout
+    assert json.loads((Path(point["point_dir"]) / "point.json").read_text())["job_id"] == point["job_id"]
+    assert time.monotonic() - started < 300
+
+
+def test_cancelled_and_killed_jobs_are_classified_and_a_rerun_completes_them(slurm: None, sweep_dir: Path) -> None:
+    submitted = sweep(sweep_dir, LONG, "seed=11,12")
+    assert submitted.returncode == 0, submitted.stderr[-3000:]
+    points = status(sweep_dir)
+    cancelled, killed = points["seed=11"], points["seed=12"]
+
+    wait_for(lambda: steps_written(cancelled["point_dir"]) >= 2, 240, "the first step of the job to cancel", 0.2)
+    subprocess.run(["scancel", cancelled["job_id"]], check=True)
+
+    pid = wait_for(lambda: rank_pid(killed["job_id"], rank=1), 240, "rank 1's process")
+    wait_for(lambda: steps_written(killed["point_dir"]) >= 2, 240, "the first step of the job to kill", 0.2)
+    os.kill(pid, signal.SIGKILL)
+
+    final = wait_for(
+        lambda: (rows := status(sweep_dir)) and all(r["state"] == "failed" for r in rows.values()) and rows,
+        120,
+        "both jobs to be recorded as failed",
+    )
+    assert run_json(final["seed=11"]["point_dir"])["failure"]["class"] == "cancelled"
+    failure = run_json(final["seed=12"]["point_dir"])["failure"]
+    assert failure["class"] == "killed", failure
+    assert failure["log_tail"], "the last log lines land in run.json"
+
+    rerun = sweep(sweep_dir, LONG, "seed=11,12")
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    assert "2 to run" in rerun.stdout
+    done = wait_for(
+        lambda: (rows := status(sweep_dir)) and all(r["state"] in ("completed", "failed") for r in rows.values())
+        and rows,
+        300,
+        "the rerun",
+    )
+    assert {r["state"] for r in done.values()} == {"completed"}, done
+    for seed, cls in (("seed=11", "cancelled"), ("seed=12", "killed")):
+        earlier = json.loads((Path(done[seed]["point_dir"]) / "attempts" / "1" / "run.json").read_text())
+        assert earlier["failure"]["class"] == cls  # the failed attempt is kept, not overwritten
+
+
+def test_usr2_marks_the_point_for_rerun_and_requeues(slurm: None, sweep_dir: Path) -> None:
+    submitted = sweep(sweep_dir, LONG, "seed=21")
+    assert submitted.returncode == 0, submitted.stderr[-3000:]
+    point = status(sweep_dir)["seed=21"]
+    job = point["job_id"]
+
+    wait_for(lambda: steps_written(point["point_dir"]) >= 2, 240, "the first step", 0.2)
+    # What Slurm sends signal_delay_s before the time limit, and what a preemption sends here.
+    subprocess.run(["scancel", "--signal=USR2", job], check=True)
+    requeued = wait_for(lambda: (info := scontrol_job(job)).get("Restarts") == "1" and info, 60, "the requeue")
+    assert requeued["JobState"] in ("PENDING", "REQUEUED", "CONFIGURING", "RUNNING"), requeued
+    assert status(sweep_dir)["seed=21"]["state"] in ("queued", "running")
+    # Slurm holds a requeued job for about two minutes (BeginTime); release it now.
+    subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], check=True)
+
+    final = wait_for(
+        lambda: (row := status(sweep_dir)["seed=21"])["state"] in ("completed", "failed") and row, 240, "the rerun"
+    )
+    assert final["state"] == "completed", final
+    record = run_json(point["point_dir"])
+    assert record["launch"]["restarts"] == 1 and final["restarts"] == 1
+    interrupted = Path(point["point_dir"]) / "attempts" / "1"
+    assert json.loads((interrupted / "requeue.previous.json").read_text())["reason"] == "preempted"
+    assert steps_written(interrupted) >= 2 and steps_written(point["point_dir"]) == 20

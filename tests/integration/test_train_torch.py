@@ -1,0 +1,136 @@
+"""`python train.py` end to end on the torch engine: real processes, real ranks, real records."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from moe_vlm.record import RUN_JSON, STEPS_JSONL, read_steps
+from tests.conftest import REPO
+
+# The default run (tiny_moe_vlm, synthetic images, 2 CPU ranks, FSDP2) with smaller photos and
+# fewer steps, to fit the test budget.
+SMALL = [
+    "seq_length=512",
+    "data.max_long_side_px=448",
+    "data.max_pixels=200704",
+    "warmup_steps=1",
+]
+
+
+def train(run_dir: Path, *overrides: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "train.py", f"hydra.run.dir={run_dir}", *overrides],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+@pytest.mark.slow
+def test_default_run_completes_on_two_ranks(tmp_path: Path) -> None:
+    done = train(tmp_path, *SMALL, "train_iters=3")
+    assert done.returncode == 0, done.stderr[-3000:]
+
+    record = json.loads((tmp_path / RUN_JSON).read_text())
+    assert record["status"] == "completed"
+    assert record["engine"] == "torch" and record["layout"]["world_size"] == 2
+    assert record["data"]["kind"] == "synthetic"
+    assert record["data"]["stats"]["images"] > 0
+    assert record["torch_engine"]["sharding"] == "FSDP2 full shard"
+    assert record["summary"]["steady_steps"] == [2, 3]
+    for package in ("python", "torch", "transformers", "hydra_core", "submitit"):
+        assert record["env"][package], package
+    assert "commit" in record["env"]["git"] and "dirty" in record["env"]["git"]
+
+    steps = read_steps(tmp_path / STEPS_JSONL)
+    assert sorted((s["step"], s["rank"]) for s in steps) == [(n, r) for n in (1, 2, 3) for r in (0, 1)]
+    assert all(s["grad_norm"] == steps[0]["grad_norm"] for s in steps if s["step"] == 1)  # global norm
+    assert all(s["images"] > 0 and s["components_s"]["vision_encoder"] > 0 for s in steps)
+
+    # Console: one progress line per step, then the summary table.
+    progress = [line for line in done.stdout.splitlines() if line.startswith("step ")]
+    assert len(progress) == 3 and "loss" in progress[0] and "tok/s" in progress[0] and "GiB" in progress[0]
+    assert "effective_tokens_per_s_per_gpu" in done.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("override", "engine_hint"),
+    [
+        ("parallelism=3d", "Megatron engine"),
+        ("tp=2", "Megatron engine"),
+        ("dispatcher=deepep", "Megatron engine"),
+        ("cuda_graph=te_moe", "Megatron engine"),
+    ],
+)
+def test_megatron_only_knobs_are_rejected_before_training(tmp_path: Path, override: str, engine_hint: str) -> None:
+    done = train(tmp_path, override, "engine=torch", timeout=120)
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert engine_hint in done.stderr
+    assert not (tmp_path / STEPS_JSONL).exists()
+    assert json.loads((tmp_path / RUN_JSON).read_text())["status"] == "rejected"
+
+
+def _children(pid: int) -> list[int]:
+    kids = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            kids.append(int(stat.parent.name))
+    return kids
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+@pytest.mark.slow
+def test_killed_run_leaves_readable_steps_and_no_run_json(tmp_path: Path) -> None:
+    proc = subprocess.Popen(
+        [sys.executable, "train.py", f"hydra.run.dir={tmp_path}", *SMALL, "train_iters=500"],
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    steps_file = tmp_path / STEPS_JSONL
+    try:
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline and len(read_steps(steps_file)) < 4:
+            assert proc.poll() is None, "the run ended before it could be killed"
+            time.sleep(0.2)
+        assert len(read_steps(steps_file)) >= 4, "no steps were written within 180 s"
+        ranks = _children(proc.pid)
+        assert len(ranks) == 2
+        proc.send_signal(signal.SIGKILL)  # the launcher only: its ranks must die with it
+        proc.wait(timeout=30)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and any(_alive(pid) for pid in ranks):
+            time.sleep(0.1)
+        assert not any(_alive(pid) for pid in ranks), "ranks outlived the killed launcher"
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+
+    lines = steps_file.read_text().splitlines()
+    assert len(lines) >= 4
+    for line in lines:  # every line written is complete JSON: rank 0 flushes whole lines
+        json.loads(line)
+    assert not (tmp_path / RUN_JSON).exists()
+    assert not list(tmp_path.glob(f".{RUN_JSON}.*"))  # no temp file of a half-written record

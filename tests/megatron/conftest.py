@@ -1,0 +1,99 @@
+"""tests/megatron: the real Megatron Bridge / Megatron Core / Transformer Engine objects, on CPU.
+
+When the stack does not import, every test here is skipped, and the reason is printed in red at
+the end of the run (never a silent pass). Install it with `bash scripts/install_megatron.sh`
+(scripts/test.sh does).
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from moe_vlm.engines.megatron_engine import stack_problem
+from moe_vlm.spec import RunSpec
+
+STACK_PROBLEM = stack_problem()
+needs_stack = pytest.mark.skipif(STACK_PROBLEM is not None, reason=f"Megatron stack unavailable: {STACK_PROBLEM}")
+
+# Lines the session summary prints (agreement counts, what was checked).
+REPORT: list[str] = []
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    if STACK_PROBLEM is not None:
+        terminalreporter.write_sep("!", "tests/megatron SKIPPED: the real-library checks did not run", red=True)
+        terminalreporter.write_line(f"reason: {STACK_PROBLEM}", red=True)
+    if REPORT:
+        terminalreporter.write_sep("-", "Megatron Bridge checks (real library, CPU)")
+        for line in REPORT:
+            terminalreporter.write_line(line)
+
+
+class RecipeCache:
+    """Each recipe is built once per model (it converts an HF config: about a second); tests get copies."""
+
+    def __init__(self, workdir: Path) -> None:
+        self.workdir = workdir
+        self._built: dict[tuple[str, str], Any] = {}
+
+    def config(self, spec: RunSpec) -> Any:
+        from moe_vlm.engines.bridge_fields import select_recipe
+        from moe_vlm.engines.hf_config import hf_model_dir
+        from moe_vlm.engines.megatron_engine import offline_hf, recipe_function
+
+        recipe = select_recipe(spec)
+        assert recipe is not None, f"no recipe for {spec.model.name}"
+        key = (recipe.name, spec.model.name)
+        if key not in self._built:
+            with warnings.catch_warnings(), offline_hf(hf_model_dir(spec.model, self.workdir)):
+                warnings.simplefilter("ignore")
+                self._built[key] = recipe_function(recipe)()
+        return copy.deepcopy(self._built[key])
+
+
+@pytest.fixture(scope="session")
+def recipes(tmp_path_factory: pytest.TempPathFactory) -> RecipeCache:
+    return RecipeCache(tmp_path_factory.mktemp("megatron"))
+
+
+def device_properties(spec: RunSpec) -> SimpleNamespace:
+    """The GPU our cluster profile declares, as torch.cuda.get_device_properties describes one."""
+    capability = spec.cluster.compute_capability
+    return SimpleNamespace(name=spec.cluster.gpu, major=int(capability), minor=round(capability % 1 * 10))
+
+
+@pytest.fixture
+def engine_environment(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    """Run the engine's own pre-flight for one spec as a rank of that job would.
+
+    Bridge reads the world size from WORLD_SIZE, applies the recipe's env_vars to the process
+    (os.environ.setdefault) and asks torch.cuda for the device in its flex-dispatcher check
+    (validate_flex_dispatcher_backend). Each `prepare(spec)` starts from the environment the
+    test session had, with the job's world size, and answers the device query with the GPU our
+    cluster profile declares (there is none here): Bridge's own check code runs on it.
+    """
+    import torch
+
+    saved = dict(os.environ)
+
+    def prepare(spec: RunSpec) -> None:
+        os.environ.clear()
+        os.environ.update({k: v for k, v in saved.items() if not k.startswith("SLURM_")})
+        os.environ["WORLD_SIZE"] = str(spec.layout.world_size)
+        os.environ["RANK"] = "0"
+        properties = device_properties(spec)
+        monkeypatch.setattr(torch.cuda, "get_device_properties", lambda *_args, **_kw: properties)
+
+    try:
+        yield prepare
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)

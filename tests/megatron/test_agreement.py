@@ -1,0 +1,259 @@
+"""Our rule catalogue agrees with the engine, configuration by configuration.
+
+For every configuration of the corpus (each rule's firing and quiet case from tests/unit, every
+option of every config group, every sweep-preset point, and engine edge cases below) we build
+the real ConfigContainer the engine would run and let the engine judge it:
+
+- on the CPU, with the engine's own pre-flight: ``runtime_config_update`` (the recipe's env,
+  mixed precision and comm-overlap setup, then ``ConfigContainer.validate``, which runs Bridge's
+  dataset, FSDP, CUDA-graph and flex-dispatcher checks and Megatron Core's TransformerConfig
+  post-init). Its device query answers with the GPU of the cluster profile;
+- for the rules the engine applies only on the device (model build, dispatcher construction,
+  data loading), from their documented condition, read off the engine's config; the test also
+  checks that the library still states the condition where we cite it.
+
+Then: a configuration we accept is never rejected by the engine, and a configuration one of our
+engine rules rejects is rejected by it. Rules that are ours alone (measurement hygiene, the torch
+engine's limits, knobs the engine would ignore) may reject what the engine accepts: they are
+counted and listed as "stricter than the engine", never as agreement.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from moe_vlm.engines.megatron_engine import apply_overrides
+from moe_vlm.rules import CATALOGUE, errors, validate
+from moe_vlm.spec import RunSpec
+from tests.conftest import make_spec
+from tests.megatron.conftest import REPORT, RecipeCache, needs_stack
+from tests.megatron.test_config_container import BASE, COMPANIONS, group_options, sweep_points
+
+# Rules whose rejection the engine performs itself in its CPU pre-flight.
+ENGINE_CPU = {
+    "A001": "EnergonDatasetConfig.validate: path must be set",
+    "A003": "ConfigContainer.validate: in-batch packing needs micro_batch_size > 1",
+    "D001": "validate_flex_dispatcher_backend: DeepEP on Ampere/Hopper/B200/B300 only",
+    "D002": "validate_flex_dispatcher_backend: HybridEP on compute capability 8/9/10 only",
+    "D006": "TransformerConfig: overlap_moe_expert_parallel_comm prerequisites",
+    "F001": "DistributedDataParallelConfig: Megatron FSDP v2 does not exist in megatron-core 0.19.2",
+    "G002": "validate_cuda_graph_configuration: local impl only for full-iteration graphs",
+    "G003": "TransformerConfig: moe and moe_router graph modules are exclusive",
+    "G004": "TransformerConfig: moe_preprocess needs moe_router",
+    "G005": "TransformerConfig: moe graph module only for drop-and-pad MoE",
+    "G006": "TransformerConfig: mlp graph module only for dense layers",
+    "G007": "TransformerConfig: full recompute only with full-iteration graphs",
+    "G008": "TransformerConfig: moe recompute with a TE moe_router graph",
+    "L001": "ConfigContainer.get_data_parallel_size: world divisible by TP x PP x CP",
+    "L007": "ConfigContainer.validate: seq_length multiple of the CP/SP collate padding",
+    "L012": "ModelParallelConfig: sequence parallelism needs TP > 1",
+}
+
+
+@dataclass(frozen=True)
+class Documented:
+    """A rule the engine applies on the device, and where the installed library states it."""
+
+    module: str  # importable module whose source holds `text`
+    text: str
+    rejects: Callable[[Any], bool]  # the documented condition, read off the engine's config
+
+
+def _model(cfg: Any) -> Any:
+    return cfg.model
+
+
+def _graph_modules(cfg: Any) -> set[str]:
+    return {getattr(m, "name", str(m)) for m in (cfg.model.cuda_graph_modules or [])}
+
+
+def _first_chunk_layers(cfg: Any) -> int:
+    m = cfg.model
+    vp = m.virtual_pipeline_model_parallel_size or 1
+    first = m.num_layers_in_first_pipeline_stage or m.num_layers // m.pipeline_model_parallel_size
+    return first // vp
+
+
+def _world() -> int:
+    import os
+
+    return int(os.environ["WORLD_SIZE"])
+
+
+ON_DEVICE = {
+    "L002": Documented(
+        "megatron.core.parallel_state",
+        "is not divisible by expert_tensor_model_pipeline_parallel size",
+        lambda cfg: _world()
+        % (
+            (cfg.model.expert_tensor_parallel_size or cfg.model.tensor_model_parallel_size)
+            * cfg.model.expert_model_parallel_size
+            * cfg.model.pipeline_model_parallel_size
+        )
+        != 0,
+    ),
+    "D003": Documented(
+        "megatron.core.transformer.moe.token_dispatcher",
+        "DeepEP dispatcher requires TPxEP > 1",
+        lambda cfg: _model(cfg).moe_token_dispatcher_type == "flex"
+        and _model(cfg).moe_flex_dispatcher_backend == "deepep"
+        and _model(cfg).tensor_model_parallel_size * _model(cfg).expert_model_parallel_size <= 1,
+    ),
+    "G009": Documented(
+        "megatron.bridge.perf_recipes.qwen_vl.common",
+        "attn scope is not compatible with Qwen3VLModel CUDA graph capture",
+        lambda cfg: type(cfg.model).__name__ == "Qwen3VLMoEModelProvider"
+        and cfg.model.cuda_graph_impl == "transformer_engine"
+        and ("attn" in _graph_modules(cfg) or not _graph_modules(cfg)),
+    ),
+    "G010": Documented(
+        "megatron.bridge.models.qwen_vl.modelling_qwen3_vl.model",
+        "Qwen3-VL MoE with CUDA graph requires fixed sequence lengths",
+        lambda cfg: cfg.model.cuda_graph_impl != "none"
+        and (cfg.model.variable_seq_lengths or getattr(cfg.dataset, "enable_in_batch_packing", False)),
+    ),
+    "L013": Documented(
+        "megatron.bridge.models.qwen_vl.modelling_qwen3_vl.model",
+        "the deepstack_visual_embeds should on the first pp-stage of language model",
+        lambda cfg: len(getattr(cfg.model.vision_config, "deepstack_visual_indexes", None) or [])
+        > _first_chunk_layers(cfg),
+    ),
+}
+
+# Engine edge cases beyond the rule cases: layouts, packing, graphs, and their combinations.
+GB = ("engine=megatron", "dry_run=true", "cluster=gb200", "model=qwen3_vl_30b_a3b")
+B2 = ("engine=megatron", "dry_run=true", "cluster=b200", "model=qwen3_vl_30b_a3b")
+B35 = ("engine=megatron", "dry_run=true", "cluster=b200", "model=qwen35_vl_35b_a3b")
+EXTRA: list[tuple[str, ...]] = [
+    (*GB, "nodes=2", "dispatcher=hybridep", "cuda_graph=te_moe", "recompute=selective"),
+    (*GB, "nodes=16", "model=qwen3_vl_235b_a22b", "dispatcher=hybridep", "parallelism=3d", "pp=8",
+     "parallelism.first_stage_layers=10", "parallelism.last_stage_layers=12", "mbs=2"),
+    (*B2, "nodes=2", "parallelism=3d", "tp=2", "ep=8"),
+    (*B2, "nodes=2", "parallelism=3d", "tp=2", "ep=8", "parallelism.sequence_parallel=true"),
+    (*B2, "nodes=2", "parallelism=3d", "tp=2", "seq_length=4094"),
+    (*B2, "nodes=2", "parallelism=3d", "tp=4", "cp=2", "seq_length=4104"),
+    (*B2, "nodes=2", "parallelism=3d", "tp=4", "cp=2", "seq_length=4096"),
+    (*B2, "nodes=2", "parallelism=3d", "cp=2", "seq_length=4096", "data=synthetic"),
+    (*B2, "nodes=4", "parallelism=3d", "pp=4", "vp=2", "dispatcher.overlap_moe_expert_parallel_comm=true"),
+    (*B2, "nodes=4", "parallelism=3d", "pp=4", "dispatcher.overlap_moe_expert_parallel_comm=true"),
+    (*B2, "dispatcher.overlap_moe_expert_parallel_comm=true", "dispatcher=allgather"),
+    (*B2, "dispatcher=deepep", "cuda_graph=te_moe", "recompute=selective", "recompute.modules=[moe_act]"),
+    (*B2, "cuda_graph=full_iteration", "recompute=full"),
+    (*B2, "cuda_graph=te_moe", "cuda_graph.scope=[]"),
+    (*B2, "data.pack_sequences=true", "mbs=2"),
+    (*B2, "data.pack_sequences=true", "mbs=2", "cuda_graph=te_moe"),
+    (*B2, "data=synthetic", "mbs=4", "vision_freeze=vision"),
+    (*B2, "data=real", "data.path=/datasets/shards", "mbs=2"),
+    (*B35, "dispatcher=hybridep", "recompute=selective", "recompute.modules=[core_attn,gdn_norm_out]"),
+    (*B35, "nodes=2", "parallelism=3d", "tp=2", "ep=8"),
+    ("engine=megatron", "dry_run=true", "cluster=h100", "model=qwen3_vl_30b_a3b", "nodes=2", "parallelism=3d",
+     "pp=2", "vp=12", "ep=8"),
+    ("engine=megatron", "dry_run=true", "cluster=h200", "model=qwen3_vl_30b_a3b", "dispatcher=deepep"),
+]  # fmt: skip
+
+
+def corpus() -> list[tuple[str, tuple[str, ...]]]:
+    from tests.unit.test_rules import CASES
+
+    cases: list[tuple[str, tuple[str, ...]]] = []
+    for code, (fires, quiet) in sorted(CASES.items()):
+        cases += [(f"{code} fires", tuple(fires)), (f"{code} quiet", tuple(quiet))]
+    for group, option in group_options():
+        cases.append((f"{group}={option}", (*BASE, f"{group}={option}", *COMPANIONS.get((group, option), ()))))
+    for preset, point in sweep_points():
+        cases.append((f"sweep={preset}", (*BASE, *point)))
+    cases += [("edge", overrides) for overrides in EXTRA]
+    seen: set[tuple[str, ...]] = set()
+    unique = []
+    for name, overrides in cases:
+        if overrides not in seen:
+            seen.add(overrides)
+            unique.append((name, overrides))
+    return unique
+
+
+@dataclass
+class Verdict:
+    name: str
+    overrides: tuple[str, ...]
+    ours: set[str]  # error codes of our catalogue
+    engine_cpu: str | None  # the engine's CPU pre-flight error, None when it passed
+    engine_device: set[str]  # documented device conditions that hold
+
+    @property
+    def engine_rejects(self) -> bool:
+        return self.engine_cpu is not None or bool(self.engine_device)
+
+    @property
+    def ours_engine(self) -> set[str]:
+        return self.ours & (set(ENGINE_CPU) | set(ON_DEVICE))
+
+    def disagreement(self) -> str | None:
+        if not self.ours and self.engine_rejects:
+            return f"we accept, the engine rejects: {self.engine_cpu or sorted(self.engine_device)}"
+        if self.ours_engine and not self.engine_rejects:
+            return f"our engine rules {sorted(self.ours_engine)} reject, the engine accepts"
+        return None
+
+
+def judge(recipes: RecipeCache, prepare: Callable[[RunSpec], None], name: str, overrides: tuple[str, ...]) -> Verdict:
+    from megatron.bridge.training.config import runtime_config_update
+
+    spec = make_spec(*overrides)
+    ours = {f.code for f in errors(validate(spec))}
+    cfg = recipes.config(spec)
+    prepare(spec)
+    engine_cpu = None
+    try:
+        apply_overrides(cfg, spec)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            runtime_config_update(cfg)
+    except Exception as exc:  # the engine's verdict: any error its pre-flight raises
+        engine_cpu = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
+    device = set() if engine_cpu else {code for code, rule in ON_DEVICE.items() if rule.rejects(cfg)}
+    return Verdict(name, overrides, ours, engine_cpu, device)
+
+
+def test_device_rules_are_stated_where_we_cite_them() -> None:
+    for code, rule in ON_DEVICE.items():
+        spec = importlib.util.find_spec(rule.module)
+        if spec is None or spec.origin is None:
+            pytest.skip(f"{rule.module} not installed")
+        assert rule.text in Path(spec.origin).read_text(), f"{code}: {rule.module} no longer says {rule.text!r}"
+
+
+def test_classified_codes_exist() -> None:
+    codes = {r.code for r in CATALOGUE}
+    assert set(ENGINE_CPU) <= codes and set(ON_DEVICE) <= codes
+
+
+@needs_stack
+@pytest.mark.slow
+def test_catalogue_agrees_with_the_engine(recipes: RecipeCache, engine_environment: Any) -> None:
+    verdicts = [judge(recipes, engine_environment, name, overrides) for name, overrides in corpus()]
+    disagreements = [(v, v.disagreement()) for v in verdicts if v.disagreement()]
+    accepted = sum(1 for v in verdicts if not v.ours and not v.engine_rejects)
+    rejected = sum(1 for v in verdicts if v.ours_engine and v.engine_rejects)
+    stricter = [v for v in verdicts if v.ours and not v.ours_engine and not v.engine_rejects]
+    both_other = len(verdicts) - accepted - rejected - len(stricter) - len(disagreements)
+    REPORT.append(
+        f"agreement: {len(verdicts) - len(disagreements)}/{len(verdicts)} configurations agree with the engine "
+        f"({accepted} accepted by both, {rejected} rejected by both through engine rules, {both_other} rejected by "
+        f"our own rules and by the engine, {len(stricter)} rejected only by our own rules: stricter by design)"
+    )
+    stricter_codes = sorted({code for v in stricter for code in v.ours})
+    REPORT.append(f"stricter than the engine (our own rules): {', '.join(stricter_codes) or 'none'}")
+    engine_codes_seen = sorted({code for v in verdicts for code in v.ours_engine})
+    REPORT.append(f"engine rules confirmed by the engine: {', '.join(engine_codes_seen)}")
+    detail = "\n".join(f"  {v.name} {' '.join(v.overrides)}: {why}" for v, why in disagreements)
+    assert not disagreements, f"{len(disagreements)} disagreement(s):\n{detail}"
+    # Every engine rule was exercised by at least one configuration the engine rejects.
+    assert set(ENGINE_CPU) | set(ON_DEVICE) <= set(engine_codes_seen)

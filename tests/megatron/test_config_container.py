@@ -1,0 +1,127 @@
+"""Real ConfigContainers: every option of every config group and every sweep preset point.
+
+Each case builds the Bridge recipe the engine would pick (offline, from our model group), applies
+THE table (moe_vlm/engines/bridge_fields.py) and reads every mapped field back.
+"""
+
+from __future__ import annotations
+
+import importlib
+import itertools
+from pathlib import Path
+
+import pytest
+import yaml
+
+from moe_vlm.engines.bridge_fields import FIELD_MAP, select_recipe
+from moe_vlm.engines.megatron_engine import apply_overrides, check_overrides, get_field, set_field
+from tests.conftest import CONF, REPO, make_spec
+from tests.megatron.conftest import REPORT, RecipeCache, needs_stack
+
+GROUPS = ("model", "parallelism", "dispatcher", "recompute", "cuda_graph", "vision_freeze", "data", "cluster")
+BASE = ("engine=megatron", "dry_run=true", "model=qwen3_vl_30b_a3b", "cluster=gb200", "nodes=2")
+# Options that need a companion value to describe a run at all.
+COMPANIONS = {("data", "real"): ("data.path=/datasets/shards",)}
+
+
+def group_options() -> list[tuple[str, str]]:
+    return [(group, path.stem) for group in GROUPS for path in sorted((CONF / group).glob("*.yaml"))]
+
+
+def sweep_points() -> list[tuple[str, tuple[str, ...]]]:
+    """(preset, overrides) for every point of every sweep preset (conf/sweep and sweeps/)."""
+    presets: dict[str, Path] = {}
+    for directory in (CONF / "sweep", REPO / "sweeps"):
+        for path in sorted(directory.glob("*.yaml")):
+            presets.setdefault(path.stem, path)
+    points = []
+    for name, path in sorted(presets.items()):
+        params = (yaml.safe_load(path.read_text()) or {}).get("hydra", {}).get("sweeper", {}).get("params") or {}
+        axes = [[f"{key}={value.strip()}" for value in str(values).split(",")] for key, values in params.items()]
+        points += [(name, combo) for combo in itertools.product(*axes)]
+    return points
+
+
+def built(recipes: RecipeCache, *overrides: str) -> tuple[object, object]:
+    spec = make_spec(*overrides)
+    cfg = recipes.config(spec)
+    apply_overrides(cfg, spec)
+    return spec, cfg
+
+
+def test_presets_and_options_found() -> None:
+    # Guards the parametrisation below against silently testing nothing.
+    assert len(group_options()) >= 20
+    assert sweep_points() or not list((CONF / "sweep").glob("*.yaml"))
+
+
+@needs_stack
+@pytest.mark.parametrize(("group", "option"), group_options())
+def test_every_group_option_reaches_the_config(recipes: RecipeCache, group: str, option: str) -> None:
+    spec, cfg = built(recipes, *BASE, f"{group}={option}", *COMPANIONS.get((group, option), ()))
+    assert check_overrides(cfg, spec) == []
+
+
+@needs_stack
+@pytest.mark.parametrize(("preset", "point"), sweep_points(), ids=lambda v: v if isinstance(v, str) else "-".join(v))
+def test_every_sweep_point_reaches_the_config(recipes: RecipeCache, preset: str, point: tuple[str, ...]) -> None:
+    spec, cfg = built(recipes, *BASE, *point)
+    assert check_overrides(cfg, spec) == [], f"sweep={preset} {point}"
+
+
+@needs_stack
+def test_every_recipe_in_the_table_exists() -> None:
+    checked = []
+    for model, cluster in itertools.product(
+        ("qwen3_vl_30b_a3b", "qwen3_vl_235b_a22b", "qwen35_vl_35b_a3b", "tiny_moe_vlm"),
+        ("gb200", "b200", "h100", "h200", "local"),
+    ):
+        recipe = select_recipe(make_spec("engine=megatron", "dry_run=true", f"model={model}", f"cluster={cluster}"))
+        assert recipe is not None
+        assert callable(getattr(importlib.import_module(recipe.module), recipe.function)), recipe.name
+        checked.append(recipe.name)
+    REPORT.append(f"recipes: {len(set(checked))} distinct Bridge recipe functions resolved in the installed package")
+
+
+@needs_stack
+def test_every_table_field_exists(recipes: RecipeCache) -> None:
+    """Each row names a real field: of the recipe's config, or of the real-data config it builds."""
+    spec, cfg = built(recipes, *BASE)
+    _, real_cfg = built(recipes, *BASE, "data=real", "data.path=/datasets/shards")
+    for row in FIELD_MAP:
+        if row.field == "env_vars":
+            continue
+        target = real_cfg if row.field.startswith("dataset.task_encoder") or row.field in (
+            "dataset.path",
+            "dataset.micro_batch_size",
+        ) else cfg
+        set_field(target, row.field, get_field(target, row.field))  # raises for a field the library lacks
+    REPORT.append(f"table: all {len(FIELD_MAP)} rows name fields that exist in megatron-bridge 0.6.2")
+
+
+@needs_stack
+def test_unknown_field_is_an_error_not_a_new_attribute(recipes: RecipeCache) -> None:
+    _, cfg = built(recipes, *BASE)
+    with pytest.raises(AttributeError, match="no field 'megatron_fsdp_version'"):
+        set_field(cfg, "ddp.megatron_fsdp_version", 2)
+
+
+@needs_stack
+def test_freeze_fields_beat_the_provider_defaults(recipes: RecipeCache) -> None:
+    # The MoE provider and the recipes freeze language and vision: vision_freeze=none must undo it.
+    spec, cfg = built(recipes, *BASE, "vision_freeze=none")
+    assert (cfg.model.freeze_language_model, cfg.model.freeze_vision_model) == (False, False)
+    spec, cfg = built(recipes, *BASE, "vision_freeze=vision_projector")
+    assert (cfg.model.freeze_vision_model, cfg.model.freeze_vision_projection) == (True, True)
+    assert cfg.model.freeze_language_model is False
+
+
+@needs_stack
+def test_hybridep_topology_replaces_the_recipe_s(recipes: RecipeCache) -> None:
+    _, cfg = built(recipes, "engine=megatron", "dry_run=true", "model=qwen3_vl_30b_a3b", "cluster=b200",
+                   "dispatcher=hybridep")  # fmt: skip
+    assert cfg.env_vars["NVLINK_DOMAIN_SIZE"] == "8" and cfg.env_vars["USE_MNNVL"] == "0"
+    assert "NUM_OF_TOKENS_PER_CHUNK_COMBINE_API" not in cfg.env_vars  # the GB200 recipe's tuning is not ours
+    _, cfg = built(recipes, *BASE, "dispatcher=alltoall")
+    assert not {"NVLINK_DOMAIN_SIZE", "USE_MNNVL"} & set(cfg.env_vars)
+    assert cfg.model.moe_token_dispatcher_type == "alltoall" and cfg.model.moe_flex_dispatcher_backend is None

@@ -1,0 +1,286 @@
+"""`moe-vlm report` on run directories written the way the engines write them (run.json from
+record.base_record + metrics.summarize over hand-built steps.jsonl records)."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pytest
+from matplotlib.lines import Line2D
+from matplotlib.patches import Rectangle
+
+from moe_vlm import plots, report
+from moe_vlm.metrics import summarize
+from moe_vlm.record import RUN_JSON, base_record, write_json_atomic
+from moe_vlm.run import resolved_config
+from moe_vlm.spec import RunSpec
+from tests.conftest import REPO, compose_cfg
+from tests.unit.test_metrics import step_records
+
+GB200 = ("model=qwen3_vl_30b_a3b", "cluster=gb200", "nodes=2", "train_iters=6", "dispatcher=hybridep")
+
+
+@cache
+def composed(overrides: tuple[str, ...]) -> tuple[RunSpec, dict[str, Any]]:
+    cfg = compose_cfg(*overrides)
+    return RunSpec.from_config(cfg), resolved_config(cfg)
+
+
+def write_run(
+    run_dir: Path, overrides: tuple[str, ...], step_time_s: float, status: str = "completed", **steps: Any
+) -> dict[str, Any]:
+    spec, config = composed(overrides)
+    record = base_record(spec, config, status=status)
+    if status == "completed":
+        record["summary"] = summarize(step_records(spec, [step_time_s] * spec.train_iters, **steps), spec)
+    elif status == "failed":
+        record["failure"] = {"class": "oom", "message": "CUDA out of memory at step 3", "log_tail": []}
+    else:
+        record["findings"] = [
+            {"code": "L001", "level": "error", "keys": ["tp"], "message": "bad", "fix": "x"}
+        ]
+    write_json_atomic(run_dir / RUN_JSON, record)
+    return record
+
+
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Synthetic-data MBS x recompute points, faster mock-data points, one OOM, one rejected."""
+    root = tmp_path_factory.mktemp("sweep")
+    # (mbs, recompute, step time, peak memory): full recompute is slower and lighter.
+    points = [(1, "none", 4.0, 90.0), (2, "none", 7.0, 150.0), (1, "full", 5.0, 60.0), (2, "full", 8.5, 95.0)]
+    components = {"vision_encoder": 1.0, "projector": 0.1, "decoder": 2.5}
+    for index, (mbs, recompute, step_time, memory) in enumerate(points):
+        overrides = (*GB200, "data=synthetic", f"mbs={mbs}", f"recompute={recompute}")
+        write_run(
+            root / str(index),
+            overrides,
+            step_time,
+            sequences_per_rank=64,
+            real_len=3072,
+            images_per_rank=64,
+            patches_per_image=1024,
+            peak_memory_gib=memory,
+            components_s=components,
+        )
+    # Image-free mock data: about 2x faster. Must never be ranked with the synthetic rows.
+    for index, mbs in enumerate((1, 2), start=4):
+        write_run(root / str(index), (*GB200, "data=mock", f"mbs={mbs}", "recompute=none"), 2.0,
+                  sequences_per_rank=64, peak_memory_gib=80.0)  # fmt: skip
+    write_run(root / "6", (*GB200, "data=synthetic", "mbs=4", "recompute=none"), 0.0, status="failed")
+    write_run(root / "7", (*GB200, "data=synthetic", "mbs=8", "recompute=none"), 0.0, status="rejected")
+    return root
+
+
+def run_report(*argv: str) -> tuple[int, str]:
+    from contextlib import redirect_stdout
+    from io import StringIO
+
+    buffer = StringIO()
+    with redirect_stdout(buffer):
+        code = report.main(list(argv))
+    return code, buffer.getvalue()
+
+
+def ydata(line: Line2D) -> list[float]:
+    return [float(y) for y in np.asarray(line.get_ydata())]
+
+
+def section(text: str, title_start: str) -> str:
+    """The body of the '## <title...>' section."""
+    match = re.search(rf"^## {re.escape(title_start)}.*?$(.*?)(?=^## |\Z)", text, re.M | re.S)
+    assert match, f"no section {title_start!r} in:\n{text}"
+    return match.group(1)
+
+
+def table_rows(markdown: str) -> list[list[str]]:
+    rows = [line.strip().strip("|").split("|") for line in markdown.splitlines() if line.startswith("| ")]
+    return [[cell.strip() for cell in row] for row in rows[1:]]  # without the header
+
+
+def test_mock_is_never_ranked_with_synthetic(sweep: Path) -> None:
+    code, text = run_report(str(sweep))
+    assert code == 0
+    ranked = table_rows(section(text, "Ranked"))
+    mock = table_rows(section(text, "MOCK data"))
+    assert len(ranked) == 4 and {row[-2] for row in ranked} == {"synthetic"}
+    assert len(mock) == 2 and {row[-2] for row in mock} == {"mock"}
+    # Mock is ~2x faster, yet the ranked table starts with the best synthetic run (mbs=1, none).
+    header = section(text, "Ranked").splitlines()[2]
+    columns = [c.strip() for c in header.strip("|").split("|")]
+    top = dict(zip(columns, ranked[0], strict=True))
+    assert (top["mbs"], top["recompute"]) == ("1", "none")
+    # 8 x 64 x 3072 real tokens / (4 s x 8 GPUs) = 49,152 effective tokens/s/GPU
+    assert top["eff tok/s/GPU"] == "49,152.0"
+    assert top["nominal tok/s/GPU"] == "65,536.0"  # GBS 512 x 4096 / (4 s x 8 GPUs)
+    effective = [float(row[columns.index("eff tok/s/GPU")].replace(",", "")) for row in ranked]
+    assert effective == sorted(effective, reverse=True)
+    assert (
+        "MFU = model FLOPs (ours: real tokens, frozen-aware) / peak of NVIDIA GB200 dense BF16 2500" in text
+    )
+    assert "Steady window: steps 3-6 (4 steps); excluded warm-up: 1-2." in text
+
+
+def test_every_run_json_is_in_the_table(sweep: Path) -> None:
+    code, text = run_report(str(sweep))
+    assert code == 0
+    csv = pd.read_csv(sweep / "results.csv")
+    parquet = pd.read_parquet(sweep / "results.parquet")
+    assert len(csv) == len(parquet) == 8
+    assert sorted(parquet["status"]) == ["completed"] * 6 + ["failed", "rejected"]
+    unfinished = section(text, "Not completed")
+    assert "oom: CUDA out of memory at step 3" in unfinished and "L001 bad" in unfinished
+    assert (sweep / "report.md").read_text() == text
+
+
+def test_compare_flags_different_effective_work(tmp_path: Path) -> None:
+    """FSDP vs 3D at equal model, data, GBS tokens and seq length.
+
+    Equal work (64 sequences x 3072 real tokens per FSDP rank x DP 8 = 128 x 3072 per 3D rank x DP 4):
+    FSDP 4 s/step, 3D 5 s/step on the same 8 GPUs -> FSDP is 5/4 = 1.25x 3D (the first value).
+    Different work (3D packs 4000 real tokens per sequence): flagged, no ratio.
+    """
+    fsdp = ("parallelism=fsdp",)
+    three_d = ("parallelism=3d", "pp=2")
+    write_run(tmp_path / "equal" / "fsdp", (*GB200, "data=synthetic", *fsdp), 4.0,
+              sequences_per_rank=64, real_len=3072)  # fmt: skip
+    write_run(tmp_path / "equal" / "3d", (*GB200, "data=synthetic", *three_d), 5.0,
+              sequences_per_rank=128, real_len=3072)  # fmt: skip
+    comparisons = report.compare(report.load_table([str(tmp_path / "equal")]), "parallelism")
+    assert len(comparisons) == 1 and comparisons[0].flags == []
+    assert comparisons[0].ratios == pytest.approx({"3d": 1.0, "fsdp": 1.25})  # 5 s / 4 s
+
+    write_run(tmp_path / "unequal" / "fsdp", (*GB200, "data=synthetic", *fsdp), 4.0,
+              sequences_per_rank=64, real_len=3072)  # fmt: skip
+    write_run(tmp_path / "unequal" / "3d", (*GB200, "data=synthetic", *three_d), 5.0,
+              sequences_per_rank=128, real_len=4000)  # fmt: skip
+    code, text = run_report(str(tmp_path / "unequal"), "--compare", "parallelism")
+    assert code == 0
+    compared = section(text, "Compare: parallelism")
+    assert "**FLAG**: parallelism=3d vs parallelism=fsdp do different effective work" in compared
+    assert "effective tokens/step 2,048,000 vs 1,572,864; not compared" in compared
+    assert "not compared" in table_rows(compared)[0]
+    assert not re.search(r"\d\.\d\dx", compared)  # no ratio printed for unequal work
+
+
+def test_baseline_regression_is_flagged(tmp_path: Path) -> None:
+    run = (*GB200, "data=synthetic")
+    write_run(tmp_path / "before" / "a", (*run, "mbs=1"), 4.0, sequences_per_rank=64)
+    write_run(tmp_path / "before" / "b", (*run, "mbs=2"), 4.0, sequences_per_rank=64)
+    baseline = tmp_path / "baseline.json"
+    code, _ = run_report(str(tmp_path / "before"), "--save-baseline", str(baseline))
+    assert code == 0 and len(json.loads(baseline.read_text())["configs"]) == 2
+
+    # mbs=1 now takes 4.4 s instead of 4.0: -9.1% throughput; mbs=2 takes 4.1 s: -2.4%.
+    write_run(tmp_path / "after" / "a", (*run, "mbs=1"), 4.4, sequences_per_rank=64)
+    write_run(tmp_path / "after" / "b", (*run, "mbs=2"), 4.1, sequences_per_rank=64)
+    code, text = run_report(str(tmp_path / "after"), "--baseline", str(baseline), "--tolerance", "0.05")
+    assert code == report.EXIT_REGRESSED
+    check = table_rows(section(text, "Regression check"))
+    verdicts = {("mbs=1" in row[0].split(",")): (row[3], row[4]) for row in check}
+    assert verdicts[True] == ("-9.1%", "**REGRESSED**")
+    assert verdicts[False] == ("-2.4%", "ok")
+    code, _ = run_report(str(tmp_path / "after"), "--baseline", str(baseline), "--tolerance", "0.10")
+    assert code == 0
+
+
+def test_plots_draw_the_table(sweep: Path) -> None:
+    table = report.load_table([str(sweep)])
+    rows = report.ranked(table, mock=False)
+    varying = ["mbs", "recompute"]
+    # 8 ranks x 64 x 3072 real tokens = 1,572,864 / step; / (t x 8 GPUs)
+    per_gpu = {t: 1_572_864 / (t * 8) for t in (4.0, 7.0, 5.0, 8.5)}
+    throughput = plots.throughput_vs_mbs(rows, varying)
+    assert throughput.series == {
+        "recompute=full": [(1.0, pytest.approx(per_gpu[5.0])), (2.0, pytest.approx(per_gpu[8.5]))],
+        "recompute=none": [(1.0, pytest.approx(per_gpu[4.0])), (2.0, pytest.approx(per_gpu[7.0]))],
+    }
+    drawn = {str(line.get_label()): ydata(line) for line in throughput.figure.axes[0].get_lines()}
+    assert drawn["recompute=none"] == pytest.approx([per_gpu[4.0], per_gpu[7.0]])
+
+    memory = plots.memory_vs_mbs(rows, varying)
+    limit = [
+        line for line in memory.figure.axes[0].get_lines() if str(line.get_label()).startswith("GPU memory")
+    ]
+    assert len(limit) == 1 and limit[0].get_label() == "GPU memory 185 GiB (NVIDIA GB200)"
+    assert ydata(limit[0]) == [185.0, 185.0]
+    # Peak memory is the max over ranks: memory + 0.1 x 7.
+    assert memory.series["recompute=none"] == [(1.0, pytest.approx(90.7)), (2.0, pytest.approx(150.7))]
+
+    shares = plots.component_shares(rows, varying)
+    assert shares.series["decoder"][0][1] == pytest.approx(2.5 / 3.6)
+    bars = [bar for bar in shares.figure.axes[0].patches if isinstance(bar, Rectangle)]
+    assert len(bars) == 3 * 4 and bars[0].get_width() == pytest.approx(1.0 / 3.6)  # vision share, config 0
+
+    pareto = plots.throughput_vs_memory(rows, varying)
+    # (memory, throughput): full@1 (60.7, 39,322) and none@1 (90.7, 49,152) dominate the MBS-2 points.
+    assert pareto.series["pareto_front"] == [
+        (pytest.approx(60.7), pytest.approx(per_gpu[5.0])),
+        (pytest.approx(90.7), pytest.approx(per_gpu[4.0])),
+    ]
+    for plot in (throughput, memory, shares, pareto):
+        plot.save(sweep / "plots_test")
+    assert sorted(p.name for p in (sweep / "plots_test").iterdir()) == [
+        "component_shares.png", "memory_vs_mbs.png", "throughput_vs_mbs.png", "throughput_vs_memory.png",
+    ]  # fmt: skip
+
+
+def test_cpu_memory_plot_says_there_is_no_gpu_line(tmp_path: Path) -> None:
+    for mbs in (1, 2):
+        write_run(
+            tmp_path / str(mbs), ("cluster=local", "train_iters=4", "data=synthetic", f"mbs={mbs}"), 0.5
+        )
+    table = report.load_table([str(tmp_path)])
+    memory = plots.memory_vs_mbs(report.ranked(table, mock=False), ["mbs"])
+    assert memory.notes == ["no GPU memory line: cpu run (peak is the process RSS)"]
+    labels = [str(line.get_label()) for line in memory.figure.axes[0].get_lines()]
+    assert not any(label.startswith("GPU memory") for label in labels)
+    assert "no GPU memory line: cpu run (peak is the process RSS)" in labels
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["{empty}"], "no run.json found under"),
+        (
+            ["{sweep}", "--compare", "bogus"],
+            "unknown knob 'bogus' for --compare; allowed: model, parallelism",
+        ),
+        (["{sweep}", "--baseline", "{empty}/missing.json"], "not a baseline file"),
+        (["{sweep}", "--tolerance", "1.5"], "--tolerance 1.5: must be a fraction"),
+        (["{sweep}", "--nope"], "unrecognized arguments: --nope"),
+    ],
+)
+def test_bad_input_is_one_line_exit_2(
+    sweep: Path, tmp_path: Path, argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    before = sorted(p.name for p in sweep.iterdir())
+    args = [a.format(empty=tmp_path, sweep=sweep) for a in argv]
+    try:
+        code = report.main(args)
+    except SystemExit as exit_:  # argparse's own errors
+        code = int(exit_.code or 0)
+    captured = capsys.readouterr()
+    assert code == 2
+    assert captured.out == ""
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("moe-vlm report: error: ") and message in lines[0]
+    assert sorted(p.name for p in sweep.iterdir()) == before  # nothing written
+
+
+def test_console_script_reaches_report(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "moe_vlm.cli", "report", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+    )
+    assert done.returncode == 2 and "no run.json found under" in done.stderr
