@@ -7,6 +7,7 @@ from typing import Any
 
 from moe_vlm.engines.bridge_fields import bridge_overrides, select_recipe
 from moe_vlm.engines.hf_config import is_local_checkpoint
+from moe_vlm.memory import estimate
 from moe_vlm.rules import Finding
 from moe_vlm.spec import RunSpec
 
@@ -59,6 +60,14 @@ def megatron_lines(spec: RunSpec) -> list[str]:
     return lines
 
 
+def memory_lines(spec: RunSpec) -> list[str]:
+    """The per-rank memory breakdown and the headroom against the cluster's GPU memory."""
+    try:
+        return estimate(spec).lines()
+    except (ArithmeticError, ValueError, IndexError) as exc:  # a layout the rules reject
+        return ["-- memory --", f"not estimated: {exc} (see the findings)"]
+
+
 def render(spec: RunSpec, findings: list[Finding]) -> str:
     knobs = [
         f"model={spec.model.name} parallelism={spec.family} dispatcher={spec.dispatcher.name} "
@@ -68,6 +77,7 @@ def render(spec: RunSpec, findings: list[Finding]) -> str:
         f"gbs={spec.gbs} seq_length={spec.seq_length} train_iters={spec.train_iters} seed={spec.seed}",
     ]
     out = ["== moe_vlm plan ==", "", "-- knobs --", *knobs, "", "-- layout --", *layout_lines(spec), ""]
+    out += [*memory_lines(spec), ""]
     errors = [f for f in findings if f.is_error]
     out.append(f"-- findings: {len(errors)} error(s), {len(findings) - len(errors)} warning(s) --")
     out += [f.line() for f in findings] or ["none"]

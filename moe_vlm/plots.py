@@ -7,8 +7,6 @@ can read the plotted numbers instead of trusting a PNG. Callers pass rows of ONE
 
 from __future__ import annotations
 
-import os
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -18,6 +16,7 @@ matplotlib.use("Agg")  # no display on cluster login nodes or CI
 
 import matplotlib.pyplot as plt
 import pandas as pd
+from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
 Point = tuple[float, float]
@@ -38,19 +37,12 @@ class Plot:
     notes: list[str] = field(default_factory=list)  # legend-only entries (e.g. why no GPU memory line)
     categories: list[str] = field(default_factory=list)  # bar charts: the config drawn at y = index
 
-    def save(self, directory: Path) -> Path:
-        """Write <name>.png atomically (temp file + rename) and close the figure."""
-        directory.mkdir(parents=True, exist_ok=True)
-        path = directory / f"{self.name}.png"
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=directory)
-        os.close(fd)
+    def save(self, path: Path) -> None:
+        """Write the PNG to `path` and close the figure (the report writes it atomically)."""
         try:
-            self.figure.savefig(tmp, format="png", dpi=110, bbox_inches="tight")
-            os.replace(tmp, path)
+            self.figure.savefig(path, format="png", dpi=110, bbox_inches="tight")
         finally:
-            Path(tmp).unlink(missing_ok=True)
             plt.close(self.figure)
-        return path
 
 
 def label_of(row: pd.Series, knobs: list[str]) -> str:
@@ -75,6 +67,13 @@ def _lines_over_mbs(rows: pd.DataFrame, value: str, group_knobs: list[str]) -> d
     return dict(sorted(series.items()))
 
 
+def _mbs_axes(axes: Axes, rows: pd.DataFrame) -> None:
+    """Integer MBS ticks, and a y axis from zero: a truncated axis turns 5% into a cliff."""
+    axes.set_xticks(sorted({int(m) for m in rows["mbs"].dropna()}))
+    axes.set_xlabel("micro-batch size (MBS)")
+    axes.set_ylim(0, max(axes.get_ylim()[1], axes.dataLim.ymax * 1.08))
+
+
 def _group_knobs(varying: list[str], first: str) -> list[str]:
     """The knob that names the lines first, then every other varying knob except MBS (the x axis)."""
     return [first] + [k for k in varying if k not in (first, "mbs")]
@@ -85,7 +84,7 @@ def throughput_vs_mbs(rows: pd.DataFrame, varying: list[str], mock: bool = False
     series = _lines_over_mbs(rows, THROUGHPUT, _group_knobs(varying, "recompute"))
     for label, points in series.items():
         axes.plot([x for x, _ in points], [y for _, y in points], marker="o", label=label)
-    axes.set_xlabel("micro-batch size (MBS)")
+    _mbs_axes(axes, rows)
     axes.set_ylabel("effective (real) tokens/s/GPU")
     axes.set_title(_title("Throughput vs MBS per recompute setting", mock))
     axes.grid(alpha=0.3)
@@ -113,7 +112,7 @@ def memory_vs_mbs(rows: pd.DataFrame, varying: list[str], mock: bool = False) ->
             notes.append(note)
     kinds = sorted({str(k) for k in rows.get("memory_kind", pd.Series(dtype=str)).dropna()})
     axes.set_ylabel("peak memory per GPU (GiB)" + (f" [{', '.join(kinds)}]" if kinds else ""))
-    axes.set_xlabel("micro-batch size (MBS)")
+    _mbs_axes(axes, rows)
     axes.set_title(_title("Peak memory vs MBS", mock))
     axes.grid(alpha=0.3)
     axes.legend(fontsize=8)
@@ -167,6 +166,8 @@ def throughput_vs_memory(rows: pd.DataFrame, varying: list[str], mock: bool = Fa
     )
     axes.set_xlabel("peak memory per GPU (GiB)")
     axes.set_ylabel("effective (real) tokens/s/GPU")
+    axes.set_ylim(bottom=0)
+    axes.set_xlim(left=0)
     axes.set_title(_title("Throughput vs memory", mock))
     axes.grid(alpha=0.3)
     axes.legend(fontsize=8)

@@ -21,6 +21,8 @@ One steps.jsonl line per optimizer step per rank (rank 0 gathers and writes them
     peak_memory_gib      peak so far on this rank
     memory_kind          "cuda_max_allocated" (GPU) or "process_peak_rss" (CPU)
     components_s         {"vision_encoder", "projector", "decoder"}: forward + backward seconds
+    exclude              optional reason this step is outside the steady window
+                         ("profiler", "checkpoint", "cuda_graph_capture"), beside warm-up
 """
 
 from __future__ import annotations
@@ -53,6 +55,10 @@ def write_json_atomic(path: Path, payload: dict[str, Any]) -> None:
             handle.write("\n")
             handle.flush()
             os.fsync(handle.fileno())
+        # mkstemp creates 0600 files; run records are read by teammates on shared clusters.
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

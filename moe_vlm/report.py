@@ -506,6 +506,9 @@ def _atomic(path: Path) -> Iterator[Path]:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.close(fd)
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; a shared sweep's report must stay readable
     try:
         yield Path(tmp)
         os.replace(tmp, path)
@@ -647,7 +650,8 @@ def main(argv: list[str] | None = None) -> int:
 
     write_table(table, out)
     for plot in made:
-        plot.save(out)
+        with _atomic(out / f"{plot.name}.png") as tmp:
+            plot.save(tmp)
     with _atomic(out / "report.md") as tmp:
         tmp.write_text(text)
     if args.save_baseline:

@@ -7,6 +7,7 @@ involved and a fix. Codes are grouped by concern:
     C  config values          L  layout arithmetic       F  FSDP
     D  MoE dispatcher         G  CUDA graphs             R  recompute
     E  engine support         A  data                    W  field-guide warnings
+    M  memory (moe_vlm/memory.py's per-GPU estimate against cluster.gpu_memory_gib)
 
 Engine rules cite where Megatron enforces them (MLM = Megatron-LM, MB = Megatron-Bridge).
 """
@@ -20,6 +21,14 @@ from enum import Enum
 from pathlib import Path
 
 from moe_vlm.engines.bridge_fields import effective_sequence_parallel
+from moe_vlm.memory import (
+    SELECTIVE_DEFAULT,
+    THIN_HEADROOM_FRACTION,
+    MemoryEstimate,
+    estimate,
+    fits_after,
+    with_recompute,
+)
 from moe_vlm.schema import (
     CudaGraphImpl,
     DataKind,
@@ -757,13 +766,20 @@ def _recompute_shape(spec: RunSpec) -> Iterator[Violation]:
         )
 
 
-@rule("R003", Level.warning, "full recompute is a bring-up setting")
+@rule("R003", Level.warning, "full recompute once the model fits with selective")
 def _full_recompute(spec: RunSpec) -> Iterator[Violation]:
-    if spec.recompute.granularity is RecomputeGranularity.full:
+    # The guide's "prefer selective once the model fits": only when the estimate says it does.
+    if spec.recompute.granularity is not RecomputeGranularity.full:
+        return
+    selective = _estimate_or_none(with_recompute(spec, SELECTIVE_DEFAULT))
+    if selective is None or selective.capacity_gib is None:
+        return
+    if selective.total_gib <= selective.capacity_gib * (1 - THIN_HEADROOM_FRACTION):
         yield Violation(
             ("recompute",),
-            "full recompute fits more, but once the model fits, selective is usually the faster steady state.",
-            "sweep recompute=full,selective together with mbs (sweep=mbs_recompute).",
+            f"full recompute, yet selective (core_attn) is predicted to fit: {selective.total_gib:.1f} GiB "
+            f"of {selective.capacity_gib:.1f} GiB per GPU. Selective is usually the faster steady state.",
+            "try recompute=selective, or sweep recompute=full,selective with mbs (sweep=mbs_recompute).",
         )
 
 
@@ -878,7 +894,8 @@ def _torch_recompute(spec: RunSpec) -> Iterator[Violation]:
     if not _torch_only(spec):
         return
     if r.granularity is RecomputeGranularity.selective:
-        unsupported = [m for m in r.modules if m in SELECTIVE_RECOMPUTE_MODULES and m not in TORCH_SELECTIVE_RECOMPUTE]
+        known = [m for m in r.modules if m in SELECTIVE_RECOMPUTE_MODULES]  # R001 reports unknown names
+        unsupported = [m for m in known if m not in TORCH_SELECTIVE_RECOMPUTE]
         if unsupported:
             yield Violation(
                 ("recompute.modules", "engine"),
@@ -889,11 +906,12 @@ def _torch_recompute(spec: RunSpec) -> Iterator[Violation]:
         if "mlp" in r.modules and spec.model.num_dense_layers == 0:
             yield Violation(
                 ("recompute.modules",),
-                f"recompute module 'mlp' checkpoints dense MLP layers; {spec.model.name} has none, so it would "
-                "change nothing.",
+                f"recompute module 'mlp' checkpoints dense MLP layers; {spec.model.name} has none, so it "
+                "would change nothing.",
                 "use moe to recompute the MoE blocks, or drop mlp.",
             )
-    if r.granularity is RecomputeGranularity.full and r.method is RecomputeMethod.uniform and r.num_layers > 1:
+    chunked = r.method is RecomputeMethod.uniform and r.num_layers > 1
+    if r.granularity is RecomputeGranularity.full and chunked:
         yield Violation(
             ("recompute.num_layers", "engine"),
             f"uniform full recompute in chunks of {r.num_layers} layers needs the Megatron engine; the torch "
@@ -1072,4 +1090,55 @@ def _gb200_dispatcher(spec: RunSpec) -> Iterator[Violation]:
             ("dispatcher",),
             f"on {spec.cluster.name} HybridEP is the strong default dispatcher; this run uses {spec.dispatcher.name}.",
             "use dispatcher=hybridep, or sweep=dispatcher_ab to compare.",
+        )
+
+
+# --- M: memory ---------------------------------------------------------------------------------
+
+
+def _estimate_or_none(spec: RunSpec) -> MemoryEstimate | None:
+    """The estimate, or None where the layout is too broken to estimate (other rules say why)."""
+    if not spec.cluster.is_gpu_cluster or spec.cluster.gpu_memory_gib <= 0:
+        return None
+    lay = spec.layout
+    if min(lay.tp, lay.pp, lay.cp, lay.vp, lay.etp, lay.dp, spec.mbs, spec.seq_length) < 1 or lay.ep < 1:
+        return None
+    try:
+        return estimate(spec)
+    except (ArithmeticError, ValueError, IndexError):
+        return None
+
+
+def _largest_terms(found: MemoryEstimate, count: int = 3) -> str:
+    largest = sorted(found.terms, key=lambda t: t.bytes, reverse=True)[:count]
+    return ", ".join(f"{t.name} {t.gib:.1f}" for t in largest)
+
+
+@rule("M001", Level.error, "predicted peak memory fits the GPU")
+def _memory_fits(spec: RunSpec) -> Iterator[Violation]:
+    found = _estimate_or_none(spec)
+    if found is None or found.capacity_gib is None or found.fits:
+        return
+    change = fits_after(spec)
+    yield Violation(
+        ("mbs", "recompute", "nodes"),
+        f"predicted peak {found.total_gib:.1f} GiB per GPU > GPU memory {found.capacity_gib:.1f} GiB on "
+        f"{spec.cluster.name} (largest: {_largest_terms(found)} GiB; see the memory section of "
+        "dry_run=true).",
+        f"{change}." if change else "add nodes (more FSDP/EP sharding), raise pp, or lower seq_length.",
+    )
+
+
+@rule("M002", Level.warning, "thin memory headroom")
+def _memory_headroom(spec: RunSpec) -> Iterator[Violation]:
+    found = _estimate_or_none(spec)
+    if found is None or not found.fits or found.headroom_fraction is None:
+        return
+    if found.headroom_fraction < THIN_HEADROOM_FRACTION:
+        yield Violation(
+            ("mbs", "recompute"),
+            f"predicted peak {found.total_gib:.1f} GiB leaves {found.headroom_gib:.1f} GiB "
+            f"({found.headroom_fraction:.0%}) of {found.capacity_gib:.1f} GiB: routing imbalance, "
+            "fragmentation or a larger image batch can tip it over.",
+            "lower mbs or use more recompute before a long run (the estimate is not yet GPU-calibrated).",
         )

@@ -10,7 +10,8 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from moe_vlm.launch.failures import record_exception
-from moe_vlm.launch.safety import scrub
+from moe_vlm.launch.requeue import global_rank
+from moe_vlm.launch.safety import scrub, scrub_files
 from moe_vlm.plan import render
 from moe_vlm.record import RUN_JSON, base_record, write_json_atomic
 from moe_vlm.rules import errors, validate
@@ -44,7 +45,7 @@ def run(cfg: DictConfig) -> None:
     if bad:
         record = base_record(spec, config, status="rejected")
         record["findings"] = [f.to_dict() for f in findings]
-        write_json_atomic(run_dir / RUN_JSON, record)
+        write_json_atomic(run_dir / RUN_JSON, scrub(record))
         print(f"moe_vlm: rejected before any work: {len(bad)} error(s) above; nothing was run.", file=sys.stderr)
         sys.exit(EXIT_INVALID)
 
@@ -62,3 +63,7 @@ def run(cfg: DictConfig) -> None:
         # Classified into run.json unless the engine already recorded something more specific.
         record_exception(spec, config, run_dir, exc)
         raise
+    finally:
+        # The spec in a record holds raw values (a data path from ${oc.env:...}); mask secrets there too.
+        if global_rank() == 0:
+            scrub_files([run_dir / RUN_JSON, *(run_dir / ".hydra").glob("*.yaml")])

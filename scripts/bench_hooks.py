@@ -1,18 +1,19 @@
 #!/usr/bin/env python
 """What do the component-timing hooks cost? The same training with hooks on and off, one run.
 
-Two engine Trainers are built from the same config and seed (same weights); one has the
-vision/projector/decoder timing hooks, the other none. Both cycle through the same few batches,
-built once up front, so the data pipeline adds no noise. They train in interleaved blocks (on,
-off, off, on, ...) so machine noise and drift hit both alike, and the script prints the ratio
-of step times, hooks on / hooks off: of the medians (the figure to quote) and of the minima
-(least disturbed by other load on the machine).
+One engine Trainer trains in interleaved blocks of steps (on, off, off, on, ...) with the
+vision/projector/decoder timing hooks attached, then removed, so machine noise and drift hit
+both alike and the hooks are the only difference. It cycles through a few batches built once
+up front, so the data pipeline adds no noise. The script prints the ratio of median step
+times, hooks on / hooks off, in wall time and (on CPU) in process CPU time, which other load
+on the machine disturbs less. It also adds up the host time spent inside the hooks themselves
+and prints it as a share of the step: the direct cost, free of A/B noise.
 
     .venv/bin/python scripts/bench_hooks.py                        # tiny model, synthetic images, CPU
     .venv/bin/python scripts/bench_hooks.py --reps 8 --steps 4 -- seq_length=2048
     .venv/bin/python scripts/bench_hooks.py -- model=qwen3_vl_30b_a3b ...   # any config overrides
 
-One rank (gloo on CPU, NCCL on a GPU). Prints one line per block and a final ratio line.
+One rank (gloo on CPU, NCCL on a GPU). Prints one line per block, then the ratios and the share.
 """
 
 from __future__ import annotations
@@ -23,22 +24,25 @@ import socket
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
+from torch import nn
+
+import moe_vlm.schema  # noqa: F401  (registers the config schema)
+from moe_vlm.data import build_batches
+from moe_vlm.engines.torch_engine import Trainer, pick_device
+from moe_vlm.launch.dist_env import DistEnv
+from moe_vlm.rules import errors, validate
+from moe_vlm.spec import RunSpec
+from moe_vlm.timing import Clock, ComponentTimer, ComponentTimes, clock_for
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-
-import moe_vlm.schema  # noqa: E402, F401  (registers the config schema)
-from moe_vlm.data import build_batches  # noqa: E402
-from moe_vlm.engines.torch_engine import Trainer, pick_device  # noqa: E402
-from moe_vlm.launch.dist_env import DistEnv  # noqa: E402
-from moe_vlm.rules import errors, validate  # noqa: E402
-from moe_vlm.spec import RunSpec  # noqa: E402
 
 # Small synthetic photos: every hook fires (vision, projector, decoder) at a CPU-friendly size.
 DEFAULT_OVERRIDES = [
@@ -49,6 +53,54 @@ DEFAULT_OVERRIDES = [
     "data.max_long_side_px=448",
     "data.max_pixels=200704",
 ]
+
+
+class MeteredTimer(ComponentTimer):
+    """The engine's timer, also adding up the host time spent inside its own hooks and calls."""
+
+    def __init__(self, model: nn.Module, clock: Clock) -> None:
+        self.spent_s = 0.0
+        super().__init__(model, clock)
+
+    def _metered(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            started = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.spent_s += time.perf_counter() - started
+
+        return call
+
+    def _attach(self, model: Any) -> None:
+        # Every module hook the timer registers goes through these two methods: wrap the hooks.
+        register_pre, register_post = nn.Module.register_forward_pre_hook, nn.Module.register_forward_hook
+
+        def pre(module: nn.Module, hook: Callable[..., Any], **kwargs: Any) -> Any:
+            return register_pre(module, self._metered(hook), **kwargs)
+
+        def post(module: nn.Module, hook: Callable[..., Any], **kwargs: Any) -> Any:
+            return register_post(module, self._metered(hook), **kwargs)
+
+        setattr(nn.Module, "register_forward_pre_hook", pre)  # noqa: B010
+        setattr(nn.Module, "register_forward_hook", post)  # noqa: B010
+        try:
+            super()._attach(model)
+        finally:
+            setattr(nn.Module, "register_forward_pre_hook", register_pre)  # noqa: B010
+            setattr(nn.Module, "register_forward_hook", register_post)  # noqa: B010
+
+    def _mark(self, component: str) -> None:  # what the autograd-node hooks call
+        self._metered(super()._mark)(component)
+
+    def begin_backward(self) -> None:
+        self._metered(super().begin_backward)()
+
+    def end_backward(self) -> None:
+        self._metered(super().end_backward)()
+
+    def collect(self) -> ComponentTimes:
+        return self._metered(super().collect)()
 
 
 def make_spec(overrides: list[str]) -> RunSpec:
@@ -68,8 +120,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--reps", type=int, default=10, help="block pairs (on + off) after warm-up")
     parser.add_argument("--steps", type=int, default=2, help="optimizer steps per block")
-    parser.add_argument("--warmup", type=int, default=2, help="steps per trainer before timing")
-    parser.add_argument("--batches", type=int, default=4, help="distinct batches both trainers cycle through")
+    parser.add_argument("--warmup", type=int, default=2, help="steps with and without hooks before timing")
+    parser.add_argument("--batches", type=int, default=4, help="distinct batches the training cycles through")
     parser.add_argument("--threads", type=int, default=1, help="CPU intra-op threads (CPU only)")
     parser.add_argument("overrides", nargs="*", help="config overrides (after --), on top of the defaults")
     args = parser.parse_args(argv)
@@ -97,10 +149,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         source = build_batches(spec, 0, 1)
         batches = [next(source) for _ in range(args.batches * spec.accumulation_steps)]
-        trainers = {
-            kind: Trainer(spec, device, 0, 1, batches=itertools.cycle(batches), timing=kind == "on")
-            for kind in ("on", "off")
-        }
+        # One trainer, hooks attached for "on" blocks and removed for "off" blocks: same weights,
+        # same optimizer state, same memory, so the hooks are the only difference.
+        trainer = Trainer(spec, device, 0, 1, batches=itertools.cycle(batches), timing=False)
+        no_hooks = trainer.timer
         print(
             f"bench_hooks: {spec.model.name} on {device} ({torch.get_num_threads()} threads), "
             f"data={spec.data.kind.value}, seq {spec.seq_length}, "
@@ -108,37 +160,55 @@ def main(argv: list[str] | None = None) -> int:
             f"{args.reps} x (on + off) blocks of {args.steps} steps after {args.warmup} warm-up steps each",
             flush=True,
         )
-        step_number = {"on": 0, "off": 0}
+        step_number = 0
+        inside_hooks_s = 0.0
 
-        def run(kind: str, steps: int) -> list[float]:
-            times = []
+        def run(kind: str, steps: int, counted: bool = True) -> tuple[list[float], list[float]]:
+            """Wall seconds (the engine's synchronised step_time_s) and CPU seconds per step."""
+            nonlocal step_number, inside_hooks_s
+            timer = MeteredTimer(trainer.model, clock_for(device)) if kind == "on" else no_hooks
+            trainer.timer = timer
+            wall, cpu = [], []
             for _ in range(steps):
-                step_number[kind] += 1
-                times.append(trainers[kind].step(step_number[kind])["step_time_s"])
-            return times
+                step_number += 1
+                cpu_started = time.process_time()
+                wall.append(trainer.step(step_number)["step_time_s"])
+                cpu.append(time.process_time() - cpu_started)
+            if isinstance(timer, MeteredTimer):
+                inside_hooks_s += timer.spent_s if counted else 0.0
+                timer.remove()
+            return wall, cpu
 
         for kind in ("on", "off"):
-            run(kind, args.warmup)
-        times: dict[str, list[float]] = {"on": [], "off": []}
-        block_ratios = []
+            run(kind, args.warmup, counted=False)
+        wall: dict[str, list[float]] = {"on": [], "off": []}
+        cpu: dict[str, list[float]] = {"on": [], "off": []}
         for rep in range(args.reps):
             order = ("on", "off") if rep % 2 == 0 else ("off", "on")
             block = {kind: run(kind, args.steps) for kind in order}
             for kind in order:
-                times[kind] += block[kind]
-            ratio = statistics.median(block["on"]) / statistics.median(block["off"])
-            block_ratios.append(ratio)
+                wall[kind] += block[kind][0]
+                cpu[kind] += block[kind][1]
+            on, off = statistics.median(block["on"][0]), statistics.median(block["off"][0])
             print(
-                f"  block {rep + 1}: median step on {statistics.median(block['on']):.4f} s, "
-                f"off {statistics.median(block['off']):.4f} s, on/off {ratio:.4f}",
+                f"  block {rep + 1}: median step on {on:.4f} s, off {off:.4f} s, on/off {on / off:.4f}",
                 flush=True,
             )
-        on, off = statistics.median(times["on"]), statistics.median(times["off"])
-        fastest_on, fastest_off = min(times["on"]), min(times["off"])
+
+        def ratio(times: dict[str, list[float]]) -> str:
+            on, off = statistics.median(times["on"]), statistics.median(times["off"])
+            return f"{on / off:.4f} (median {on:.4f} s vs {off:.4f} s)"
+
+        steps = len(wall["on"])
+        print(f"hooks on / off, wall time per step: {ratio(wall)} over {steps} steps each", flush=True)
+        if device.type == "cpu":
+            # Process CPU time is what the hooks themselves add on a CPU rank, and unlike wall
+            # time it does not grow while other processes hold the cores.
+            print(f"hooks on / off, CPU time per step:  {ratio(cpu)} over {steps} steps each", flush=True)
+        per_step = inside_hooks_s / steps
+        share = per_step / statistics.median(wall["on"])
         print(
-            f"hooks on / off: {on / off:.4f} (median step {on:.4f} s vs {off:.4f} s over "
-            f"{len(times['on'])} steps each; fastest steps {fastest_on / fastest_off:.4f}; "
-            f"median of block ratios {statistics.median(block_ratios):.4f})",
+            f"time inside the hooks: {per_step * 1e3:.3f} ms per step = {share:.3%} of the median step",
             flush=True,
         )
     finally:

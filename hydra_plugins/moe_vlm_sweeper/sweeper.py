@@ -35,7 +35,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from moe_vlm.compose import BadInput, explain
 from moe_vlm.launch import points
-from moe_vlm.launch.safety import scrub_text
+from moe_vlm.launch.safety import scrub, scrub_text
 from moe_vlm.launch.status import collect
 from moe_vlm.plan import render
 from moe_vlm.record import RUN_JSON, base_record, git_state, write_json_atomic
@@ -208,7 +208,7 @@ class PlanningSweeper(Sweeper):
         self.write_plan(point, point_dir)
         record = base_record(point.spec, point.config, status="rejected")
         record["findings"] = [f.to_dict() for f in point.findings]
-        write_json_atomic(point_dir / RUN_JSON, record)
+        write_json_atomic(point_dir / RUN_JSON, scrub(record))
         codes = ", ".join(f"{f.code} ({f.message})" for f in errors(point.findings))
         print(f"moe_vlm: rejected {point.label()}: {codes}", file=sys.stderr)
 

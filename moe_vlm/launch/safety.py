@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Iterable, Mapping
+from pathlib import Path
 from typing import Any
 
 from moe_vlm.compose import BadInput
@@ -109,3 +110,20 @@ def scrub(value: Any, secrets: Iterable[str] | None = None) -> Any:
     if isinstance(value, list | tuple):
         return [scrub(item, known) for item in value]
     return value
+
+
+def scrub_files(paths: Iterable[Path]) -> None:
+    """Mask secrets in files another component wrote (run.json, Hydra's saved configs)."""
+    known = secret_values()
+    if not known:
+        return
+    for path in paths:
+        try:
+            text = path.read_text()
+        except OSError:
+            continue
+        clean = scrub_text(text, known)
+        if clean != text:
+            tmp = path.with_name(f".{path.name}.scrub.tmp")
+            tmp.write_text(clean)
+            os.replace(tmp, path)

@@ -161,6 +161,9 @@ def job_parameters(settings: SlurmSettings, spec: RunSpec) -> dict[str, Any]:
         additional["segment"] = segment
     if settings.reservation:
         additional["reservation"] = settings.reservation
+    if settings.mem_gb is not None:
+        # Passed verbatim: submitit's mem conversion cannot express --mem=0 (all of the node).
+        additional["mem"] = f"{settings.mem_gb}G" if settings.mem_gb else "0"
     additional.update(settings.additional_parameters)
     params: dict[str, Any] = {
         "job_name": settings.name,
@@ -169,7 +172,6 @@ def job_parameters(settings: SlurmSettings, spec: RunSpec) -> dict[str, Any]:
         "ntasks_per_node": layout.ranks_per_node,
         "cpus_per_task": settings.cpus_per_task,
         "gpus_per_node": layout.ranks_per_node if spec.cluster.is_gpu_cluster else None,
-        "mem": None if settings.mem_gb is None else f"{settings.mem_gb}GB",
         "exclusive": True if settings.exclusive else None,
         "partition": settings.partition,
         "account": settings.account,

@@ -72,7 +72,9 @@ def test_default_run_completes_on_two_ranks(tmp_path: Path) -> None:
         ("cuda_graph=te_moe", "Megatron engine"),
     ],
 )
-def test_megatron_only_knobs_are_rejected_before_training(tmp_path: Path, override: str, engine_hint: str) -> None:
+def test_megatron_only_knobs_are_rejected_before_training(
+    tmp_path: Path, override: str, engine_hint: str
+) -> None:
     done = train(tmp_path, override, "engine=torch", timeout=120)
     assert done.returncode == 2, done.stderr[-2000:]
     assert engine_hint in done.stderr
@@ -100,22 +102,44 @@ def _alive(pid: int) -> bool:
     return state != "Z"
 
 
-@pytest.mark.slow
-def test_killed_run_leaves_readable_steps_and_no_run_json(tmp_path: Path) -> None:
+def _start_and_wait_for_steps(run_dir: Path, lines: int) -> subprocess.Popen[bytes]:
     proc = subprocess.Popen(
-        [sys.executable, "train.py", f"hydra.run.dir={tmp_path}", *SMALL, "train_iters=500"],
+        [sys.executable, "train.py", f"hydra.run.dir={run_dir}", *SMALL, "train_iters=500"],
         cwd=REPO,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         start_new_session=True,
     )
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline and len(read_steps(run_dir / STEPS_JSONL)) < lines:
+        if proc.poll() is not None:
+            raise AssertionError(f"the run ended (exit {proc.returncode}) before it could be killed")
+        time.sleep(0.2)
+    assert len(read_steps(run_dir / STEPS_JSONL)) >= lines, "no steps were written within 180 s"
+    return proc
+
+
+@pytest.mark.slow
+def test_a_dead_rank_fails_the_run_with_a_record(tmp_path: Path) -> None:
+    proc = _start_and_wait_for_steps(tmp_path, 2)
+    try:
+        ranks = _children(proc.pid)
+        assert len(ranks) == 2
+        os.kill(ranks[1], signal.SIGKILL)  # as the kernel's OOM killer would
+        assert proc.wait(timeout=120) == 1
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    record = json.loads((tmp_path / RUN_JSON).read_text())
+    assert record["status"] == "failed"
+    assert record["failure"]["class"] == "killed", record["failure"]
+
+
+@pytest.mark.slow
+def test_killed_run_leaves_readable_steps_and_no_run_json(tmp_path: Path) -> None:
+    proc = _start_and_wait_for_steps(tmp_path, 4)
     steps_file = tmp_path / STEPS_JSONL
     try:
-        deadline = time.monotonic() + 180
-        while time.monotonic() < deadline and len(read_steps(steps_file)) < 4:
-            assert proc.poll() is None, "the run ended before it could be killed"
-            time.sleep(0.2)
-        assert len(read_steps(steps_file)) >= 4, "no steps were written within 180 s"
         ranks = _children(proc.pid)
         assert len(ranks) == 2
         proc.send_signal(signal.SIGKILL)  # the launcher only: its ranks must die with it

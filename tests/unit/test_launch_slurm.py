@@ -29,7 +29,7 @@ def params(settings: slurm.SlurmSettings, *overrides: str) -> dict:
 def test_gb200_job_takes_gpus_per_node_from_the_cluster_and_stays_in_one_nvl72() -> None:
     p = params(GB200, "cluster=gb200", "model=qwen3_vl_30b_a3b", "nodes=4")
     assert (p["nodes"], p["ntasks_per_node"], p["gpus_per_node"]) == (4, 4, 4)
-    assert p["exclusive"] is True and p["additional_parameters"]["mem"] == "0GB"
+    assert p["exclusive"] is True and p["additional_parameters"]["mem"] == "0"
     assert p["additional_parameters"]["segment"] == 4
     # 36 nodes = 144 GPUs = two NVL72 domains: segments of 18 nodes each.
     assert params(GB200, "cluster=gb200", "model=qwen3_vl_235b_a22b", "nodes=36")["additional_parameters"]["segment"] == 18

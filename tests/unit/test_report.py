@@ -226,8 +226,9 @@ def test_plots_draw_the_table(sweep: Path) -> None:
         (pytest.approx(60.7), pytest.approx(per_gpu[5.0])),
         (pytest.approx(90.7), pytest.approx(per_gpu[4.0])),
     ]
+    (sweep / "plots_test").mkdir()
     for plot in (throughput, memory, shares, pareto):
-        plot.save(sweep / "plots_test")
+        plot.save(sweep / "plots_test" / f"{plot.name}.png")
     assert sorted(p.name for p in (sweep / "plots_test").iterdir()) == [
         "component_shares.png", "memory_vs_mbs.png", "throughput_vs_mbs.png", "throughput_vs_memory.png",
     ]  # fmt: skip

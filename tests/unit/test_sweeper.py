@@ -1,0 +1,78 @@
+"""The planning sweeper through real Hydra (`python train.py -m ...`), without submitting anything."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from moe_vlm.launch.points import sweep_name
+
+REPO = Path(__file__).resolve().parents[2]
+SECRET = "s3cr3t-token-value-42"
+
+
+def train(tmp_path: Path, *overrides: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "MOE_VLM_TEST_TOKEN": SECRET, "MOE_VLM_SITE_FILE": str(tmp_path / "no-site.yaml")}
+    return subprocess.run(
+        [sys.executable, "train.py", "-m", f"hydra.sweep.dir={tmp_path / 'sweep'}", *overrides],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=120,
+    )
+
+
+@pytest.mark.slow
+def test_dry_run_prints_each_points_sbatch_and_srun_and_submits_nothing(tmp_path: Path) -> None:
+    done = train(
+        tmp_path, "hydra/launcher=slurm", "dry_run=true", "nproc=1", "tp=1,3",
+        "data.path=/data/${oc.env:MOE_VLM_TEST_TOKEN}", "hydra.launcher.setup=['echo ${oc.env:MOE_VLM_TEST_TOKEN}']",
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    out = done.stdout
+    assert out.count("===== point") == 2 and out.count("-- sbatch script --") == 1  # the invalid point has none
+    assert "INVALID" in out and "L001" in out
+    assert "#SBATCH --ntasks-per-node=1" in out and "#SBATCH --signal=USR2@120" in out
+    assert out.count("-- srun command --") == 1 and "\nsrun --unbuffered" in out
+    assert SECRET not in out + done.stderr and "echo ***" in out
+    assert "1 valid, 1 would be rejected; nothing was submitted" in out
+    assert not (tmp_path / "sweep").exists()
+
+
+@pytest.mark.slow
+def test_unsafe_launcher_values_stop_the_sweep_with_one_line(tmp_path: Path) -> None:
+    done = train(tmp_path, "hydra/launcher=slurm", "mbs=1,2", "hydra.launcher.partition='gpu;touch /tmp/x'")
+    assert done.returncode == 2
+    assert done.stderr.strip().count("\n") == 0 and "hydra.launcher.partition" in done.stderr
+    assert not (tmp_path / "sweep").exists()
+
+
+@pytest.mark.slow
+def test_a_preset_gives_the_axes_and_the_command_line_replaces_one(tmp_path: Path) -> None:
+    done = train(tmp_path, "sweep=mbs_recompute", "mbs=2", "dry_run=true")
+    assert done.returncode == 0, done.stderr[-2000:]
+    headers = [line for line in done.stdout.splitlines() if line.startswith("===== point")]
+    assert len(headers) == 2 and all("mbs=2" in h for h in headers)
+    assert any("recompute=full" in h for h in headers) and any("recompute=selective" in h for h in headers)
+
+
+@pytest.mark.slow
+def test_rejected_points_are_recorded_not_run_and_secrets_stay_out(tmp_path: Path) -> None:
+    done = train(tmp_path, "nproc=1", "tp=3,5", "data.path=/data/${oc.env:MOE_VLM_TEST_TOKEN}")
+    assert done.returncode == 2  # every point rejected: nothing to run
+    records = [json.loads(p.read_text()) for p in (tmp_path / "sweep").glob("*/run.json")]
+    assert sorted(r["config"]["tp"] for r in records) == [3, 5]
+    assert all(r["status"] == "rejected" and "L001" in {f["code"] for f in r["findings"]} for r in records)
+    assert all(r["config"]["data"]["path"] == "/data/***" for r in records)
+    for path in (tmp_path / "sweep").rglob("*"):
+        if path.is_file():
+            assert SECRET not in path.read_text(), path
+
+
+def test_a_sweep_command_names_the_same_directory_every_time() -> None:
+    assert sweep_name(["mbs=1,2", "recompute=full,selective"]) == sweep_name(["recompute=full,selective", "mbs=1,2"])
+    assert sweep_name(["mbs=1,2", "dry_run=true"]) == sweep_name(["mbs=1,2"])  # a dry run shows the real directory
+    assert sweep_name(["mbs=1,2"]) != sweep_name(["mbs=1,4"])
+    assert "/" not in sweep_name(["data.path=/a/b"])
