@@ -913,7 +913,9 @@ def _megatron_estimate(spec: RunSpec, budget: ImageBudget) -> MemoryEstimate:
 # --- torch engine ------------------------------------------------------------------------------------
 
 
-def torch_decoder_layer_elements(model: ModelConfig, weights_train: bool, selective: set[str]) -> float:
+def torch_decoder_layer_elements(
+    model: ModelConfig, weights_train: bool, selective: set[str], padded: bool = True
+) -> float:
     """Elements autograd keeps per token per decoder layer, transformers Qwen3-VL-MoE + SDPA.
 
     Counted from the saved tensors of the real model (tests/unit/test_memory.py re-counts them):
@@ -922,7 +924,8 @@ def torch_decoder_layer_elements(model: ModelConfig, weights_train: bool, select
     (router softmax, routed-token copies, SwiGLU in/out, top-k indices and weights). With the
     language model frozen only input-gradient tensors remain (2h + 3ad + 3gd + 2a + 2g + E + kh
     + 3kF + 10k + 3).
-    The attention mask is separate (torch_mask_bytes).
+    The attention mask itself is separate (torch_mask_bytes). The collator pads every row (unless a
+    packed row is exactly full), so `padded` is the engine's case.
     """
     h, a, g, d = model.hidden_size, model.num_attention_heads, model.num_query_groups, model.head_dim
     e, k, f = model.num_experts, model.moe_top_k, model.moe_ffn_hidden_size
@@ -939,6 +942,10 @@ def torch_decoder_layer_elements(model: ModelConfig, weights_train: bool, select
         moe = 0.0
     if "core_attn" in selective:
         attention -= a  # the log-sum-exp; q, k, v stay alive as the checkpoint's inputs
+    elif padded:
+        # With a padding mask SDPA gets k and v repeated to every query head (no native GQA) and
+        # keeps them: 2 (a - g) d more. Inside the core_attn checkpoint the repeat is recomputed.
+        attention += 2 * (a - g) * d
     return norms + attention + moe
 
 
@@ -976,14 +983,16 @@ def torch_vision_block_elements(model: ModelConfig) -> float:
     return 11 * vh + 2 * inter + heads + 4
 
 
-def torch_mask_bytes(spec: RunSpec) -> tuple[float, float, str]:
+def torch_mask_bytes(spec: RunSpec, padded: bool = True) -> tuple[float, float, str]:
     """(bytes kept per layer, bytes kept once, detail) for the padding mask SDPA receives.
 
-    With padding (always, unless a packed row is exactly full) transformers builds a boolean
-    [mbs, 1, s, s] mask; SDPA's CPU kernel converts it to an additive float mask per layer and
-    keeps it for backward. Recomputing core attention (or whole layers) keeps the boolean mask
-    once instead.
+    When a row of the micro-batch has padding, transformers builds a boolean [mbs, 1, s, s]
+    mask; SDPA's CPU kernel converts it to an additive float mask per layer and keeps it for
+    backward. Recomputing core attention (or whole layers) keeps the boolean mask once instead.
+    Without padding (every row full) SDPA runs causal without a mask.
     """
+    if not padded:
+        return 0.0, 0.0, "no padding: causal SDPA without a mask"
     square = spec.mbs * spec.seq_length**2
     recomputed = spec.recompute.granularity is RecomputeGranularity.full or "core_attn" in _selective(
         spec.recompute
@@ -993,17 +1002,23 @@ def torch_mask_bytes(spec: RunSpec) -> tuple[float, float, str]:
     return float(FP32 * square), 0.0, f"float mask {FP32 * square / MIB:.0f} MiB per layer"
 
 
-def torch_decoder_bytes(spec: RunSpec, training: Training, elem: int) -> tuple[float, float, str]:
-    """(kept by autograd for one micro-batch, one layer's backward working set, how) for the decoder."""
+def torch_decoder_bytes(
+    spec: RunSpec, training: Training, elem: int, padded: bool = True
+) -> tuple[float, float, str]:
+    """(kept by autograd for one micro-batch, one layer's backward working set, how) for the decoder.
+
+    padded: some row of the micro-batch has padding (the planning default: the worst case).
+    """
     model = spec.model
     tokens = spec.mbs * spec.seq_length
     selective = _selective(spec.recompute)
     layers = model.num_layers
     if not training.decoder_saves:
         return 0.0, 0.0, "language frozen and nothing before it trains: nothing kept"
-    mask_per_layer, mask_once, mask_detail = torch_mask_bytes(spec)
+    mask_per_layer, mask_once, mask_detail = torch_mask_bytes(spec, padded)
     per_layer = (
-        torch_decoder_layer_elements(model, training.language, selective) * elem * tokens + mask_per_layer
+        torch_decoder_layer_elements(model, training.language, selective, padded) * elem * tokens
+        + mask_per_layer
     )
     recomputed, rematerialised = _full_recompute_layers(spec.recompute, layers)
     stored = (layers - recomputed) * per_layer
@@ -1012,8 +1027,9 @@ def torch_decoder_bytes(spec: RunSpec, training: Training, elem: int) -> tuple[f
     kept = stored + kept_inputs + mask_once + non_layer
     if recomputed:
         # Backward rematerialises whole layers, float mask included.
-        full_layer = torch_decoder_layer_elements(model, training.language, set()) * elem * tokens
-        working = (full_layer + FP32 * spec.mbs * spec.seq_length**2) * rematerialised
+        full_layer = torch_decoder_layer_elements(model, training.language, set(), padded) * elem * tokens
+        mask = FP32 * spec.mbs * spec.seq_length**2 if padded else 0.0
+        working = (full_layer + mask) * rematerialised
         how = f"full recompute: {recomputed} layer inputs kept, {rematerialised} layer(s) rematerialised"
     else:
         # Backward works on one layer at a time: its activation gradients come on top.
@@ -1035,7 +1051,7 @@ def torch_vision_bytes(
     return kept, working, pixels
 
 
-def _torch_estimate(spec: RunSpec, budget: ImageBudget, counts: ParamCounts) -> MemoryEstimate:
+def _torch_estimate(spec: RunSpec, budget: ImageBudget, counts: ParamCounts, padded: bool) -> MemoryEstimate:
     model, lay = spec.model, spec.layout
     gpu = spec.cluster.is_gpu_cluster
     elem = BF16 if gpu else FP32  # activations: bf16 autocast-free mixed precision on GPU, fp32 on CPU
@@ -1087,7 +1103,7 @@ def _torch_estimate(spec: RunSpec, budget: ImageBudget, counts: ParamCounts) -> 
 
     tokens = spec.mbs * spec.seq_length
     layers = model.num_layers
-    decoder, working, how = torch_decoder_bytes(spec, training, elem)
+    decoder, working, how = torch_decoder_bytes(spec, training, elem, padded)
     terms.append(
         Term(
             "decoder_activations",
@@ -1169,11 +1185,14 @@ def _torch_estimate(spec: RunSpec, budget: ImageBudget, counts: ParamCounts) -> 
 # --- entry points ------------------------------------------------------------------------------------
 
 
-def estimate(spec: RunSpec, patches_per_micro_batch: int | None = None) -> MemoryEstimate:
+def estimate(
+    spec: RunSpec, patches_per_micro_batch: int | None = None, padded: bool = True
+) -> MemoryEstimate:
     """The per-rank peak memory of `spec`.
 
-    patches_per_micro_batch overrides the data kind's worst case (calibration uses the patch
-    count a run actually saw, so the comparison measures the estimator, not the draw).
+    patches_per_micro_batch overrides the data kind's worst case, and padded=False says every
+    row was full (calibration passes what a run actually saw, so the comparison measures the
+    estimator, not the draw).
     """
     budget = image_budget(spec)
     if patches_per_micro_batch is not None:
@@ -1183,7 +1202,7 @@ def estimate(spec: RunSpec, patches_per_micro_batch: int | None = None) -> Memor
             source=f"{patches_per_micro_batch} patches per micro-batch (given)",
         )
     if spec.engine == "torch":
-        return _torch_estimate(spec, budget, param_counts(spec.model))
+        return _torch_estimate(spec, budget, param_counts(spec.model), padded)
     return _megatron_estimate(spec, budget)
 
 

@@ -23,6 +23,14 @@ One steps.jsonl line per optimizer step per rank (rank 0 gathers and writes them
     components_s         {"vision_encoder", "projector", "decoder"}: forward + backward seconds
     exclude              optional reason this step is outside the steady window
                          ("profiler", "checkpoint", "cuda_graph_capture"), beside warm-up
+
+Optional, where the engine measures them (the torch engine does):
+
+    components_forward_s, components_backward_s
+                         the two halves of components_s (None when timing hooks are off)
+    data_wait_s          seconds of step_time_s spent waiting for batches
+    optimizer_s          seconds of step_time_s in grad norm + optimizer step (collectives included)
+    skipped_samples      samples the data pipeline dropped while building this step's batches
 """
 
 from __future__ import annotations

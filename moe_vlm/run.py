@@ -49,7 +49,17 @@ def run(cfg: DictConfig) -> None:
         print(f"moe_vlm: rejected before any work: {len(bad)} error(s) above; nothing was run.", file=sys.stderr)
         sys.exit(EXIT_INVALID)
 
+    from moe_vlm.data import DataError, check_data
     from moe_vlm.engines import EngineUnavailable, RunFailed, launch
+
+    try:
+        check_data(spec)  # an unreadable dataset fails here, not inside every rank
+    except DataError as exc:
+        record = base_record(spec, config, status="rejected")
+        record["failure"] = {"class": "invalid", "message": str(exc)}
+        write_json_atomic(run_dir / RUN_JSON, scrub(record))
+        print(f"moe_vlm: error: {exc}", file=sys.stderr)
+        sys.exit(EXIT_INVALID)
 
     try:
         launch(spec, config, run_dir)

@@ -24,7 +24,9 @@ class SubmititLauncherConf(SlurmSettings):
     _target_: str = "hydra_plugins.moe_vlm_sweeper.launcher.SubmititLauncher"
 
 
-ConfigStore.instance().store(group="hydra/sweeper", name="moe_vlm", node=PlanningSweeperConf, provider="moe_vlm")
+ConfigStore.instance().store(
+    group="hydra/sweeper", name="moe_vlm", node=PlanningSweeperConf, provider="moe_vlm"
+)
 ConfigStore.instance().store(
     group="hydra/launcher", name="moe_vlm_submitit", node=SubmititLauncherConf, provider="moe_vlm"
 )

@@ -13,17 +13,22 @@ point's config and runs the task through Hydra), with what release 1.2.0 lacks:
 
 # No `from __future__ import annotations`: Hydra's plugin scan executes this module outside
 # sys.modules, where dataclasses cannot resolve string annotations.
+import contextlib
+import io
 import logging
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from hydra.core.singleton import Singleton
 from hydra.core.utils import JobReturn, JobStatus, run_job, setup_globals
 from hydra_plugins.hydra_submitit_launcher.submitit_launcher import BaseSubmititLauncher
 from omegaconf import DictConfig, open_dict
+from submitit.core.utils import FailedJobError, FailedSubmissionError
 
+from moe_vlm.compose import BadInput
 from moe_vlm.launch import points, requeue, slurm
 from moe_vlm.launch.safety import scrub
 from moe_vlm.record import RUN_JSON, write_json_atomic
@@ -44,7 +49,9 @@ class PlannedJob:
 class SubmititLauncher(BaseSubmititLauncher):
     def __init__(self, **params: Any) -> None:
         super().__init__(**params)
-        self.params = scrub(self.params)  # the launcher is pickled into every job
+        # The base class leaves params untyped.
+        resolved: dict[str, Any] = self.params  # type: ignore[has-type]
+        self.params = scrub(resolved)  # the launcher is pickled into every job
         self.settings = slurm.settings_from(self.params)
         self._EXECUTOR = self.settings.executor
 
@@ -73,7 +80,9 @@ class SubmititLauncher(BaseSubmititLauncher):
         """What dry_run prints for a point: the sbatch script and the srun line, nothing submitted."""
         job = self.plan(overrides)
         if self.settings.executor != "slurm":
-            return f"(hydra/launcher executor={self.settings.executor}: runs on this machine, no sbatch script)"
+            return (
+                f"(hydra/launcher executor={self.settings.executor}: runs on this machine, no sbatch script)"
+            )
         params = slurm.point_parameters(job.params, job.point_dir, self.python(job))
         script = slurm.render_sbatch(params, self.folder, self.python(job))
         return "\n".join(
@@ -91,8 +100,19 @@ class SubmititLauncher(BaseSubmititLauncher):
         for number, job in enumerate(planned, start=initial_job_idx):
             executor = submitit.SlurmExecutor(folder=self.folder, max_num_timeout=0, python=self.python(job))
             executor.update_parameters(**slurm.point_parameters(job.params, job.point_dir, self.python(job)))
-            submitted = executor.submit(self, job.overrides, "hydra.sweep.dir", number, f"job_id_for_{number}",
-                                        Singleton.get_state())
+            try:
+                # submitit prints sbatch's stderr on failure; the error below says it in one line.
+                with contextlib.redirect_stderr(io.StringIO()):
+                    submitted = executor.submit(
+                        self, job.overrides, "hydra.sweep.dir", number, f"job_id_for_{number}", Singleton.get_state()
+                    )
+            except (FailedJobError, FailedSubmissionError) as exc:
+                reason = (str(exc).strip().splitlines() or ["no message"])[-1]
+                raise BadInput(
+                    f"sbatch refused {job.point_dir.name} ({' '.join(job.overrides[:-2])}): {reason}. "
+                    f"{len(returns)} earlier point(s) are queued. Fix: check hydra.launcher partition/account/qos "
+                    "(or the site file), then rerun the same command to submit the rest."
+                ) from exc
             points.add_submission(
                 job.point_dir,
                 {
@@ -105,8 +125,12 @@ class SubmititLauncher(BaseSubmititLauncher):
             points.update_point(job.point_dir, submitit_folder=self.folder)
             log.info("queued %s: job %s", job.point_dir.name, submitted.job_id)
             returns.append(
-                JobReturn(overrides=job.overrides, working_dir=str(job.point_dir), status=JobStatus.UNKNOWN,
-                          _return_value=submitted.job_id)
+                JobReturn(
+                    overrides=job.overrides,
+                    working_dir=str(job.point_dir),
+                    status=JobStatus.UNKNOWN,
+                    _return_value=submitted.job_id,
+                )
             )
         return returns
 
@@ -118,10 +142,12 @@ class SubmititLauncher(BaseSubmititLauncher):
         executor.update_parameters(timeout_min=self.settings.timeout_min, tasks_per_node=1, nodes=1)
         jobs = []
         for number, job in enumerate(planned, start=initial_job_idx):
-            submitted = executor.submit(self, job.overrides, "hydra.sweep.dir", number, f"job_id_for_{number}",
-                                        Singleton.get_state())
+            submitted = executor.submit(
+                self, job.overrides, "hydra.sweep.dir", number, f"job_id_for_{number}", Singleton.get_state()
+            )
             points.add_submission(
-                job.point_dir, {"job_id": submitted.job_id, "executor": "local", "submitted_unix_s": points.now()}
+                job.point_dir,
+                {"job_id": submitted.job_id, "executor": "local", "submitted_unix_s": points.now()},
             )
             points.update_point(job.point_dir, submitit_folder=self.folder)
             jobs.append((job, submitted))
@@ -134,8 +160,14 @@ class SubmititLauncher(BaseSubmititLauncher):
 
                 if points.run_status(job.point_dir) is None:
                     record_job_failure(job.point_dir, submitted.job_id)
-                returns.append(JobReturn(overrides=job.overrides, working_dir=str(job.point_dir),
-                                         status=JobStatus.FAILED, _return_value=exc))
+                returns.append(
+                    JobReturn(
+                        overrides=job.overrides,
+                        working_dir=str(job.point_dir),
+                        status=JobStatus.FAILED,
+                        _return_value=exc,
+                    )
+                )
         return returns
 
     # --- job side: runs in every Slurm task --------------------------------------------------
@@ -153,14 +185,16 @@ class SubmititLauncher(BaseSubmititLauncher):
         assert self.hydra_context is not None and self.config is not None and self.task_function is not None
         Singleton.set_state(singleton_state)
         setup_globals()
-        sweep_config: DictConfig = self.hydra_context.config_loader.load_sweep_config(self.config, sweep_overrides)
+        sweep_config: DictConfig = self.hydra_context.config_loader.load_sweep_config(
+            self.config, sweep_overrides
+        )
         point_dir = Path(str(sweep_config.hydra.sweep.dir), str(sweep_config.hydra.sweep.subdir)).absolute()
         if self.settings.executor == "slurm":
             requeue.prepare_attempt(point_dir)
             requeue.install(point_dir)
         environment = submitit.JobEnvironment()
-        with open_dict(sweep_config.hydra.job) as job:
-            job.id = environment.job_id
+        with open_dict(sweep_config.hydra.job):
+            sweep_config.hydra.job.id = environment.job_id
             sweep_config.hydra.job.num = job_num
         result = run_job(
             hydra_context=self.hydra_context,

@@ -156,7 +156,9 @@ class PlanningSweeper(Sweeper):
                 counts["rejected"] += 1
                 continue
             if before is not None and before.state in ("queued", "running"):
-                print(f"moe_vlm: {point.label()}: already {before.state} (job {before.job_id}); not resubmitted")
+                print(
+                    f"moe_vlm: {point.label()}: already {before.state} (job {before.job_id}); not resubmitted"
+                )
                 counts["skipped_in_flight"] += 1
                 continue
             if before is not None and before.state == "completed" and not self.force:
@@ -171,7 +173,11 @@ class PlanningSweeper(Sweeper):
             f"moe_vlm: sweep {sweep_dir}: {len(planned)} point(s): {len(to_launch)} to run, "
             f"{counts['skipped_completed']} already completed, {counts['skipped_in_flight']} in flight, "
             f"{counts['rejected']} rejected"
-            + ("" if self.force or not counts["skipped_completed"] else " (hydra.sweeper.force=true reruns them)")
+            + (
+                ""
+                if self.force or not counts["skipped_completed"]
+                else " (hydra.sweeper.force=true reruns them)"
+            )
         )
         if valid == 0:
             print("moe_vlm: every point was rejected; nothing was submitted.", file=sys.stderr)
@@ -201,7 +207,10 @@ class PlanningSweeper(Sweeper):
                 results.extend(self.launcher.launch([job], initial_job_idx=number))
             except SystemExit as exc:
                 if exc.code not in (0, None):
-                    print(f"moe_vlm: {point.label()}: exited with status {exc.code}; continuing", file=sys.stderr)
+                    print(
+                        f"moe_vlm: {point.label()}: exited with status {exc.code}; continuing",
+                        file=sys.stderr,
+                    )
         return results
 
     def record_rejected(self, point: Point, point_dir: Path) -> None:
@@ -236,5 +245,7 @@ class PlanningSweeper(Sweeper):
                 print(scrub_text(renderer(self.job_overrides(point, sweep_dir))))
             print()
         rejected = sum(not p.valid for p in dry)
-        print(f"moe_vlm: dry run: {len(dry)} point(s), {len(dry) - rejected} valid, {rejected} would be rejected; "
-              "nothing was submitted.")
+        print(
+            f"moe_vlm: dry run: {len(dry)} point(s), {len(dry) - rejected} valid, "
+            f"{rejected} would be rejected; nothing was submitted."
+        )

@@ -46,19 +46,27 @@ class FailureClass:
 
 
 CLASSES: tuple[FailureClass, ...] = (
-    FailureClass("timeout", frozenset({"TIMEOUT", "DEADLINE"}), re.compile(r"DUE TO TIME LIMIT"), "hit the Slurm time limit"),
+    FailureClass(
+        "timeout",
+        frozenset({"TIMEOUT", "DEADLINE"}),
+        re.compile(r"DUE TO TIME LIMIT"),
+        "hit the Slurm time limit",
+    ),
     FailureClass("preempted", frozenset({"PREEMPTED"}), re.compile(r"DUE TO PREEMPTION"), "was preempted"),
     FailureClass(
         "node",
         frozenset({"NODE_FAIL", "BOOT_FAIL"}),
-        re.compile(r"DUE TO NODE FAIL|Node failure|NODE_FAIL|\bXid\b|uncorrectable ECC|fallen off the bus", re.I),
+        re.compile(
+            r"DUE TO NODE FAIL|Node failure|NODE_FAIL|\bXid\b|uncorrectable ECC|fallen off the bus", re.I
+        ),
         "lost a node or GPU",
     ),
     FailureClass(
         "oom",
         frozenset({"OUT_OF_MEMORY"}),
         re.compile(
-            r"CUDA out of memory|OutOfMemoryError|out of memory|oom[-_]kill|Exceeded job memory limit|\bMemoryError\b",
+            r"CUDA out of memory|OutOfMemoryError|out of memory|oom[-_]kill|Exceeded job memory limit"
+            r"|\bMemoryError\b",
             re.I,
         ),
         "ran out of memory",
@@ -66,7 +74,10 @@ CLASSES: tuple[FailureClass, ...] = (
     # "*** JOB n ... CANCELLED AT" is scancel; "*** STEP n.0 ... CANCELLED AT" alone is srun ending
     # the step after a rank died (--kill-on-bad-exit), which the classes below explain.
     FailureClass(
-        "cancelled", frozenset({"CANCELLED"}), re.compile(r"\*\*\* JOB \S+ ON \S+ CANCELLED AT (?!.*DUE TO)"), "was cancelled"
+        "cancelled",
+        frozenset({"CANCELLED"}),
+        re.compile(r"\*\*\* JOB \S+ ON \S+ CANCELLED AT (?!.*DUE TO)"),
+        "was cancelled",
     ),
     FailureClass(
         "killed",
@@ -78,13 +89,15 @@ CLASSES: tuple[FailureClass, ...] = (
         "nccl",
         frozenset(),
         re.compile(
-            r"NCCL error|nccl(System|Internal|UnhandledCuda|Remote)Error|Watchdog caught collective operation timeout"
-            r"|NCCL communicator was aborted|DistBackendError|Gloo connectFullMesh failed|Connection closed by peer"
-            r"|Connection reset by peer",
+            r"NCCL error|nccl(System|Internal|UnhandledCuda|Remote)Error"
+            r"|Watchdog caught collective operation timeout|NCCL communicator was aborted|DistBackendError"
+            r"|Gloo connectFullMesh failed|Connection closed by peer|Connection reset by peer",
         ),
         "failed in a collective (NCCL/gloo error or timeout)",
     ),
-    FailureClass("python", frozenset(), re.compile(r"Traceback \(most recent call last\)"), "raised a Python exception"),
+    FailureClass(
+        "python", frozenset(), re.compile(r"Traceback \(most recent call last\)"), "raised a Python exception"
+    ),
 )
 PRIORITY = [c.name for c in CLASSES] + ["unknown"]
 # Lines Slurm writes when it requeues; they belong to the previous attempt, not to a failure.
@@ -100,7 +113,10 @@ class Diagnosis:
 
 
 def classify(
-    log_text: str, slurm_state: str | None = None, exit_code: int | None = None, signal_number: int | None = None
+    log_text: str,
+    slurm_state: str | None = None,
+    exit_code: int | None = None,
+    signal_number: int | None = None,
 ) -> Diagnosis:
     lines = [line for line in log_text.splitlines() if not IGNORED.search(line)]
     state = (slurm_state or "").upper()
@@ -226,14 +242,17 @@ def record_job_failure(
         "slurm_state": slurm_state,
         "exit_code": exit_code,
         "signal": signal.Signals(signal_number).name if signal_number else None,
-        "restarts": restarts if restarts is not None else int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0),
+        "restarts": restarts
+        if restarts is not None
+        else int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0),
     }
     return write_failure(point_dir, diagnosis, tail, base_from_point(point_dir), launch)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m moe_vlm.launch.failures", description="record a failed Slurm step in its point's run.json"
+        prog="python -m moe_vlm.launch.failures",
+        description="record a failed Slurm step in its point's run.json",
     )
     parser.add_argument("--point-dir", type=Path, required=True)
     parser.add_argument("--job-id", required=True)
@@ -243,7 +262,10 @@ def main(argv: list[str] | None = None) -> int:
     signal_number = args.exit_code - 128 if args.exit_code > 128 else None
     record = record_job_failure(args.point_dir, args.job_id, None, args.exit_code, signal_number)
     failure = record.get("failure") or {}
-    print(f"moe_vlm: {args.point_dir.name}: {record.get('status')} ({failure.get('class', '-')})", file=sys.stderr)
+    print(
+        f"moe_vlm: {args.point_dir.name}: {record.get('status')} ({failure.get('class', '-')})",
+        file=sys.stderr,
+    )
     return 0
 
 

@@ -47,7 +47,11 @@ def prepare_attempt(point_dir: Path) -> None:
     """Rank 0, before the run: a requeued job moves the interrupted attempt aside."""
     if global_rank() != 0:
         return
-    if restart_count() > 0 or (point_dir / PREVIOUS_REQUEUE_MARKER).exists() or (point_dir / REQUEUE_MARKER).exists():
+    if (
+        restart_count() > 0
+        or (point_dir / PREVIOUS_REQUEUE_MARKER).exists()
+        or (point_dir / REQUEUE_MARKER).exists()
+    ):
         points.archive_attempt(point_dir)
 
 
@@ -76,7 +80,9 @@ def install(point_dir: Path) -> None:
                 os.replace(tmp, point_dir / REQUEUE_MARKER)
             else:
                 diagnosis = Diagnosis(
-                    reason, f"the job got USR2 ({reason}) after {restarts} requeue(s); max_requeues={budget}", None
+                    reason,
+                    f"the job got USR2 ({reason}) after {restarts} requeue(s); max_requeues={budget}",
+                    None,
                 )
                 write_failure(point_dir, diagnosis, [], base_from_point(point_dir), launch_info())
         print(f"moe_vlm: USR2 ({reason}) on rank {global_rank()}: stopping for a requeue", file=sys.stderr)

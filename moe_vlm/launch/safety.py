@@ -21,7 +21,9 @@ from typing import Any
 from moe_vlm.compose import BadInput
 
 # Environment variable names that hold secrets.
-SECRET_NAME = re.compile(r"TOKEN|SECRET|PASSW(OR)?D|PASSPHRASE|CREDENTIAL|PRIVATE|(^|_)KEY($|_)|API_?KEY|AUTH", re.I)
+SECRET_NAME = re.compile(
+    r"TOKEN|SECRET|PASSW(OR)?D|PASSPHRASE|CREDENTIAL|PRIVATE|(^|_)KEY($|_)|API_?KEY|AUTH", re.I
+)
 MASK = "***"
 # Shorter values are too common ("1", "true") to mask without mangling unrelated text.
 MIN_SECRET_LENGTH = 6
@@ -34,7 +36,9 @@ MOUNT_PART_CHARS = r"A-Za-z0-9._@/+=-"  # one side of SRC:DST[:FLAGS]; commas se
 def check_word(key: str, value: str, chars: str = NAME_CHARS, example: str = "my_partition") -> str:
     """Return value when it only uses `chars`; raise BadInput naming the first bad character."""
     if not value:
-        raise BadInput(f"{key}: empty value. Fix: set {key} to a name like {example!r} or leave it unset (null).")
+        raise BadInput(
+            f"{key}: empty value. Fix: set {key} to a name like {example!r} or leave it unset (null)."
+        )
     bad = re.search(f"[^{chars}]", value)
     if bad:
         char = bad.group(0)
@@ -86,7 +90,9 @@ def _punctuation(chars: str) -> str:
 
 def secret_values(environ: Mapping[str, str] | None = None) -> list[str]:
     env = os.environ if environ is None else environ
-    values = {value for name, value in env.items() if SECRET_NAME.search(name) and len(value) >= MIN_SECRET_LENGTH}
+    values = {
+        value for name, value in env.items() if SECRET_NAME.search(name) and len(value) >= MIN_SECRET_LENGTH
+    }
     return sorted(values, key=len, reverse=True)  # longest first: a value may contain another
 
 

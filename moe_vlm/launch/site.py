@@ -58,7 +58,9 @@ def load_site_file(path: Path, cluster: str) -> dict[str, Any]:
     try:
         raw = yaml.safe_load(path.read_text()) or {}
     except yaml.YAMLError as exc:
-        raise BadInput(f"{path}: not valid YAML ({str(exc).splitlines()[0]}). Fix: correct the site file.") from exc
+        raise BadInput(
+            f"{path}: not valid YAML ({str(exc).splitlines()[0]}). Fix: correct the site file."
+        ) from exc
     if not isinstance(raw, dict):
         raise BadInput(f"{path}: expected a mapping of site keys. Fix: see `moe_vlm/launch/site.py`.")
     section = raw.get(cluster) or {}

@@ -1,12 +1,12 @@
 """Slurm: launcher settings -> sbatch parameters -> the rendered script, and batched polling.
 
-The script is rendered by submitit's own renderer (`submitit.slurm.slurm._make_sbatch_string`),
-the function submitit calls when it submits, so what `dry_run=true` prints is byte for byte
-what sbatch receives. What submitit and hydra-submitit-launcher 1.2.0 lack is added here:
-srun arguments (pyxis container image and mounts, --kill-on-bad-exit), `--segment`, resources
-derived per point from the RunSpec (nodes, tasks per node = GPUs per node), a teardown that
-requeues from outside the container and records failures, and one `scontrol` call to poll
-every job of a sweep.
+One sbatch job per sweep point. The script is rendered by submitit's own renderer
+(`submitit.slurm.slurm._make_sbatch_string`, the function SlurmExecutor calls when it submits),
+so what `dry_run=true` prints is what sbatch receives. What submitit and hydra-submitit-launcher
+1.2.0 lack is added here: srun arguments (pyxis container image and mounts, --kill-on-bad-exit),
+`--segment`, resources derived per point from the RunSpec (nodes, tasks per node = GPUs per
+node), a prologue/teardown that requeues from outside the container and records failures, and
+one `scontrol` call to poll every job of a sweep.
 """
 
 from __future__ import annotations
@@ -99,12 +99,17 @@ def checked(settings: SlurmSettings, spec: RunSpec) -> SlurmSettings:
             safety.check_word(f"hydra.launcher.{key}", str(value))
     if out.container_image is not None:
         safety.check_word(
-            "hydra.launcher.container_image", out.container_image, safety.IMAGE_CHARS, "nvcr.io#nvidia/nemo:25.09"
+            "hydra.launcher.container_image",
+            out.container_image,
+            safety.IMAGE_CHARS,
+            "nvcr.io#nvidia/nemo:25.09",
         )
     for mount in out.container_mounts:
         safety.check_mount("hydra.launcher.container_mounts", str(mount))
     if out.container_workdir is not None:
-        safety.check_word("hydra.launcher.container_workdir", out.container_workdir, safety.MOUNT_PART_CHARS, "/work")
+        safety.check_word(
+            "hydra.launcher.container_workdir", out.container_workdir, safety.MOUNT_PART_CHARS, "/work"
+        )
     for name in out.container_env:
         safety.check_word("hydra.launcher.container_env", str(name), "A-Za-z0-9_", "HF_TOKEN")
     for line in out.setup:
@@ -119,7 +124,9 @@ def checked(settings: SlurmSettings, spec: RunSpec) -> SlurmSettings:
             f"hydra.launcher.segment={out.segment!r}: expected auto, a node count or null. Fix: segment=auto."
         )
     if out.executor not in ("slurm", "local"):
-        raise BadInput(f"hydra.launcher.executor={out.executor!r}: expected slurm or local. Fix: executor=slurm.")
+        raise BadInput(
+            f"hydra.launcher.executor={out.executor!r}: expected slurm or local. Fix: executor=slurm."
+        )
     return out
 
 
@@ -241,7 +248,15 @@ def srun_line(script: str) -> str:
 
 # --- polling -----------------------------------------------------------------------------
 
-PENDING_STATES = {"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "CONFIGURING", "RESIZING", "SUSPENDED"}
+PENDING_STATES = {
+    "PENDING",
+    "REQUEUED",
+    "REQUEUE_HOLD",
+    "REQUEUE_FED",
+    "CONFIGURING",
+    "RESIZING",
+    "SUSPENDED",
+}
 RUNNING_STATES = {"RUNNING", "COMPLETING", "STAGE_OUT", "SIGNALING"}
 
 
@@ -290,7 +305,9 @@ def parse_scontrol(text: str) -> dict[str, JobState]:
         if f.get("ArrayJobId") and f.get("ArrayTaskId"):
             ids = [f"{f['ArrayJobId']}_{i}" for i in _array_indices(f["ArrayTaskId"])]
         for job_id in ids:
-            states[job_id] = JobState(job_id, f.get("JobState", "UNKNOWN"), f.get("Reason", ""), code, sig, restarts)
+            states[job_id] = JobState(
+                job_id, f.get("JobState", "UNKNOWN"), f.get("Reason", ""), code, sig, restarts
+            )
     return states
 
 

@@ -110,7 +110,10 @@ def _state(
         return "unknown", "Slurm is not reachable from here"
     job = states.get(job_id)
     if job is not None and job.state in slurm.PENDING_STATES:
-        return "queued", f"{job.state.lower()} ({job.reason})" if job.reason not in ("", "None") else job.state.lower()
+        return "queued", f"{job.state.lower()} ({job.reason})" if job.reason not in (
+            "",
+            "None",
+        ) else job.state.lower()
     if job is not None and job.state in slurm.RUNNING_STATES:
         return "running", ""
     if not record:
@@ -139,27 +142,51 @@ def table(statuses: list[PointStatus]) -> str:
     rows = [("STATE", "POINT", "JOB", "RESTARTS", "OVERRIDES", "DETAIL")]
     for s in statuses:
         rows.append(
-            (s.state, s.point_id[:12], s.job_id or "-", str(s.restarts) if s.job_id else "-", " ".join(s.overrides) or "-", s.detail)
+            (
+                s.state,
+                s.point_id[:12],
+                s.job_id or "-",
+                str(s.restarts) if s.job_id else "-",
+                " ".join(s.overrides) or "-",
+                s.detail,
+            )
         )
     widths = [max(len(row[i]) for row in rows) for i in range(5)]
     return "\n".join(
-        "  ".join(cell.ljust(widths[i]) if i < 5 else cell for i, cell in enumerate(row)).rstrip() for row in rows
+        "  ".join(cell.ljust(widths[i]) if i < 5 else cell for i, cell in enumerate(row)).rstrip()
+        for row in rows
     )
 
 
 def render(sweep_dir: Path, statuses: list[PointStatus]) -> str:
-    return "\n".join([f"sweep {sweep_dir}: {len(statuses)} point(s)", progress_bar(statuses), "", table(statuses)])
+    return "\n".join(
+        [f"sweep {sweep_dir}: {len(statuses)} point(s)", progress_bar(statuses), "", table(statuses)]
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="moe-vlm status", description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument("sweep_dir", type=Path, help="a sweep directory (hydra.sweep.dir), e.g. multirun/<name>")
-    parser.add_argument("--watch", type=float, metavar="SECONDS", help="refresh every SECONDS until nothing is queued or running")
-    parser.add_argument("--json", action="store_true", help="print one JSON object per point instead of the table")
+    parser = argparse.ArgumentParser(
+        prog="moe-vlm status", description=__doc__.splitlines()[0] if __doc__ else None
+    )
+    parser.add_argument(
+        "sweep_dir", type=Path, help="a sweep directory (hydra.sweep.dir), e.g. multirun/<name>"
+    )
+    parser.add_argument(
+        "--watch",
+        type=float,
+        metavar="SECONDS",
+        help="refresh every SECONDS until nothing is queued or running",
+    )
+    parser.add_argument(
+        "--json", action="store_true", help="print one JSON object per point instead of the table"
+    )
     args = parser.parse_args(argv)
     if not args.sweep_dir.is_dir():
-        print(f"moe-vlm status: error: {args.sweep_dir}: no such directory. Fix: pass the sweep directory "
-              "the sweep printed (hydra.sweep.dir).", file=sys.stderr)
+        print(
+            f"moe-vlm status: error: {args.sweep_dir}: no such directory. Fix: pass the sweep directory "
+            "the sweep printed (hydra.sweep.dir).",
+            file=sys.stderr,
+        )
         return 2
     while True:
         statuses = collect(args.sweep_dir)

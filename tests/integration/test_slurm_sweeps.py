@@ -54,7 +54,15 @@ def slurm() -> None:
 
 
 def sweep(sweep_dir: Path, *overrides: str) -> subprocess.CompletedProcess[str]:
-    command = [PYTHON, "train.py", "-m", "hydra/launcher=slurm", f"hydra.sweep.dir={sweep_dir}", *RUN, *overrides]
+    command = [
+        PYTHON,
+        "train.py",
+        "-m",
+        "hydra/launcher=slurm",
+        f"hydra.sweep.dir={sweep_dir}",
+        *RUN,
+        *overrides,
+    ]
     return subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=180)
 
 
@@ -63,7 +71,8 @@ def status(sweep_dir: Path) -> dict[str, dict[str, Any]]:
     rows = [asdict(row) for row in collect(sweep_dir)]
     # Keyed by the overrides each test varies ("seed=1 tp=3").
     return {
-        " ".join(o for o in row["overrides"] if o not in RUN and not o.startswith("train_iters=")): row for row in rows
+        " ".join(o for o in row["overrides"] if o not in RUN and not o.startswith("train_iters=")): row
+        for row in rows
     }
 
 
@@ -136,7 +145,9 @@ def test_sweep_submits_and_exits_rejects_invalid_points_and_resumes(slurm: None,
     assert "L001" in first.stderr  # the rejection is printed with its rule codes
 
     point = wait_for(
-        lambda: (row := status(sweep_dir)["seed=1 tp=1"])["state"] not in ("queued", "running") and row, 240, "the job"
+        lambda: (row := status(sweep_dir)["seed=1 tp=1"])["state"] not in ("queued", "running") and row,
+        240,
+        "the job",
     )
     assert point["state"] == "completed", point
     record = run_json(point["point_dir"])
@@ -144,7 +155,11 @@ def test_sweep_submits_and_exits_rejects_invalid_points_and_resumes(slurm: None,
     assert record["layout"]["world_size"] == 2 and steps_written(point["point_dir"]) == 6  # 3 steps x 2 ranks
 
     table = subprocess.run(
-        [PYTHON, "-m", "moe_vlm.cli", "status", str(sweep_dir)], cwd=REPO, capture_output=True, text=True, check=True
+        [PYTHON, "-m", "moe_vlm.cli", "status", str(sweep_dir)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=True,
     ).stdout
     assert "2/2 finished: 1 completed, 1 rejected" in table and point["job_id"] in table
 
@@ -156,13 +171,17 @@ def test_sweep_submits_and_exits_rejects_invalid_points_and_resumes(slurm: None,
     assert time.monotonic() - started < 300
 
 
-def test_cancelled_and_killed_jobs_are_classified_and_a_rerun_completes_them(slurm: None, sweep_dir: Path) -> None:
+def test_cancelled_and_killed_jobs_are_classified_and_a_rerun_completes_them(
+    slurm: None, sweep_dir: Path
+) -> None:
     submitted = sweep(sweep_dir, LONG, "seed=11,12")
     assert submitted.returncode == 0, submitted.stderr[-3000:]
     points = status(sweep_dir)
     cancelled, killed = points["seed=11"], points["seed=12"]
 
-    wait_for(lambda: steps_written(cancelled["point_dir"]) >= 2, 240, "the first step of the job to cancel", 0.2)
+    wait_for(
+        lambda: steps_written(cancelled["point_dir"]) >= 2, 240, "the first step of the job to cancel", 0.2
+    )
     subprocess.run(["scancel", cancelled["job_id"]], check=True)
 
     pid = wait_for(lambda: rank_pid(killed["job_id"], rank=1), 240, "rank 1's process")
@@ -183,8 +202,11 @@ def test_cancelled_and_killed_jobs_are_classified_and_a_rerun_completes_them(slu
     assert rerun.returncode == 0, rerun.stderr[-3000:]
     assert "2 to run" in rerun.stdout
     done = wait_for(
-        lambda: (rows := status(sweep_dir)) and all(r["state"] in ("completed", "failed") for r in rows.values())
-        and rows,
+        lambda: (
+            (rows := status(sweep_dir))
+            and all(r["state"] in ("completed", "failed") for r in rows.values())
+            and rows
+        ),
         300,
         "the rerun",
     )
@@ -203,14 +225,18 @@ def test_usr2_marks_the_point_for_rerun_and_requeues(slurm: None, sweep_dir: Pat
     wait_for(lambda: steps_written(point["point_dir"]) >= 2, 240, "the first step", 0.2)
     # What Slurm sends signal_delay_s before the time limit, and what a preemption sends here.
     subprocess.run(["scancel", "--signal=USR2", job], check=True)
-    requeued = wait_for(lambda: (info := scontrol_job(job)).get("Restarts") == "1" and info, 60, "the requeue")
+    requeued = wait_for(
+        lambda: (info := scontrol_job(job)).get("Restarts") == "1" and info, 60, "the requeue"
+    )
     assert requeued["JobState"] in ("PENDING", "REQUEUED", "CONFIGURING", "RUNNING"), requeued
     assert status(sweep_dir)["seed=21"]["state"] in ("queued", "running")
     # Slurm holds a requeued job for about two minutes (BeginTime); release it now.
     subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], check=True)
 
     final = wait_for(
-        lambda: (row := status(sweep_dir)["seed=21"])["state"] in ("completed", "failed") and row, 240, "the rerun"
+        lambda: (row := status(sweep_dir)["seed=21"])["state"] in ("completed", "failed") and row,
+        240,
+        "the rerun",
     )
     assert final["state"] == "completed", final
     record = run_json(point["point_dir"])

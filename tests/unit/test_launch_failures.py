@@ -13,24 +13,66 @@ TRACEBACK = 'Traceback (most recent call last):\n  File "x.py", line 1, in <modu
 
 # (log text, slurm state, exit code, signal) -> class
 CASES = {
-    "timeout": ("slurmstepd: error: *** JOB 7 ON gpu01 CANCELLED AT 2026-01-01T00:00:00 DUE TO TIME LIMIT ***", None, 0, 15),
+    "timeout": (
+        "slurmstepd: error: *** JOB 7 ON gpu01 CANCELLED AT 2026-01-01T00:00:00 DUE TO TIME LIMIT ***",
+        None,
+        0,
+        15,
+    ),
     "timeout-state": ("", "TIMEOUT", None, None),
-    "preempted": ("slurmstepd: error: *** JOB 7 ON gpu01 CANCELLED AT 2026-01-01T00:00:00 DUE TO PREEMPTION ***", None, None, None),
-    "node": ("slurmstepd: error: *** JOB 7 ON gpu01 CANCELLED AT 2026-01-01T00:00:00 DUE TO NODE FAILURE ***", None, None, None),
+    "preempted": (
+        "slurmstepd: error: *** JOB 7 ON gpu01 CANCELLED AT 2026-01-01T00:00:00 DUE TO PREEMPTION ***",
+        None,
+        None,
+        None,
+    ),
+    "node": (
+        "slurmstepd: error: *** JOB 7 ON gpu01 CANCELLED AT 2026-01-01T00:00:00 DUE TO NODE FAILURE ***",
+        None,
+        None,
+        None,
+    ),
     "node-xid": ("NVRM: Xid (PCI:0000:1b:00): 79, GPU has fallen off the bus.", None, None, None),
-    "oom": (TRACEBACK.replace("ValueError: bad", "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"), None, 1, None),
+    "oom": (
+        TRACEBACK.replace(
+            "ValueError: bad", "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"
+        ),
+        None,
+        1,
+        None,
+    ),
     "oom-state": ("", "OUT_OF_MEMORY", None, None),
-    "cancelled": ("slurmstepd: error: *** JOB 8 ON localhost CANCELLED AT 2026-11-30T12:46:25 ***", None, None, None),
+    "cancelled": (
+        "slurmstepd: error: *** JOB 8 ON localhost CANCELLED AT 2026-11-30T12:46:25 ***",
+        None,
+        None,
+        None,
+    ),
     "cancelled-state": ("", "CANCELLED", 0, 15),
     "killed": (
         "RuntimeError: [gloo/transport/tcp/pair.cc:561] Connection closed by peer [127.0.0.1]:7569\n"
         "srun: error: localhost: task 1: Killed\n"
         "slurmstepd-localhost: error: *** STEP 7.0 ON localhost CANCELLED AT 2026-11-30T12:44:03 ***",
-        None, 137, 9,
+        None,
+        137,
+        9,
     ),
     "killed-exit": ("", None, 137, 9),
-    "nccl": (TRACEBACK.replace("ValueError: bad", "torch.distributed.DistBackendError: NCCL error in: ProcessGroupNCCL.cpp:1970, unhandled system error"), None, 1, None),
-    "nccl-watchdog": ("[Rank 3] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=12, OpType=ALLREDUCE)", None, 134, 6),
+    "nccl": (
+        TRACEBACK.replace(
+            "ValueError: bad",
+            "torch.distributed.DistBackendError: NCCL error in: ProcessGroupNCCL.cpp:1970, unhandled system",
+        ),
+        None,
+        1,
+        None,
+    ),
+    "nccl-watchdog": (
+        "[Rank 3] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=12, OpType=ALLREDUCE)",
+        None,
+        134,
+        6,
+    ),
     "python": (TRACEBACK, None, 1, None),
     "unknown": ("all good until it was not", None, 3, None),
 }
@@ -43,7 +85,10 @@ def test_classify(case: str) -> None:
 
 
 def test_requeue_lines_of_an_earlier_attempt_are_not_a_cancellation() -> None:
-    text = "slurmstepd: error: *** JOB 2 ON localhost CANCELLED AT 2026-11-30T12:28:10 DUE TO JOB REQUEUE ***\n" + TRACEBACK
+    text = (
+        "slurmstepd: error: *** JOB 2 ON localhost CANCELLED AT 2026-11-30T12:28:10 DUE TO JOB REQUEUE ***\n"
+        + TRACEBACK
+    )
     assert classify(text).name == "python"
 
 
@@ -61,7 +106,9 @@ def test_job_logs_tail_is_labelled_by_task(tmp_path: Path) -> None:
     (tmp_path / "5_1_log.err").write_text(TRACEBACK)
     text, tail = job_logs(tmp_path)
     assert classify(text).name == "killed"  # task 0's srun line outranks the traceback
-    assert "[task 1] ValueError: bad" in tail and tail[-1] == "[task 0] srun: error: localhost: task 1: Killed"
+    assert (
+        "[task 1] ValueError: bad" in tail and tail[-1] == "[task 0] srun: error: localhost: task 1: Killed"
+    )
 
 
 def _failure(point_dir: Path, name: str) -> str:

@@ -8,7 +8,9 @@ from moe_vlm.compose import BadInput
 from moe_vlm.launch import safety
 
 
-@pytest.mark.parametrize("value", ["batch;rm -rf ~", "a b", "$(id)", "`id`", "x\ny", "a|b", "a&b", "q'uote", 'a"b', "a>b"])
+@pytest.mark.parametrize(
+    "value", ["batch;rm -rf ~", "a b", "$(id)", "`id`", "x\ny", "a|b", "a&b", "q'uote", 'a"b', "a>b"]
+)
 def test_names_with_shell_metacharacters_are_rejected(value: str) -> None:
     with pytest.raises(BadInput) as bad:
         safety.check_word("hydra.launcher.partition", value)
@@ -40,10 +42,19 @@ def test_setup_lines_may_not_write_a_secret() -> None:
 
 
 def test_scrub_masks_environment_secrets_by_value() -> None:
-    env = {"HF_TOKEN": "hf_abcdefghijkl", "WANDB_API_KEY": "0123456789abcdef", "MAX_TOKENS": "4096", "PATH": "/usr/bin"}
+    env = {
+        "HF_TOKEN": "hf_abcdefghijkl",
+        "WANDB_API_KEY": "0123456789abcdef",
+        "MAX_TOKENS": "4096",
+        "PATH": "/usr/bin",
+    }
     secrets = safety.secret_values(env)
     assert secrets == ["0123456789abcdef", "hf_abcdefghijkl"]
-    record = {"data": {"path": "/data/hf_abcdefghijkl/x"}, "max_text_tokens": 512, "lines": ["k=0123456789abcdef"]}
+    record = {
+        "data": {"path": "/data/hf_abcdefghijkl/x"},
+        "max_text_tokens": 512,
+        "lines": ["k=0123456789abcdef"],
+    }
     assert safety.scrub(record, secrets) == {
         "data": {"path": "/data/***/x"},
         "max_text_tokens": 512,  # a key that looks like a secret keeps its value

@@ -10,7 +10,9 @@ from moe_vlm.compose import BadInput
 from moe_vlm.launch import slurm
 from tests.conftest import make_spec
 
-GB200 = slurm.SlurmSettings(expects_cluster="gb200", exclusive=True, mem_gb=0, cpus_per_task=36, segment="auto")
+GB200 = slurm.SlurmSettings(
+    expects_cluster="gb200", exclusive=True, mem_gb=0, cpus_per_task=36, segment="auto"
+)
 B200 = slurm.SlurmSettings(expects_cluster="b200", exclusive=True, mem_gb=0, cpus_per_task=14)
 
 
@@ -32,7 +34,12 @@ def test_gb200_job_takes_gpus_per_node_from_the_cluster_and_stays_in_one_nvl72()
     assert p["exclusive"] is True and p["additional_parameters"]["mem"] == "0"
     assert p["additional_parameters"]["segment"] == 4
     # 36 nodes = 144 GPUs = two NVL72 domains: segments of 18 nodes each.
-    assert params(GB200, "cluster=gb200", "model=qwen3_vl_235b_a22b", "nodes=36")["additional_parameters"]["segment"] == 18
+    assert (
+        params(GB200, "cluster=gb200", "model=qwen3_vl_235b_a22b", "nodes=36")["additional_parameters"][
+            "segment"
+        ]
+        == 18
+    )
 
 
 def test_b200_job_has_eight_tasks_per_node_and_no_segment() -> None:
@@ -48,13 +55,18 @@ def test_a_preset_for_another_cluster_is_refused() -> None:
 
 def test_rendered_script_has_pyxis_signal_requeue_and_quoted_paths() -> None:
     settings = slurm.SlurmSettings(
-        container_image="nvcr.io#nvidia/nemo:25.09", container_mounts=["/lustre:/lustre", "/data:/data:ro"],
-        partition="batch", setup=["module load nccl"],
+        container_image="nvcr.io#nvidia/nemo:25.09",
+        container_mounts=["/lustre:/lustre", "/data:/data:ro"],
+        partition="batch",
+        setup=["module load nccl"],
     )
     p = slurm.point_parameters(params(settings, "cluster=local"), Path("/sweeps/odd dir/abc"), "python3")
     script = slurm.render_sbatch(p, "/sweeps/odd dir/.submitit/%j", "python3")
     srun = slurm.srun_line(script)
-    assert "--container-image=nvcr.io#nvidia/nemo:25.09" in srun and "--container-mounts=/lustre:/lustre,/data:/data:ro" in srun
+    assert (
+        "--container-image=nvcr.io#nvidia/nemo:25.09" in srun
+        and "--container-mounts=/lustre:/lustre,/data:/data:ro" in srun
+    )
     assert "--kill-on-bad-exit=1" in srun
     assert "#SBATCH --signal=USR2@120" in script and "#SBATCH --requeue" in script
     assert "#SBATCH --partition=batch" in script and "module load nccl" in script
@@ -66,25 +78,30 @@ def test_site_values_come_from_env_then_file_and_explicit_values_win(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     site = tmp_path / "site.yaml"
-    site.write_text("account: file_acct\npartition: any\ngb200:\n  partition: gb200_part\n  container_image: img:1\n")
+    site.write_text(
+        "account: file_acct\npartition: any\ngb200:\n  partition: gb200_part\n  container_image: img:1\n"
+    )
     monkeypatch.setenv("MOE_VLM_SITE_FILE", str(site))
     monkeypatch.setenv("MOE_VLM_QOS", "env_qos")
     spec = make_spec("cluster=gb200")
     resolved = slurm.checked(slurm.SlurmSettings(account="cli_acct"), spec)
     assert (resolved.account, resolved.partition, resolved.qos, resolved.container_image) == (
-        "cli_acct", "gb200_part", "env_qos", "img:1"
+        "cli_acct",
+        "gb200_part",
+        "env_qos",
+        "img:1",
     )
 
 
 def test_unsafe_site_values_are_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("MOE_VLM_ACCOUNT", "acct;touch /tmp/pwned")
-    with pytest.raises(BadInput, match="hydra.launcher.account"):
+    with pytest.raises(BadInput, match=r"hydra\.launcher\.account"):
         params(slurm.SlurmSettings(), "cluster=local")
 
 
 SCONTROL = """\
-JobId=4 ArrayJobId=3 ArrayTaskId=0 ArrayTaskThrottle=1 JobName=wrap JobState=RUNNING Reason=None Restarts=0 ExitCode=0:0
-JobId=3 ArrayJobId=3 ArrayTaskId=1-2%1 JobName=wrap JobState=PENDING Reason=JobArrayTaskLimit Restarts=0 ExitCode=0:0
+JobId=4 ArrayJobId=3 ArrayTaskId=0 JobName=wrap JobState=RUNNING Reason=None Restarts=0 ExitCode=0:0
+JobId=3 ArrayJobId=3 ArrayTaskId=1-2%1 JobName=wrap JobState=PENDING Reason=JobArrayTaskLimit ExitCode=0:0
 JobId=8 JobName=train JobState=CANCELLED Reason=None Requeue=1 Restarts=1 BatchFlag=1 ExitCode=0:15
 JobId=9 JobName=train JobState=PENDING Reason=BeginTime Restarts=2 ExitCode=0:0
 """

@@ -14,8 +14,10 @@ from moe_vlm.launch.status import collect, main, progress_bar
 def point(sweep: Path, name: str, run: dict | None = None, job_id: str | None = None) -> Path:
     point_dir = sweep / name
     submissions = [{"job_id": job_id, "executor": "slurm"}] if job_id else []
-    points.write_point(point_dir, {"point_id": name, "overrides": [f"mbs={len(name)}"], "submissions": submissions,
-                                   "job_id": job_id})
+    points.write_point(
+        point_dir,
+        {"point_id": name, "overrides": [f"mbs={len(name)}"], "submissions": submissions, "job_id": job_id},
+    )
     if run is not None:
         (point_dir / "run.json").write_text(json.dumps(run))
     return point_dir
@@ -23,8 +25,8 @@ def point(sweep: Path, name: str, run: dict | None = None, job_id: str | None = 
 
 @pytest.fixture
 def sweep(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    # A Slurm that cannot be reached: scontrol fails whether or not it is installed.
-    monkeypatch.setenv("SLURM_CONF", str(tmp_path / "no-such-slurm.conf"))
+    # Looking at a Slurm sweep from a machine without Slurm (a laptop with the shared filesystem).
+    monkeypatch.setenv("PATH", str(tmp_path / "empty-bin"))
     root = tmp_path / "sweep"
     point(root, "a", {"status": "completed", "summary": {"step_time_s": {"p50": 1.25}}})
     point(root, "bb", {"status": "failed", "failure": {"class": "oom", "evidence": "CUDA out of memory"}})
@@ -37,7 +39,11 @@ def sweep(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 def test_states_and_details(sweep: Path) -> None:
     by_id = {s.point_id: s for s in collect(sweep)}
     assert {k: v.state for k, v in by_id.items()} == {
-        "a": "completed", "bb": "failed", "ccc": "rejected", "dddd": "unknown", "eeeee": "planned"
+        "a": "completed",
+        "bb": "failed",
+        "ccc": "rejected",
+        "dddd": "unknown",
+        "eeeee": "planned",
     }
     assert by_id["bb"].detail == "oom: CUDA out of memory" and by_id["ccc"].detail == "rule(s) L001"
     assert "not reachable" in by_id["dddd"].detail

@@ -65,7 +65,9 @@ def stage_terms(overrides: list[str], stage: int) -> dict[str, float]:
     return {t.name: t.bytes for t in found.terms}
 
 
-@pytest.mark.parametrize("name", ["tiny_moe_vlm", "qwen3_vl_30b_a3b", "qwen3_vl_235b_a22b", "qwen35_vl_35b_a3b"])
+@pytest.mark.parametrize(
+    "name", ["tiny_moe_vlm", "qwen3_vl_30b_a3b", "qwen3_vl_235b_a22b", "qwen35_vl_35b_a3b"]
+)
 def test_parameter_counts_match_transformers(name: str) -> None:
     from moe_vlm.engines.hf_config import transformers_config
 
@@ -127,7 +129,9 @@ def test_decoder_activations_per_token_by_hand() -> None:
 
 def test_framework_overhead_is_constant_plus_fragmentation() -> None:
     terms = stage_terms(THREE_D, 0)
-    allocated = sum(v for name, v in terms.items() if name not in ("dispatcher_buffers", "framework_overhead"))
+    allocated = sum(
+        v for name, v in terms.items() if name not in ("dispatcher_buffers", "framework_overhead")
+    )
     assert terms["framework_overhead"] == pytest.approx(
         GPU_FRAMEWORK_CONSTANT_GIB * GIB + GPU_FRAGMENTATION_FRACTION * allocated
     )
@@ -138,7 +142,9 @@ def test_frozen_modules_hold_no_gradients_or_optimizer_state() -> None:
     frozen = stage_terms([*THREE_D, "vision_freeze=vision_projector"], 0)
     assert frozen["parameters"] == base["parameters"]  # frozen weights are still there
     assert base["gradients"] - frozen["gradients"] == 4 * (VISION + PROJECTOR) / 2
-    assert base["optimizer_state"] - frozen["optimizer_state"] == pytest.approx(12 * (VISION + PROJECTOR) / 2 / 4)
+    assert base["optimizer_state"] - frozen["optimizer_state"] == pytest.approx(
+        12 * (VISION + PROJECTOR) / 2 / 4
+    )
     frozen_lm = stage_terms([*THREE_D, "vision_freeze.language=true"], 0)
     assert frozen_lm["gradients"] == 4 * (VISION + PROJECTOR) / 2  # only the vision side trains
     # Mock data: no images reach the trainable vision side, so the frozen decoder keeps nothing.
@@ -213,7 +219,10 @@ def test_hybridep_buffer_by_hand() -> None:
     # Worst case 4096 tokens/rank x 8 ranks = 32,768 tokens: 2 bf16 token buffers x 2048 hidden,
     # 2 fp32 prob buffers x 128 experts, fp32 scales x 2048/128.
     assert term.bytes == 2 * 32768 * 2048 * 2 + 2 * 32768 * 128 * 4 + 32768 * 16 * 4  # 304,087,040
-    assert estimate(make_spec("cluster=gb200", "model=qwen3_vl_30b_a3b", "nodes=2")).gib_of("dispatcher_buffers") == 0
+    assert (
+        estimate(make_spec("cluster=gb200", "model=qwen3_vl_30b_a3b", "nodes=2")).gib_of("dispatcher_buffers")
+        == 0
+    )
 
 
 def test_cuda_graph_pool_by_hand() -> None:
@@ -242,7 +251,9 @@ def test_image_budget_follows_the_data_kind() -> None:
 @pytest.mark.parametrize("hw", [(1344, 1008), (336, 500), (64, 64), (3000, 200), (1080, 1920)])
 def test_patches_match_the_qwen_image_processor(hw: tuple[int, int]) -> None:
     spec = make_spec("data=synthetic")
-    h_bar, w_bar = smart_resize(*hw, factor=32, min_pixels=spec.data.min_pixels, max_pixels=spec.data.max_pixels)
+    h_bar, w_bar = smart_resize(
+        *hw, factor=32, min_pixels=spec.data.min_pixels, max_pixels=spec.data.max_pixels
+    )
     assert patches_for_image(spec, *hw) == (h_bar // 16) * (w_bar // 16)
 
 
@@ -254,7 +265,9 @@ def test_real_data_budget_reads_image_headers(tmp_path) -> None:
         Image.new("RGB", (width, height), (120, 30, 200)).save(buffer, format="JPEG")
         return buffer.getvalue()
 
-    samples = [CaptionedImage(f"s{i}", jpeg(w, h), "a photo") for i, (w, h) in enumerate([(320, 240), (640, 480)])]
+    samples = [
+        CaptionedImage(f"s{i}", jpeg(w, h), "a photo") for i, (w, h) in enumerate([(320, 240), (640, 480)])
+    ]
     write_dataset(tmp_path / "ds", samples, samples_per_shard=8)
     spec = make_spec("data=real", f"data.path={tmp_path / 'ds'}", "mbs=2")
     budget = image_budget(spec)
@@ -263,12 +276,13 @@ def test_real_data_budget_reads_image_headers(tmp_path) -> None:
 
 
 def autograd_saved_bytes(model: torch.nn.Module, inputs: dict[str, torch.Tensor]) -> int:
-    """Bytes of every distinct storage autograd keeps for backward, parameters excluded."""
+    """Bytes of every distinct storage autograd keeps for backward, parameters (and views of them) excluded."""
+    parameters = {p.untyped_storage().data_ptr() for p in model.parameters()}
     kept: dict[int, int] = {}
 
     def pack(tensor: torch.Tensor) -> torch.Tensor:
-        if not isinstance(tensor, torch.nn.Parameter):
-            storage = tensor.untyped_storage()
+        storage = tensor.untyped_storage()
+        if storage.data_ptr() not in parameters:
             kept[storage.data_ptr()] = storage.nbytes()
         return tensor
 
@@ -281,9 +295,27 @@ def autograd_saved_bytes(model: torch.nn.Module, inputs: dict[str, torch.Tensor]
     "overrides",
     [
         ["data=mock", "seq_length=256", "mbs=2"],
-        ["data=synthetic", "data.max_long_side_px=224", "data.min_long_side_px=160", "seq_length=512", "mbs=2"],
-        ["data=synthetic", "data.min_long_side_px=160", "data.max_long_side_px=224", "seq_length=512", "vision_freeze=vision"],
-        ["data=synthetic", "data.min_long_side_px=160", "data.max_long_side_px=224", "seq_length=512", "vision_freeze=vision_projector"],
+        [
+            "data=synthetic",
+            "data.max_long_side_px=224",
+            "data.min_long_side_px=160",
+            "seq_length=512",
+            "mbs=2",
+        ],
+        [
+            "data=synthetic",
+            "data.min_long_side_px=160",
+            "data.max_long_side_px=224",
+            "seq_length=512",
+            "vision_freeze=vision",
+        ],
+        [
+            "data=synthetic",
+            "data.min_long_side_px=160",
+            "data.max_long_side_px=224",
+            "seq_length=512",
+            "vision_freeze=vision_projector",
+        ],
     ],
 )
 def test_torch_activation_count_matches_autograd(overrides: list[str]) -> None:
@@ -298,11 +330,12 @@ def test_torch_activation_count_matches_autograd(overrides: list[str]) -> None:
     measured = autograd_saved_bytes(model, batch.model_inputs())
     patches = batch.stats.vision_patches
     training = dataclasses.replace(training_of(spec, image_budget(spec)), images=patches > 0)
-    decoder, _, _ = torch_decoder_bytes(spec, training, 4)
+    padded = bool((batch.attention_mask == 0).any())  # a full row runs causal SDPA without a mask
+    decoder, _, _ = torch_decoder_bytes(spec, training, 4, padded)
     vision, _, pixels = torch_vision_bytes(spec, training, patches, 4)
     # The patch embedding keeps pixel_values for its weight gradient only when the ViT trains.
     predicted = decoder + vision + (pixels if training.vision and patches else 0)
-    assert predicted == pytest.approx(measured, rel=0.03)
+    assert predicted == pytest.approx(measured, rel=0.02)
 
 
 def test_memory_rule_fires_and_suggests_a_fitting_change() -> None:
@@ -324,7 +357,9 @@ def test_full_recompute_warning_depends_on_selective_fitting() -> None:
 
 
 def test_dry_run_plan_prints_breakdown_and_headroom() -> None:
-    spec = make_spec("cluster=gb200", "model=qwen3_vl_30b_a3b", "nodes=2", "dispatcher=hybridep", "dry_run=true")
+    spec = make_spec(
+        "cluster=gb200", "model=qwen3_vl_30b_a3b", "nodes=2", "dispatcher=hybridep", "dry_run=true"
+    )
     text = render(spec, validate(spec))
     section = text.split("-- memory per GPU")[1].split("\n\n")[0]
     for name in ("parameters", "gradients", "optimizer_state", "decoder_activations", "vision_activations"):

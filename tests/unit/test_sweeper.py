@@ -20,19 +20,30 @@ def train(tmp_path: Path, *overrides: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "MOE_VLM_TEST_TOKEN": SECRET, "MOE_VLM_SITE_FILE": str(tmp_path / "no-site.yaml")}
     return subprocess.run(
         [sys.executable, "train.py", "-m", f"hydra.sweep.dir={tmp_path / 'sweep'}", *overrides],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=120,
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
 
 
 @pytest.mark.slow
 def test_dry_run_prints_each_points_sbatch_and_srun_and_submits_nothing(tmp_path: Path) -> None:
     done = train(
-        tmp_path, "hydra/launcher=slurm", "dry_run=true", "nproc=1", "tp=1,3",
-        "data.path=/data/${oc.env:MOE_VLM_TEST_TOKEN}", "hydra.launcher.setup=['echo ${oc.env:MOE_VLM_TEST_TOKEN}']",
+        tmp_path,
+        "hydra/launcher=slurm",
+        "dry_run=true",
+        "nproc=1",
+        "tp=1,3",
+        "data.path=/data/${oc.env:MOE_VLM_TEST_TOKEN}",
+        "hydra.launcher.setup=['echo ${oc.env:MOE_VLM_TEST_TOKEN}']",
     )
     assert done.returncode == 0, done.stderr[-2000:]
     out = done.stdout
-    assert out.count("===== point") == 2 and out.count("-- sbatch script --") == 1  # the invalid point has none
+    assert (
+        out.count("===== point") == 2 and out.count("-- sbatch script --") == 1
+    )  # the invalid point has none
     assert "INVALID" in out and "L001" in out
     assert "#SBATCH --ntasks-per-node=1" in out and "#SBATCH --signal=USR2@120" in out
     assert out.count("-- srun command --") == 1 and "\nsrun --unbuffered" in out
@@ -72,7 +83,11 @@ def test_rejected_points_are_recorded_not_run_and_secrets_stay_out(tmp_path: Pat
 
 
 def test_a_sweep_command_names_the_same_directory_every_time() -> None:
-    assert sweep_name(["mbs=1,2", "recompute=full,selective"]) == sweep_name(["recompute=full,selective", "mbs=1,2"])
-    assert sweep_name(["mbs=1,2", "dry_run=true"]) == sweep_name(["mbs=1,2"])  # a dry run shows the real directory
+    assert sweep_name(["mbs=1,2", "recompute=full,selective"]) == sweep_name(
+        ["recompute=full,selective", "mbs=1,2"]
+    )
+    assert sweep_name(["mbs=1,2", "dry_run=true"]) == sweep_name(
+        ["mbs=1,2"]
+    )  # a dry run shows the real directory
     assert sweep_name(["mbs=1,2"]) != sweep_name(["mbs=1,4"])
     assert "/" not in sweep_name(["data.path=/a/b"])

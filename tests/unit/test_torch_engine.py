@@ -23,8 +23,9 @@ from moe_vlm.timing import COMPONENTS
 from tests.conftest import make_spec
 
 CPU = torch.device("cpu")
-SHORT = ["nproc=1", "seq_length=128", "gbs=1"]
-# Small synthetic photos (64-96 px, 16-36 patches each) keep the vision path real and cheap.
+SHORT = ["nproc=1", "seq_length=128", "gbs=1", "data=mock"]
+# Small synthetic photos (64-96 px, 16-36 patches each) keep the vision path real and cheap;
+# they come after SHORT's data=mock and replace it.
 IMAGES = [
     "data=synthetic",
     "data.min_long_side_px=64",
@@ -93,7 +94,7 @@ def test_step_record_has_the_contract_keys() -> None:
 
 @pytest.mark.parametrize(("gbs", "mbs"), [(4, 1), (4, 2), (3, 1)])
 def test_gradient_accumulation_reaches_gbs(gbs: int, mbs: int) -> None:
-    spec = make_spec("nproc=1", "seq_length=64", f"gbs={gbs}", f"mbs={mbs}")
+    spec = make_spec("nproc=1", "seq_length=64", f"gbs={gbs}", f"mbs={mbs}", "data=mock")
     counting = Counting(build_batches(spec, 0, 1))
     trainer = Trainer(spec, CPU, 0, 1, batches=counting)
     record = trainer.step(1)
@@ -199,7 +200,7 @@ def test_component_times_cover_each_part() -> None:
 
 
 def test_loss_decreases_over_a_longer_run() -> None:
-    spec = make_spec("nproc=1", "seq_length=64", "gbs=2", "mbs=2", "train_iters=30", "lr=2e-3")
+    spec = make_spec("nproc=1", "seq_length=64", "gbs=2", "mbs=2", "train_iters=30", "lr=2e-3", "data=mock")
     trainer = Trainer(spec, CPU, 0, 1, timing=False)
     losses = [trainer.step(step)["loss"] for step in range(1, 31)]
     first, last = sum(losses[:5]) / 5, sum(losses[-5:]) / 5
