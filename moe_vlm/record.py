@@ -46,6 +46,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, TextIO
 
+from moe_vlm.launch.safety import scrub
 from moe_vlm.spec import RunSpec
 
 RUN_JSON = "run.json"
@@ -148,7 +149,8 @@ def point_id(config: dict[str, Any], code_version: str | None) -> str:
 def base_record(spec: RunSpec, config: dict[str, Any], status: str) -> dict[str, Any]:
     env = environment()
     layout = spec.layout
-    return {
+    # Secrets from the environment (a path through ${oc.env:...}) must not reach any record.
+    return scrub({
         "schema_version": SCHEMA_VERSION,
         "status": status,
         "point_id": point_id(config, env["git"]["commit"]),
@@ -168,4 +170,4 @@ def base_record(spec: RunSpec, config: dict[str, Any], status: str) -> dict[str,
         "engine": spec.engine,
         "data": {"kind": spec.data.kind.value},
         "env": env,
-    }
+    })

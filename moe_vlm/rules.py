@@ -22,6 +22,7 @@ from pathlib import Path
 
 from moe_vlm.engines.bridge_fields import effective_sequence_parallel
 from moe_vlm.memory import (
+    GPU_ESTIMATE_UNCERTAINTY,
     SELECTIVE_DEFAULT,
     THIN_HEADROOM_FRACTION,
     MemoryEstimate,
@@ -259,18 +260,22 @@ def _layers_pp_vp(spec: RunSpec) -> Iterator[Violation]:
         )
 
 
-@rule("L005", Level.error, "attention heads and query groups divisible by TP")
+@rule("L005", Level.error, "TP divides the attention heads; query groups a multiple or divisor of TP (MLM)")
 def _heads_tp(spec: RunSpec) -> Iterator[Violation]:
+    # MCore splits the heads over TP ranks and, with fewer KV groups than ranks, replicates them
+    # (TransformerConfig: num_query_groups must be a multiple or divisor of TP).
     tp = spec.layout.tp
     model = spec.model
     if tp < 1:
         return
-    if model.num_attention_heads % tp or model.num_query_groups % tp:
+    groups = model.num_query_groups
+    if model.num_attention_heads % tp or (groups % tp and tp % groups):
         yield Violation(
             ("tp",),
-            f"TP={tp} must divide attention heads ({model.num_attention_heads}) and query groups "
-            f"({model.num_query_groups}) of {model.name}.",
-            f"pick tp from the divisors of {model.num_query_groups}.",
+            f"TP={tp} must divide the {model.num_attention_heads} attention heads of {model.name}, and its "
+            f"{groups} query groups must be a multiple or a divisor of TP.",
+            f"pick tp from the divisors of {math.gcd(model.num_attention_heads, groups)} or a multiple of "
+            f"{groups} that divides {model.num_attention_heads}.",
         )
 
 
@@ -346,13 +351,12 @@ def _ranks_per_gpu(spec: RunSpec) -> Iterator[Violation]:
         )
 
 
-@rule("L012", Level.error, "sequence parallelism needs TP > 1 (MLM ModelParallelConfig)")
+@rule("L012", Level.warning, "sequence parallelism without TP does nothing (MB TransformerConfig.finalize)")
 def _sp_without_tp(spec: RunSpec) -> Iterator[Violation]:
     if spec.parallelism.sequence_parallel and spec.layout.tp == 1 and spec.engine == "megatron":
         yield Violation(
             ("parallelism.sequence_parallel",),
-            "sequence_parallel=true with TP=1: Megatron Core rejects sequence parallelism without tensor "
-            "parallelism.",
+            "sequence_parallel=true with TP=1 has no effect (Megatron Bridge turns it off).",
             "set parallelism.sequence_parallel=false or raise tp.",
         )
 
@@ -667,8 +671,10 @@ def _graph_moe_recompute(spec: RunSpec) -> Iterator[Violation]:
 @rule("G009", Level.error, "attn scope breaks Qwen3-VL graph capture (MB Qwen3-VL perf recipes)")
 def _graph_attn_qwen3vl(spec: RunSpec) -> Iterator[Violation]:
     graph = spec.cuda_graph
-    # An empty scope with the TE implementation captures the whole layer, attention included.
-    captures_attn = "attn" in graph.scope or (graph.impl is CudaGraphImpl.transformer_engine and not graph.scope)
+    te_graphs = graph.impl is CudaGraphImpl.transformer_engine
+    # An empty scope captures the whole layer, attention included. (With impl=none the scope is
+    # ignored: G011.)
+    captures_attn = te_graphs and ("attn" in graph.scope or not graph.scope)
     if captures_attn and spec.model.arch == "qwen3_vl_moe" and spec.engine == "megatron":
         yield Violation(
             ("cuda_graph",),
@@ -1114,19 +1120,47 @@ def _largest_terms(found: MemoryEstimate, count: int = 3) -> str:
     return ", ".join(f"{t.name} {t.gib:.1f}" for t in largest)
 
 
-@rule("M001", Level.error, "predicted peak memory fits the GPU")
-def _memory_fits(spec: RunSpec) -> Iterator[Violation]:
-    found = _estimate_or_none(spec)
-    if found is None or found.capacity_gib is None or found.fits:
-        return
+def _over_capacity(found: MemoryEstimate) -> float:
+    """How far the prediction is over GPU memory, as a fraction of it (<= 0: it fits)."""
+    assert found.capacity_gib is not None
+    return found.total_gib / found.capacity_gib - 1
+
+
+def _does_not_fit(spec: RunSpec, found: MemoryEstimate, hedge: str) -> Violation:
     change = fits_after(spec)
-    yield Violation(
+    return Violation(
         ("mbs", "recompute", "nodes"),
         f"predicted peak {found.total_gib:.1f} GiB per GPU > GPU memory {found.capacity_gib:.1f} GiB on "
-        f"{spec.cluster.name} (largest: {_largest_terms(found)} GiB; see the memory section of "
+        f"{spec.cluster.name}{hedge} (largest: {_largest_terms(found)} GiB; see the memory section of "
         "dry_run=true).",
         f"{change}." if change else "add nodes (more FSDP/EP sharding), raise pp, or lower seq_length.",
     )
+
+
+@rule("M001", Level.error, "predicted peak memory fits the GPU")
+def _memory_fits(spec: RunSpec) -> Iterator[Violation]:
+    # Rejected only past the estimate's stated uncertainty; closer misses are M003 warnings.
+    found = _estimate_or_none(spec)
+    if found is None or found.capacity_gib is None:
+        return
+    if _over_capacity(found) > GPU_ESTIMATE_UNCERTAINTY:
+        hedge = f", more than the estimate's {GPU_ESTIMATE_UNCERTAINTY:.0%} uncertainty"
+        yield _does_not_fit(spec, found, hedge)
+
+
+@rule("M003", Level.warning, "predicted over GPU memory, within the estimate's uncertainty")
+def _memory_probably_over(spec: RunSpec) -> Iterator[Violation]:
+    found = _estimate_or_none(spec)
+    if found is None or found.capacity_gib is None:
+        return
+    over = _over_capacity(found)
+    if 0 < over <= GPU_ESTIMATE_UNCERTAINTY:
+        yield _does_not_fit(
+            spec,
+            found,
+            f" by {over:.0%}: likely OOM, though within the {GPU_ESTIMATE_UNCERTAINTY:.0%} the (not yet "
+            "GPU-calibrated) estimate may be off",
+        )
 
 
 @rule("M002", Level.warning, "thin memory headroom")

@@ -3,6 +3,8 @@
 `conf/hydra/launcher/{slurm,slurm_gb200,slurm_b200,local}.yaml` start from `moe_vlm_submitit`.
 """
 
+# No `from __future__ import annotations`: Hydra's plugin scan executes this module outside
+# sys.modules, where dataclasses cannot resolve string annotations.
 from dataclasses import dataclass
 
 from hydra.core.config_store import ConfigStore

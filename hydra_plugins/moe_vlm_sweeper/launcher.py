@@ -17,6 +17,7 @@ import contextlib
 import io
 import logging
 import os
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +36,7 @@ from moe_vlm.record import RUN_JSON, write_json_atomic
 from moe_vlm.spec import RunSpec
 
 log = logging.getLogger(__name__)
+WAIT_POLL_S = 15.0  # submit_and_exit=false: seconds between polls of Slurm
 
 
 @dataclass
@@ -73,6 +75,10 @@ class SubmititLauncher(BaseSubmititLauncher):
     def check(self, overrides: Sequence[str]) -> None:
         self.plan(overrides)
 
+    def job_arguments(self, job: PlannedJob, number: int) -> tuple[Any, ...]:
+        """What `__call__` receives in the job (as hydra-submitit-launcher passes it)."""
+        return (job.overrides, "hydra.sweep.dir", number, f"job_id_for_{number}", Singleton.get_state())
+
     def python(self, job: PlannedJob) -> str:
         return slurm.python_command(job.settings)
 
@@ -96,22 +102,20 @@ class SubmititLauncher(BaseSubmititLauncher):
             return self._launch_local(planned, initial_job_idx)
         import submitit
 
-        returns = []
+        returns: list[JobReturn] = []
         for number, job in enumerate(planned, start=initial_job_idx):
             executor = submitit.SlurmExecutor(folder=self.folder, max_num_timeout=0, python=self.python(job))
             executor.update_parameters(**slurm.point_parameters(job.params, job.point_dir, self.python(job)))
             try:
                 # submitit prints sbatch's stderr on failure; the error below says it in one line.
                 with contextlib.redirect_stderr(io.StringIO()):
-                    submitted = executor.submit(
-                        self, job.overrides, "hydra.sweep.dir", number, f"job_id_for_{number}", Singleton.get_state()
-                    )
+                    submitted = executor.submit(self, *self.job_arguments(job, number))
             except (FailedJobError, FailedSubmissionError) as exc:
                 reason = (str(exc).strip().splitlines() or ["no message"])[-1]
                 raise BadInput(
                     f"sbatch refused {job.point_dir.name} ({' '.join(job.overrides[:-2])}): {reason}. "
-                    f"{len(returns)} earlier point(s) are queued. Fix: check hydra.launcher partition/account/qos "
-                    "(or the site file), then rerun the same command to submit the rest."
+                    f"{len(returns)} earlier point(s) are queued. Fix: check hydra.launcher "
+                    "partition/account/qos (or the site file), then rerun the command to submit the rest."
                 ) from exc
             points.add_submission(
                 job.point_dir,
@@ -132,7 +136,29 @@ class SubmititLauncher(BaseSubmititLauncher):
                     _return_value=submitted.job_id,
                 )
             )
-        return returns
+        return returns if self.settings.submit_and_exit else self._wait(planned)
+
+    def _wait(self, planned: list[PlannedJob]) -> list[JobReturn]:
+        """submit_and_exit=false: poll (one Slurm call per round) until every job has ended."""
+        from moe_vlm.launch.status import collect
+
+        sweep_dir = planned[0].point_dir.parent
+        wanted = {job.point_dir.name for job in planned}
+        while True:
+            states = {s.point_id: s.state for s in collect(sweep_dir) if s.point_id in wanted}
+            waiting = sum(state in ("queued", "running") for state in states.values())
+            if not waiting:
+                break
+            log.info("waiting for %d of %d job(s)", waiting, len(planned))
+            time.sleep(WAIT_POLL_S)
+        return [
+            JobReturn(
+                overrides=job.overrides,
+                working_dir=str(job.point_dir),
+                status=_status(states.get(job.point_dir.name)),
+            )
+            for job in planned
+        ]
 
     def _launch_local(self, planned: list[PlannedJob], initial_job_idx: int) -> Sequence[JobReturn]:
         """submitit's local executor: one process per point on this machine, waited for."""
@@ -142,16 +168,14 @@ class SubmititLauncher(BaseSubmititLauncher):
         executor.update_parameters(timeout_min=self.settings.timeout_min, tasks_per_node=1, nodes=1)
         jobs = []
         for number, job in enumerate(planned, start=initial_job_idx):
-            submitted = executor.submit(
-                self, job.overrides, "hydra.sweep.dir", number, f"job_id_for_{number}", Singleton.get_state()
-            )
+            submitted = executor.submit(self, *self.job_arguments(job, number))
             points.add_submission(
                 job.point_dir,
                 {"job_id": submitted.job_id, "executor": "local", "submitted_unix_s": points.now()},
             )
             points.update_point(job.point_dir, submitit_folder=self.folder)
             jobs.append((job, submitted))
-        returns = []
+        returns: list[JobReturn] = []
         for job, submitted in jobs:
             try:
                 returns.append(submitted.results()[0])
@@ -209,6 +233,10 @@ class SubmititLauncher(BaseSubmititLauncher):
             # Hydra caught the exception; raise it so the task exits non-zero and srun ends the step.
             raise result._return_value
         return result
+
+
+def _status(state: str | None) -> JobStatus:
+    return JobStatus.COMPLETED if state == "completed" else JobStatus.FAILED
 
 
 def _record_launch(point_dir: Path, job_id: str, executor: str) -> None:

@@ -59,10 +59,12 @@ def _none_if_one(value: int) -> int | None:
 
 
 def effective_sequence_parallel(spec: RunSpec) -> bool:
-    # Qwen3VLMoEModelProvider.finalize turns SP on whenever TP > 1: say so instead of letting
-    # the engine change the knob behind the plan's back (the Qwen3.5 provider does not).
-    forced = spec.model.arch == "qwen3_vl_moe" and spec.layout.tp > 1
-    return spec.parallelism.sequence_parallel or forced
+    """Sequence parallelism as the engine will run it, said up front instead of changed behind
+    the plan's back: Bridge's TransformerConfig.finalize turns it off when TP = 1, and
+    Qwen3VLMoEModelProvider.finalize turns it on whenever TP > 1 (the Qwen3.5 provider does not)."""
+    if spec.layout.tp <= 1:
+        return False
+    return spec.parallelism.sequence_parallel or spec.model.arch == "qwen3_vl_moe"
 
 
 def _recompute_granularity(spec: RunSpec) -> str | None:
@@ -178,7 +180,7 @@ FIELD_MAP: tuple[FieldMap, ...] = (
         "parallelism.sequence_parallel",
         "model.sequence_parallel",
         effective_sequence_parallel,
-        "Qwen3-VL-MoE provider forces it on when TP > 1",
+        "off when TP = 1 (Bridge); on when TP > 1 for Qwen3-VL-MoE (its provider)",
     ),
     FieldMap(
         "parallelism.first_stage_layers",
@@ -259,6 +261,12 @@ FIELD_MAP: tuple[FieldMap, ...] = (
         lambda s: s.dispatcher.overlap_moe_expert_parallel_comm,
     ),
     FieldMap(
+        "dispatcher.overlap_moe_expert_parallel_comm",
+        "comm_overlap.delay_wgrad_compute",
+        lambda s: KEEP if s.dispatcher.overlap_moe_expert_parallel_comm else False,
+        "needs the EP overlap (the H100 perf recipes turn both on)",
+    ),
+    FieldMap(
         "dispatcher",
         "env_vars",
         _hybridep_env,
@@ -302,6 +310,12 @@ FIELD_MAP: tuple[FieldMap, ...] = (
         "model.calculate_per_token_loss",
         lambda s: True if s.layout.cp > 1 else KEEP,
         "Qwen3-VL requires it with CP > 1",
+    ),
+    FieldMap(
+        "cp",
+        "ddp.average_in_collective",
+        lambda s: False if s.layout.cp > 1 else KEEP,
+        "Bridge requires it off with CP > 1 on VLM datasets",
     ),
     FieldMap("model", "model.apply_rope_fusion", lambda s: False, "Qwen3-VL requires it off"),
     FieldMap(

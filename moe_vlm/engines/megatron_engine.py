@@ -165,9 +165,31 @@ def _has_field(node: Any, name: str) -> bool:
     return hasattr(node, name)
 
 
+def _optional_section(path: str) -> Any:
+    """An empty config for an optional ConfigContainer section the recipe left as None."""
+    if path == "comm_overlap":
+        from megatron.bridge.training.comm_overlap import CommOverlapConfig
+
+        return CommOverlapConfig(tp_comm_overlap=False)
+    raise AttributeError(f"{path} is None in the recipe and the engine has no empty config for it")
+
+
+def _section_missing(cfg: Any, path: str) -> bool:
+    section = path.partition(".")[0]
+    return "." in path and hasattr(cfg, section) and getattr(cfg, section) is None
+
+
 def set_field(cfg: Any, path: str, value: Any) -> None:
     """Set a dotted ConfigContainer field. A name the installed Bridge lacks is an error: Python
-    would otherwise add it as a new attribute that nothing reads."""
+    would otherwise add it as a new attribute that nothing reads.
+
+    Optional sections the recipe left as None (comm_overlap in the general recipes) mean "off":
+    switching something off there is already done; switching it on creates the section.
+    """
+    if _section_missing(cfg, path):
+        if value in (None, False):
+            return
+        setattr(cfg, path.partition(".")[0], _optional_section(path.partition(".")[0]))
     node, name = _parent_and_name(cfg, path)
     if not _has_field(node, name):
         raise AttributeError(
@@ -178,6 +200,9 @@ def set_field(cfg: Any, path: str, value: Any) -> None:
 
 
 def get_field(cfg: Any, path: str) -> Any:
+    """A dotted field's value; a field inside an optional section that is None reads as None."""
+    if _section_missing(cfg, path):
+        return None
     node, name = _parent_and_name(cfg, path)
     return getattr(node, name)
 
@@ -253,6 +278,8 @@ def check_overrides(cfg: Any, spec: RunSpec) -> list[str]:
         elif row.field == "env_vars":
             env = {k: str(v) for k, v in cfg.env_vars.items() if k in HYBRID_EP_ENV_NAMES}
             actual, wanted = env, normalise(row.value)
+        elif _section_missing(cfg, row.field) and row.value in (None, False):
+            continue  # an optional section the recipe left out is off
         else:
             actual, wanted = normalise(get_field(cfg, row.field)), normalise(row.value)
         if actual != wanted:

@@ -21,7 +21,9 @@ from moe_vlm.engines.megatron_engine import stack_problem
 from moe_vlm.spec import RunSpec
 
 STACK_PROBLEM = stack_problem()
-needs_stack = pytest.mark.skipif(STACK_PROBLEM is not None, reason=f"Megatron stack unavailable: {STACK_PROBLEM}")
+needs_stack = pytest.mark.skipif(
+    STACK_PROBLEM is not None, reason=f"Megatron stack unavailable: {STACK_PROBLEM}"
+)
 
 # Lines the session summary prints (agreement counts, what was checked).
 REPORT: list[str] = []
@@ -29,7 +31,9 @@ REPORT: list[str] = []
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:
     if STACK_PROBLEM is not None:
-        terminalreporter.write_sep("!", "tests/megatron SKIPPED: the real-library checks did not run", red=True)
+        terminalreporter.write_sep(
+            "!", "tests/megatron SKIPPED: the real-library checks did not run", red=True
+        )
         terminalreporter.write_line(f"reason: {STACK_PROBLEM}", red=True)
     if REPORT:
         terminalreporter.write_sep("-", "Megatron Bridge checks (real library, CPU)")

@@ -36,8 +36,12 @@ def sweep_points() -> list[tuple[str, tuple[str, ...]]]:
             presets.setdefault(path.stem, path)
     points = []
     for name, path in sorted(presets.items()):
-        params = (yaml.safe_load(path.read_text()) or {}).get("hydra", {}).get("sweeper", {}).get("params") or {}
-        axes = [[f"{key}={value.strip()}" for value in str(values).split(",")] for key, values in params.items()]
+        params = (yaml.safe_load(path.read_text()) or {}).get("hydra", {}).get("sweeper", {}).get(
+            "params"
+        ) or {}
+        axes = [
+            [f"{key}={value.strip()}" for value in str(values).split(",")] for key, values in params.items()
+        ]
         points += [(name, combo) for combo in itertools.product(*axes)]
     return points
 
@@ -63,8 +67,12 @@ def test_every_group_option_reaches_the_config(recipes: RecipeCache, group: str,
 
 
 @needs_stack
-@pytest.mark.parametrize(("preset", "point"), sweep_points(), ids=lambda v: v if isinstance(v, str) else "-".join(v))
-def test_every_sweep_point_reaches_the_config(recipes: RecipeCache, preset: str, point: tuple[str, ...]) -> None:
+@pytest.mark.parametrize(
+    ("preset", "point"), sweep_points(), ids=lambda v: v if isinstance(v, str) else "-".join(v)
+)
+def test_every_sweep_point_reaches_the_config(
+    recipes: RecipeCache, preset: str, point: tuple[str, ...]
+) -> None:
     spec, cfg = built(recipes, *BASE, *point)
     assert check_overrides(cfg, spec) == [], f"sweep={preset} {point}"
 
@@ -76,25 +84,35 @@ def test_every_recipe_in_the_table_exists() -> None:
         ("qwen3_vl_30b_a3b", "qwen3_vl_235b_a22b", "qwen35_vl_35b_a3b", "tiny_moe_vlm"),
         ("gb200", "b200", "h100", "h200", "local"),
     ):
-        recipe = select_recipe(make_spec("engine=megatron", "dry_run=true", f"model={model}", f"cluster={cluster}"))
+        recipe = select_recipe(
+            make_spec("engine=megatron", "dry_run=true", f"model={model}", f"cluster={cluster}")
+        )
         assert recipe is not None
         assert callable(getattr(importlib.import_module(recipe.module), recipe.function)), recipe.name
         checked.append(recipe.name)
-    REPORT.append(f"recipes: {len(set(checked))} distinct Bridge recipe functions resolved in the installed package")
+    REPORT.append(
+        f"recipes: {len(set(checked))} distinct Bridge recipe functions resolved in the installed package"
+    )
 
 
 @needs_stack
 def test_every_table_field_exists(recipes: RecipeCache) -> None:
     """Each row names a real field: of the recipe's config, or of the real-data config it builds."""
-    spec, cfg = built(recipes, *BASE)
+    _, cfg = built(recipes, *BASE)
     _, real_cfg = built(recipes, *BASE, "data=real", "data.path=/datasets/shards")
     for row in FIELD_MAP:
         if row.field == "env_vars":
             continue
-        target = real_cfg if row.field.startswith("dataset.task_encoder") or row.field in (
-            "dataset.path",
-            "dataset.micro_batch_size",
-        ) else cfg
+        target = (
+            real_cfg
+            if row.field.startswith("dataset.task_encoder")
+            or row.field
+            in (
+                "dataset.path",
+                "dataset.micro_batch_size",
+            )
+            else cfg
+        )
         set_field(target, row.field, get_field(target, row.field))  # raises for a field the library lacks
     REPORT.append(f"table: all {len(FIELD_MAP)} rows name fields that exist in megatron-bridge 0.6.2")
 
@@ -109,9 +127,9 @@ def test_unknown_field_is_an_error_not_a_new_attribute(recipes: RecipeCache) -> 
 @needs_stack
 def test_freeze_fields_beat_the_provider_defaults(recipes: RecipeCache) -> None:
     # The MoE provider and the recipes freeze language and vision: vision_freeze=none must undo it.
-    spec, cfg = built(recipes, *BASE, "vision_freeze=none")
+    _, cfg = built(recipes, *BASE, "vision_freeze=none")
     assert (cfg.model.freeze_language_model, cfg.model.freeze_vision_model) == (False, False)
-    spec, cfg = built(recipes, *BASE, "vision_freeze=vision_projector")
+    _, cfg = built(recipes, *BASE, "vision_freeze=vision_projector")
     assert (cfg.model.freeze_vision_model, cfg.model.freeze_vision_projection) == (True, True)
     assert cfg.model.freeze_language_model is False
 

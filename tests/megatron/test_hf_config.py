@@ -22,10 +22,13 @@ def test_bridge_provider_matches_the_model_group(model: str, tmp_path: Path) -> 
     bridge = AutoBridge.from_hf_pretrained(str(write_hf_config(m, tmp_path)))
     provider = bridge.to_megatron_provider(load_weights=False)
 
-    assert type(provider).__name__ == {
-        "qwen3_vl_moe": "Qwen3VLMoEModelProvider",
-        "qwen3_5_moe": "Qwen35VLMoEModelProvider",
-    }[m.arch]
+    assert (
+        type(provider).__name__
+        == {
+            "qwen3_vl_moe": "Qwen3VLMoEModelProvider",
+            "qwen3_5_moe": "Qwen35VLMoEModelProvider",
+        }[m.arch]
+    )
     assert provider.num_layers == m.num_layers
     assert provider.hidden_size == m.hidden_size
     assert provider.num_attention_heads == m.num_attention_heads
@@ -45,10 +48,16 @@ def test_bridge_provider_matches_the_model_group(model: str, tmp_path: Path) -> 
         m.vision_num_heads,
     )
     assert vision.out_hidden_size == m.projector_out_size
-    assert (vision.patch_size, vision.spatial_merge_size) == (m.vision_patch_size, m.vision_spatial_merge_size)
+    assert (vision.patch_size, vision.spatial_merge_size) == (
+        m.vision_patch_size,
+        m.vision_spatial_merge_size,
+    )
     if m.arch == "qwen3_vl_moe":
         assert list(vision.deepstack_visual_indexes) == list(m.vision_deepstack_layers)
         # The gotcha the freeze rows exist for: the MoE provider freezes both stacks by default.
         assert (provider.freeze_language_model, provider.freeze_vision_model) == (True, True)
     else:
-        assert provider.moe_shared_expert_intermediate_size == m.num_shared_experts * m.shared_expert_ffn_hidden_size
+        assert (
+            provider.moe_shared_expert_intermediate_size
+            == m.num_shared_experts * m.shared_expert_ffn_hidden_size
+        )

@@ -62,3 +62,22 @@ def test_cli_table_and_bad_directory(sweep: Path, capsys: pytest.CaptureFixture[
     assert "5 point(s)" in out and "STATE" in out and "p50 step 1.25 s" in out
     assert main([str(sweep / "missing")]) == 2
     assert "no such directory" in capsys.readouterr().err
+
+
+def test_slurm_is_asked_once_per_refresh_not_per_job(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from moe_vlm.launch import slurm
+
+    calls: list[list[str]] = []
+    real_run = slurm._run
+
+    def counted(command: list[str]) -> str | None:
+        calls.append(command)
+        return real_run(command)  # the real scontrol/sacct where Slurm is installed
+
+    monkeypatch.setattr(slurm, "_run", counted)
+    root = tmp_path / "sweep"
+    for number in range(20):
+        point(root, f"p{number:02d}", job_id=str(900000 + number))
+    collect(root, record=False)
+    assert 1 <= len(calls) <= 2, calls  # scontrol for all jobs, then sacct once for those it forgot
+    assert calls[0][:3] == ["scontrol", "--oneliner", "show"]
