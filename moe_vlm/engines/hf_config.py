@@ -110,10 +110,13 @@ def _vision_config(model: ModelConfig) -> dict[str, Any]:
 
 def transformers_config(model: ModelConfig) -> Any:
     """transformers' config object for this model (Qwen3VLMoeConfig or Qwen3_5MoeConfig)."""
+    from transformers import PretrainedConfig, Qwen3_5MoeConfig, Qwen3VLMoeConfig
+
+    config_class: type[PretrainedConfig]
     if model.arch == "qwen3_vl_moe":
-        from transformers import Qwen3VLMoeConfig as config_class
+        config_class = Qwen3VLMoeConfig
     elif model.arch == "qwen3_5_moe":
-        from transformers import Qwen3_5MoeConfig as config_class
+        config_class = Qwen3_5MoeConfig
     else:
         allowed = list(ARCHITECTURES)
         raise ValueError(f"model.arch={model.arch!r} has no Hugging Face config; allowed: {allowed}")

@@ -102,11 +102,11 @@ def offline_hf(hf_dir: Path) -> Iterator[list[str]]:
 
     offline_before = os.environ.get("HF_HUB_OFFLINE")
     os.environ["HF_HUB_OFFLINE"] = "1"
-    AutoBridge.from_hf_pretrained = classmethod(from_local_dir)  # type: ignore[method-assign,assignment]
+    AutoBridge.from_hf_pretrained = classmethod(from_local_dir)
     try:
         yield requested
     finally:
-        AutoBridge.from_hf_pretrained = original  # type: ignore[method-assign]
+        AutoBridge.from_hf_pretrained = original
         if offline_before is None:
             os.environ.pop("HF_HUB_OFFLINE", None)
         else:
@@ -314,7 +314,14 @@ class StepStats:
         self.micro_batches += 1
         self.sequences += int(tokens.shape[0])
         self.padded += int(tokens.numel())
-        real_per_sequence = (tokens != pad_token_id).sum(dim=-1)
+        # Bridge's collate pads with the tokenizer's pad id; an attention mask, when the batch
+        # carries one, is the better witness.
+        attention = batch.get("attention_mask")
+        if attention is not None and tuple(attention.shape) == tuple(tokens.shape):
+            real_mask = attention.bool()
+        else:
+            real_mask = tokens != pad_token_id
+        real_per_sequence = real_mask.sum(dim=-1)
         self.real += int(real_per_sequence.sum())
         self.sum_seq_len_squared += int((real_per_sequence.long() ** 2).sum())
         self.image += int((tokens == image_token_id).sum())
@@ -324,8 +331,9 @@ class StepStats:
         visual = batch.get("visual_inputs")
         grid = getattr(visual, "image_grid_thw", None) if visual is not None else None
         if grid is not None and grid.numel():
+            # [images, 3] or Qwen's batched [B, N, 3] with all-zero rows for missing images.
             patches = grid.long().prod(dim=-1)
-            self.images += int(grid.shape[0])
+            self.images += int((patches > 0).sum())
             self.vision_patches += int(patches.sum())
             self.sum_patches_squared += int((patches**2).sum())
 

@@ -7,6 +7,7 @@ point (tiny model, mock data, seq 2048, MBS 1, 2 CPU ranks, 2 steps) through the
 from __future__ import annotations
 
 import importlib.util
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,7 @@ def calibrate_module() -> Any:
     spec = importlib.util.spec_from_file_location("calibrate_memory", SCRIPT)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while the script loads
     spec.loader.exec_module(module)
     return module
 

@@ -281,6 +281,7 @@ def judge(
     return Verdict(name, overrides, ours, engine_cpu, device, rewritten)
 
 
+@needs_stack
 def test_device_rules_are_stated_where_we_cite_them() -> None:
     for code, rule in ON_DEVICE.items():
         spec = importlib.util.find_spec(rule.module)
@@ -332,5 +333,6 @@ def test_catalogue_agrees_with_the_engine(recipes: RecipeCache, engine_environme
     REPORT.append(f"table rows the engine rewrote during its pre-flight: {len(rewrites)}")
     detail = "\n".join(f"  {v.name} {' '.join(v.overrides)}: {why}" for v, why in disagreements)
     assert not disagreements, f"{len(disagreements)} disagreement(s):\n{detail}"
+    assert not rewrites, "the engine's pre-flight changed table values:\n" + "\n".join(rewrites)
     # Every engine rule was exercised by at least one configuration the engine rejects.
     assert set(ENGINE_CPU) | set(ON_DEVICE) <= set(engine_codes_seen)

@@ -9,12 +9,14 @@ from __future__ import annotations
 import importlib
 import itertools
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
 
 from moe_vlm.engines.bridge_fields import FIELD_MAP, select_recipe
 from moe_vlm.engines.megatron_engine import apply_overrides, check_overrides, get_field, set_field
+from moe_vlm.spec import RunSpec
 from tests.conftest import CONF, REPO, make_spec
 from tests.megatron.conftest import REPORT, RecipeCache, needs_stack
 
@@ -46,7 +48,7 @@ def sweep_points() -> list[tuple[str, tuple[str, ...]]]:
     return points
 
 
-def built(recipes: RecipeCache, *overrides: str) -> tuple[object, object]:
+def built(recipes: RecipeCache, *overrides: str) -> tuple[RunSpec, Any]:
     spec = make_spec(*overrides)
     cfg = recipes.config(spec)
     apply_overrides(cfg, spec)
