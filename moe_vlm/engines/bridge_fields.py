@@ -322,7 +322,7 @@ FIELD_MAP: tuple[FieldMap, ...] = (
         "data.pack_sequences",
         "model.variable_seq_lengths",
         lambda s: s.data.pack_sequences,
-        "CUDA graphs require fixed lengths",
+        "packed micro-batches vary in length (Qwen3-VL CUDA graphs require fixed lengths)",
     ),
     # Batch, sequence, schedule.
     FieldMap("mbs", "train.micro_batch_size", lambda s: s.mbs),

@@ -155,10 +155,7 @@ ON_DEVICE = {
     "G010": Documented(
         "megatron.bridge.models.qwen_vl.modelling_qwen3_vl.model",
         "Qwen3-VL MoE with CUDA graph requires fixed sequence lengths",
-        lambda cfg: (
-            cfg.model.cuda_graph_impl != "none"
-            and (cfg.model.variable_seq_lengths or getattr(cfg.dataset, "enable_in_batch_packing", False))
-        ),
+        lambda cfg: cfg.model.cuda_graph_impl != "none" and bool(cfg.model.variable_seq_lengths),
     ),
     "L013": Documented(
         "megatron.bridge.models.qwen_vl.modelling_qwen3_vl.model",

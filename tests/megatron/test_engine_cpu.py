@@ -81,3 +81,18 @@ def test_running_without_a_gpu_is_refused_in_one_line(tmp_path: Path) -> None:
         "plan with dry_run=true, or use engine=torch."
     ]
     assert not (run_dir / "run.json").exists() and not (run_dir / "steps.jsonl").exists()
+
+
+@needs_stack
+def test_forward_step_and_callbacks_fit_bridge_s_protocols(tmp_path: Path) -> None:
+    from megatron.bridge.training.callbacks import CallbackManager
+    from megatron.bridge.training.utils.train_utils import needs_global_state_injection
+
+    from moe_vlm.engines.megatron_engine import StepRecorder, counting_forward_step
+
+    recorder = StepRecorder(make_spec(*MEG), tmp_path)
+    assert needs_global_state_injection(counting_forward_step(recorder))  # Bridge passes its GlobalState
+    manager = CallbackManager()
+    manager.add([recorder])
+    for event in ("on_train_start", "on_train_step_start", "on_train_step_end", "on_train_end"):
+        assert manager.has_callbacks(event), event

@@ -48,10 +48,10 @@ def test_layout_recompute_and_graph_fields() -> None:
     assert values["model.recompute_granularity"] == "selective"
     assert values["model.recompute_modules"] == ["core_attn"]
     assert values["model.cuda_graph_impl"] == "transformer_engine"
-    assert values["model.cuda_graph_scope"] == ["moe_router", "moe_preprocess"]
+    assert values["model.cuda_graph_modules"] == ["moe_router", "moe_preprocess"]
     assert values["model.use_te_rng_tracker"] is True
     full = fields(*MEG, "cuda_graph=full_iteration", "recompute=full")
-    assert (full["model.cuda_graph_impl"], full["model.cuda_graph_scope"]) == ("local", ["full_iteration"])
+    assert (full["model.cuda_graph_impl"], full["model.cuda_graph_modules"]) == ("full_iteration", [])
     assert full["rerun_state_machine.check_for_nan_in_loss"] is False
     assert (full["model.recompute_method"], full["model.recompute_num_layers"]) == ("uniform", 1)
 
@@ -66,5 +66,5 @@ def test_fsdp_fields() -> None:
 def test_recipe_selection() -> None:
     perf = select_recipe(make_spec(*MEG))
     assert perf is not None and perf.kind == "perf" and "gb200" in perf.function
-    general = select_recipe(make_spec("cluster=h100", "model=qwen3_vl_30b_a3b"))
+    general = select_recipe(make_spec("cluster=h200", "model=qwen3_vl_30b_a3b"))
     assert general is not None and general.kind == "general"
