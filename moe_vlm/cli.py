@@ -7,7 +7,10 @@ import sys
 
 SUBCOMMANDS = {
     "report": ("moe_vlm.report", "turn run and sweep directories into ranked tables and plots"),
-    "status": ("moe_vlm.launch.status", "per-point state of a sweep (queued/running/completed/failed/rejected)"),
+    "status": (
+        "moe_vlm.launch.status",
+        "per-point state of a sweep (queued/running/completed/failed/rejected)",
+    ),
     "advise": ("moe_vlm.advise", "what to run first, or what to try next after a sweep"),
 }
 
@@ -25,7 +28,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0 if args else 2
     name, rest = args[0], args[1:]
     if name not in SUBCOMMANDS:
-        print(f"moe-vlm: error: unknown subcommand {name!r}; allowed: {', '.join(SUBCOMMANDS)}.", file=sys.stderr)
+        print(
+            f"moe-vlm: error: unknown subcommand {name!r}; allowed: {', '.join(SUBCOMMANDS)}.",
+            file=sys.stderr,
+        )
         return 2
     module = importlib.import_module(SUBCOMMANDS[name][0])
     return int(module.main(rest) or 0)

@@ -35,7 +35,7 @@ def _available_keys(full_key: str, overrides: list[str]) -> list[str]:
     node = OmegaConf.select(cfg, parent) if parent else cfg
     if node is None or not hasattr(node, "keys"):
         return []
-    return sorted(str(k) for k in node.keys() if k != "hydra")
+    return sorted(str(k) for k in node if k != "hydra")
 
 
 def _compose(overrides: list[str]) -> DictConfig:
@@ -73,7 +73,11 @@ def explain(exc: Exception, overrides: list[str]) -> str:
         return f"cannot parse override: {str(exc).splitlines()[0]}. Fix: use key=value (quote values with spaces)."
     cause = exc.__cause__ if isinstance(exc, ConfigCompositionException) and exc.__cause__ else exc
     text = f"{exc} {cause}"
-    if isinstance(cause, ConfigKeyError) or "not in struct" in text or re.search(r"Key '[^']+' not in '", text):
+    if (
+        isinstance(cause, ConfigKeyError)
+        or "not in struct" in text
+        or re.search(r"Key '[^']+' not in '", text)
+    ):
         key = getattr(cause, "full_key", None) or _first_quoted(text)
         try:
             allowed = ", ".join(_available_keys(str(key), overrides))

@@ -85,7 +85,10 @@ def render(spec: RunSpec, findings: list[Finding]) -> str:
     if spec.engine == "megatron":
         out += megatron_lines(spec)
     else:
-        out += ["-- torch engine --", "transformers Qwen3VLMoeForConditionalGeneration + torch FSDP2 "
-                f"({spec.parallelism.sharding_strategy.value}), {spec.layout.world_size} rank(s)"]
+        out += [
+            "-- torch engine --",
+            "transformers Qwen3VLMoeForConditionalGeneration + torch FSDP2 "
+            f"({spec.parallelism.sharding_strategy.value}), {spec.layout.world_size} rank(s)",
+        ]
     out += ["", "VALID" if not errors else f"INVALID: {len(errors)} error(s); nothing was run or submitted."]
     return "\n".join(out)

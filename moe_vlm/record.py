@@ -150,24 +150,26 @@ def base_record(spec: RunSpec, config: dict[str, Any], status: str) -> dict[str,
     env = environment()
     layout = spec.layout
     # Secrets from the environment (a path through ${oc.env:...}) must not reach any record.
-    return scrub({
-        "schema_version": SCHEMA_VERSION,
-        "status": status,
-        "point_id": point_id(config, env["git"]["commit"]),
-        "config": config,
-        "spec": spec.to_dict(),
-        "layout": {
-            "world_size": layout.world_size,
-            "nodes": layout.nodes,
-            "dp": layout.dp,
-            "tp": layout.tp,
-            "pp": layout.pp,
-            "vp": layout.vp,
-            "cp": layout.cp,
-            "ep": layout.ep,
-            "etp": layout.etp,
-        },
-        "engine": spec.engine,
-        "data": {"kind": spec.data.kind.value},
-        "env": env,
-    })
+    return scrub(
+        {
+            "schema_version": SCHEMA_VERSION,
+            "status": status,
+            "point_id": point_id(config, env["git"]["commit"]),
+            "config": config,
+            "spec": spec.to_dict(),
+            "layout": {
+                "world_size": layout.world_size,
+                "nodes": layout.nodes,
+                "dp": layout.dp,
+                "tp": layout.tp,
+                "pp": layout.pp,
+                "vp": layout.vp,
+                "cp": layout.cp,
+                "ep": layout.ep,
+                "etp": layout.etp,
+            },
+            "engine": spec.engine,
+            "data": {"kind": spec.data.kind.value},
+            "env": env,
+        }
+    )

@@ -67,7 +67,9 @@ class Finding:
         return self.level is Level.error
 
     def line(self) -> str:
-        return f"{self.level.value.upper()} {self.code} [{', '.join(self.keys)}]: {self.message} Fix: {self.fix}"
+        return (
+            f"{self.level.value.upper()} {self.code} [{', '.join(self.keys)}]: {self.message} Fix: {self.fix}"
+        )
 
     def to_dict(self) -> dict[str, object]:
         return {
@@ -104,9 +106,7 @@ def rule(code: str, level: Level, title: str) -> Callable[[Check], Check]:
 
 def validate(spec: RunSpec) -> list[Finding]:
     """Every finding at once, errors first, in catalogue order."""
-    findings = [
-        Finding(r.code, r.level, v.keys, v.message, v.fix) for r in CATALOGUE for v in r.check(spec)
-    ]
+    findings = [Finding(r.code, r.level, v.keys, v.message, v.fix) for r in CATALOGUE for v in r.check(spec)]
     return sorted(findings, key=lambda f: f.level is not Level.error)
 
 
@@ -159,7 +159,9 @@ def _positive_sizes(spec: RunSpec) -> Iterator[Violation]:
         if value < 1:
             yield Violation((key,), f"{key}={value} must be a positive integer.", f"set {key} to 1 or more.")
     if layout.ep < 0:
-        yield Violation(("ep",), f"ep={layout.ep} must be >= 0.", "set ep=0 (sized to the experts) or a positive EP.")
+        yield Violation(
+            ("ep",), f"ep={layout.ep} must be >= 0.", "set ep=0 (sized to the experts) or a positive EP."
+        )
     if spec.warmup_steps < 0:
         yield Violation(("warmup_steps",), "warmup_steps must be >= 0.", "set warmup_steps=0 or more.")
 
@@ -389,7 +391,9 @@ def _fsdp_v2(spec: RunSpec) -> Iterator[Violation]:
     par, lay = spec.parallelism, spec.layout
     if spec.family != "fsdp" or par.fsdp_version != 2:
         return
-    blockers = [name for name, size in (("tp", lay.tp), ("pp", lay.pp), ("cp", lay.cp), ("ep", lay.ep)) if size > 1]
+    blockers = [
+        name for name, size in (("tp", lay.tp), ("pp", lay.pp), ("cp", lay.cp), ("ep", lay.ep)) if size > 1
+    ]
     if spec.model.num_experts > 0:
         blockers.append("MoE model")
     if _uses_graphs(spec):
@@ -561,7 +565,9 @@ def _hybridep_topology(spec: RunSpec) -> Iterator[Violation]:
     for name, value in given.items():
         if value and value != derived[name]:
             yield Violation(
-                (f"dispatcher.hybridep_{'ranks_per_nvlink_domain' if 'RANKS' in name else 'nvlink_domain_size'}",),
+                (
+                    f"dispatcher.hybridep_{'ranks_per_nvlink_domain' if 'RANKS' in name else 'nvlink_domain_size'}",
+                ),
                 f"{name}={value} does not match this cluster and layout ({derived[name]}).",
                 "set it to 0 to derive it from the cluster.",
             )
@@ -756,7 +762,9 @@ def _recompute_shape(spec: RunSpec) -> Iterator[Violation]:
     elif r.granularity is RecomputeGranularity.selective:
         if not r.modules:
             yield Violation(
-                ("recompute.modules",), "selective recompute needs at least one module.", "e.g. recompute=selective."
+                ("recompute.modules",),
+                "selective recompute needs at least one module.",
+                "e.g. recompute=selective.",
             )
         if r.method is not RecomputeMethod.none or r.num_layers:
             yield Violation(

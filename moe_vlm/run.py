@@ -46,7 +46,9 @@ def run(cfg: DictConfig) -> None:
         record = base_record(spec, config, status="rejected")
         record["findings"] = [f.to_dict() for f in findings]
         write_json_atomic(run_dir / RUN_JSON, scrub(record))
-        print(f"moe_vlm: rejected before any work: {len(bad)} error(s) above; nothing was run.", file=sys.stderr)
+        print(
+            f"moe_vlm: rejected before any work: {len(bad)} error(s) above; nothing was run.", file=sys.stderr
+        )
         sys.exit(EXIT_INVALID)
 
     from moe_vlm.data import DataError, check_data

@@ -177,7 +177,9 @@ def build_spec(train: TrainConfig) -> RunSpec:
         gbs = train.gbs if train.gbs is not None else model.default_gbs
 
     # The engine is what runs the job, so the spec carries resolved copies of the shortcut knobs.
-    resolved_par = ParallelismConfig(**{**vars(par), "tp": tp, "pp": pp, "vp": vp, "cp": cp, "ep": ep, "etp": etp})
+    resolved_par = ParallelismConfig(
+        **{**vars(par), "tp": tp, "pp": pp, "vp": vp, "cp": cp, "ep": ep, "etp": etp}
+    )
     return RunSpec(
         model=model,
         parallelism=resolved_par,

@@ -21,7 +21,11 @@ def test_freeze_fields_are_always_explicit() -> None:
     # The MoE provider freezes language and vision by default: we must never inherit that.
     for option in ("none", "vision", "vision_projector"):
         values = fields(*MEG, f"vision_freeze={option}")
-        for name in ("model.freeze_language_model", "model.freeze_vision_model", "model.freeze_vision_projection"):
+        for name in (
+            "model.freeze_language_model",
+            "model.freeze_vision_model",
+            "model.freeze_vision_projection",
+        ):
             assert isinstance(values[name], bool)
     assert fields(*MEG, "vision_freeze=vision")["model.freeze_vision_model"] is True
     assert fields(*MEG, "vision_freeze=vision")["model.freeze_vision_projection"] is False
@@ -29,12 +33,17 @@ def test_freeze_fields_are_always_explicit() -> None:
 
 def test_hybridep_topology_comes_from_the_cluster() -> None:
     env = fields(*MEG, "dispatcher=hybridep")["env_vars"]
-    assert env == {"NUM_OF_HYBRID_EP_RANKS_PER_NVLINK_DOMAIN": "8", "NVLINK_DOMAIN_SIZE": "72", "USE_MNNVL": "1"}
+    assert env == {
+        "NUM_OF_HYBRID_EP_RANKS_PER_NVLINK_DOMAIN": "8",
+        "NVLINK_DOMAIN_SIZE": "72",
+        "USE_MNNVL": "1",
+    }
     values = fields(*MEG, "dispatcher=hybridep")
     assert values["model.moe_token_dispatcher_type"] == "flex"
     assert values["model.moe_flex_dispatcher_backend"] == "hybridep"
     assert values["model.moe_shared_expert_overlap"] is False
-    assert fields("cluster=b200", "model=qwen3_vl_30b_a3b", "dispatcher=hybridep")["env_vars"]["USE_MNNVL"] == "0"
+    b200_env = fields("cluster=b200", "model=qwen3_vl_30b_a3b", "dispatcher=hybridep")["env_vars"]
+    assert b200_env == {"NUM_OF_HYBRID_EP_RANKS_PER_NVLINK_DOMAIN": "8", "NVLINK_DOMAIN_SIZE": "8", "USE_MNNVL": "0"}
 
 
 def test_layout_recompute_and_graph_fields() -> None:

@@ -18,9 +18,7 @@ def options(group: str) -> list[str]:
     return sorted(path.stem for path in (CONF / group).glob("*.yaml"))
 
 
-@pytest.mark.parametrize(
-    "override", [f"{group}={option}" for group in GROUPS for option in options(group)]
-)
+@pytest.mark.parametrize("override", [f"{group}={option}" for group in GROUPS for option in options(group)])
 def test_every_group_option_composes(override: str) -> None:
     spec = make_spec(override, "dry_run=true")
     group, option = override.split("=")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from moe_vlm.rules import CATALOGUE, validate
-from tests.conftest import make_spec
+from tests.conftest import REPO, make_spec
 
 # A small GPU-cluster run on the Megatron engine: 1 B200 node (8 GPUs), Qwen3-VL-30B-A3B, EP auto = 8.
 MEG = ["cluster=b200", "model=qwen3_vl_30b_a3b", "nodes=1"]
@@ -20,7 +20,10 @@ CASES: dict[str, tuple[list[str], list[str]]] = {
     "C001": (["mbs=0"], []),
     "C002": (["parallelism.family=2d"], []),
     "C003": (["train_iters=2", "warmup_steps=2"], ["train_iters=3", "warmup_steps=2"]),
-    "C004": (["vision_freeze=vision_projector", "vision_freeze.language=true"], ["vision_freeze=vision_projector"]),
+    "C004": (
+        ["vision_freeze=vision_projector", "vision_freeze.language=true"],
+        ["vision_freeze=vision_projector"],
+    ),
     "L001": ([*MEG, "parallelism=3d", "tp=3"], [*MEG, "parallelism=3d", "tp=2"]),
     "L002": ([*MEG, "ep=16"], [*MEG, "ep=8"]),
     "L003": ([*MEG, "ep=3"], [*MEG, "ep=4"]),
@@ -141,7 +144,9 @@ def test_all_findings_reported_at_once() -> None:
 
 
 def test_every_finding_names_keys_and_a_fix() -> None:
-    findings = validate(make_spec("mbs=0", "parallelism=3d", "tp=2", "dispatcher=deepep", "cuda_graph=te_moe"))
+    findings = validate(
+        make_spec("mbs=0", "parallelism=3d", "tp=2", "dispatcher=deepep", "cuda_graph=te_moe")
+    )
     for finding in findings:
         assert finding.keys and finding.message and finding.fix
         assert "\n" not in finding.line()
@@ -151,3 +156,9 @@ def test_rule_codes_are_unique_and_stable_format() -> None:
     codes_seen = [rule.code for rule in CATALOGUE]
     assert len(codes_seen) == len(set(codes_seen))
     assert all(len(code) == 4 and code[0].isalpha() and code[1:].isdigit() for code in codes_seen)
+
+
+def test_readme_lists_every_rule() -> None:
+    readme = (REPO / "README.md").read_text()
+    missing = [rule.code for rule in CATALOGUE if f"| {rule.code} |" not in readme]
+    assert not missing, f"README's validation catalogue lacks {missing}"
