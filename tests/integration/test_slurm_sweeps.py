@@ -29,9 +29,11 @@ REPO = Path(__file__).resolve().parents[2]
 PYTHON = sys.executable
 # Mock data keeps the ranks busy with the launcher's work, not the vision path's.
 RUN = ["model=tiny_moe_vlm", "data=mock", "nproc=2", "warmup_steps=1", "seq_length=128"]
-# Long enough to interrupt after the first step (a mock-data step takes 0.2-0.4 s on 2 idle cores),
-# short enough to rerun.
-LONG = "train_iters=30"
+# Long enough to interrupt after the first step even on 2 idle cores, where a mock-data step takes
+# 0.1-0.4 s: submitit bypasses scancel's SIGTERM, so a cancelled job runs on until Slurm's SIGKILL
+# (KillWait=5 in scripts/slurm_local.sh) and must not finish first. Short enough to rerun.
+STEPS = 80
+LONG = f"train_iters={STEPS}"
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
@@ -190,8 +192,8 @@ def test_a_sweep_rejects_submits_and_exits_classifies_failures_and_resumes(
         assert done[key]["state"] == "completed", done[key]
         record = run_json(done[key]["point_dir"])
         assert record["launch"]["slurm_job_id"] == done[key]["job_id"] and record["layout"]["world_size"] == 2
-        # 30 steps x 2 ranks, nothing from the failed attempt.
-        assert steps_written(done[key]["point_dir"]) == 60
+        # Every step x 2 ranks, nothing from the failed attempt.
+        assert steps_written(done[key]["point_dir"]) == 2 * STEPS
         earlier = json.loads((Path(done[key]["point_dir"]) / "attempts" / "1" / "run.json").read_text())
         assert earlier["failure"]["class"] == cls  # the failed attempt is kept, not overwritten
 
@@ -240,4 +242,4 @@ def test_usr2_marks_the_point_for_rerun_and_requeues(slurm: None, sweep_dir: Pat
     assert record["launch"]["restarts"] == 1 and final["restarts"] == 1
     interrupted = Path(point["point_dir"]) / "attempts" / "1"
     assert json.loads((interrupted / "requeue.previous.json").read_text())["reason"] == "preempted"
-    assert steps_written(interrupted) >= 2 and steps_written(point["point_dir"]) == 60
+    assert steps_written(interrupted) >= 2 and steps_written(point["point_dir"]) == 2 * STEPS
