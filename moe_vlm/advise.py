@@ -606,8 +606,7 @@ def suggest_vision(records: list[RunRecord]) -> list[Suggestion]:
                 Suggestion(
                     "vision encoder dominates the step",
                     f"raise MBS carefully: MBS {r.spec.mbs * 2} is predicted to fit, but the vision "
-                    "path grows "
-                    "with it; compare effective tokens/s, not step time",
+                    "path grows with it; compare effective tokens/s, not step time",
                     command(bigger),
                 )
             )
@@ -680,8 +679,7 @@ def suggest_etp(records: list[RunRecord]) -> list[Suggestion]:
             Suggestion(
                 "ETP in use where EP alone fits",
                 f"`{r.label}` uses ETP={lay.etp}; EP={wider} alone fits in memory and inside the "
-                "NVLink domain. "
-                "ETP adds communication and tuning surface: use it only when EP alone is not enough",
+                "NVLink domain. ETP adds communication and tuning surface: use it only when EP alone is not enough",
                 command(changed),
             )
         )
