@@ -497,14 +497,17 @@ def _deepep_tp_ep(spec: RunSpec) -> Iterator[Violation]:
         )
 
 
-@rule("D004", Level.error, "HybridEP does not support FP8 dispatch")
-def _hybridep_fp8(spec: RunSpec) -> Iterator[Violation]:
-    if spec.dispatcher.backend is FlexBackend.hybridep and spec.dispatcher.fp8_dispatch:
-        yield Violation(
-            ("dispatcher.fp8_dispatch",),
-            "HybridEP does not support FP8 dispatch.",
-            "set dispatcher.fp8_dispatch=false or use dispatcher=deepep.",
-        )
+@rule("D004", Level.error, "FP8 dispatch: HybridEP never supports it, and no engine field carries it")
+def _fp8_dispatch(spec: RunSpec) -> Iterator[Violation]:
+    if not (_flex(spec) and spec.dispatcher.fp8_dispatch):
+        return
+    # Megatron Core 0.19.2 has no FP8-dispatch switch, so with DeepEP the knob would be dropped.
+    why = (
+        "HybridEP does not support FP8 dispatch."
+        if spec.dispatcher.backend is FlexBackend.hybridep
+        else "Megatron Core 0.19.2 has no FP8-dispatch switch, so the engine would ignore it."
+    )
+    yield Violation(("dispatcher.fp8_dispatch",), why, "set dispatcher.fp8_dispatch=false.")
 
 
 @rule("D005", Level.error, "flex dispatcher and backend go together")
@@ -942,6 +945,17 @@ def _torch_shared_experts(spec: RunSpec) -> Iterator[Violation]:
             f"num_shared_experts={spec.model.num_shared_experts}: transformers' Qwen3-VL-MoE has no shared "
             "experts, so the torch engine would train a different model than configured.",
             "set model.num_shared_experts=0, or engine=megatron.",
+        )
+
+
+@rule("E010", Level.error, "the torch engine has no dataloader workers")
+def _torch_num_workers(spec: RunSpec) -> Iterator[Violation]:
+    if _torch_only(spec) and spec.data.num_workers > 0:
+        yield Violation(
+            ("data.num_workers",),
+            "data.num_workers sets Megatron's dataloader workers; the torch engine builds batches in its "
+            "training loop (its data wait is recorded per step as data_wait_s).",
+            "set data.num_workers=0, or engine=megatron.",
         )
 
 

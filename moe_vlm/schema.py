@@ -140,7 +140,7 @@ class DispatcherConfig:
     token_dispatcher: TokenDispatcher = TokenDispatcher.alltoall
     backend: FlexBackend = FlexBackend.none
     num_sms: int = 0  # 0 = engine default; moe_flex_dispatcher_num_sms otherwise
-    fp8_dispatch: bool = False
+    fp8_dispatch: bool = False  # rejected (D004) until an engine field carries it
     # HybridEP topology (env vars the engine reads). 0 = derive from the cluster.
     hybridep_ranks_per_nvlink_domain: int = 0
     hybridep_nvlink_domain_size: int = 0

@@ -13,8 +13,6 @@ from typing import Any
 
 import pytest
 
-from moe_vlm.memory import TORCH_CPU_RUNTIME_BASELINE_GIB
-
 SCRIPT = Path(__file__).resolve().parent.parent.parent / "scripts" / "calibrate_memory.py"
 
 
@@ -35,8 +33,14 @@ def test_estimate_within_target_of_the_measured_peak(tmp_path: Path) -> None:
     measured = calibrate.run_point(overrides, tmp_path / "run", timeout_s=300)
     assert measured.memory_kind == "process_peak_rss" and measured.padded
     found = calibrate.estimate_for(overrides, measured)
-    assert found.total_gib == pytest.approx(measured.peak_gib, rel=0.10)
-    # Above the runtime baseline (about 90 MiB here) run-to-run noise is a few MiB; allow 25%.
-    above_estimate = found.total_gib - TORCH_CPU_RUNTIME_BASELINE_GIB
-    above_measured = measured.peak_gib - TORCH_CPU_RUNTIME_BASELINE_GIB
-    assert above_estimate == pytest.approx(above_measured, rel=0.25)
+    # The runtime's own RSS (python, torch, gloo) moves by tens of MiB between environments and
+    # machine states, so, as the script does, the estimate is compared against a baseline point
+    # measured in this same test rather than against the stored constant.
+    base_overrides = calibrate.point_overrides(calibrate.BASELINE, train_iters=2)
+    base = calibrate.run_point(base_overrides, tmp_path / "baseline", timeout_s=300)
+    runtime_gib = base.peak_gib - calibrate.above_baseline_gib(calibrate.estimate_for(base_overrides, base))
+    above_estimate = calibrate.above_baseline_gib(found)
+    above_measured = measured.peak_gib - runtime_gib
+    assert above_estimate + runtime_gib == pytest.approx(measured.peak_gib, rel=0.10)
+    # About 90 MiB above the runtime here; run-to-run noise is a few MiB: allow 25%.
+    assert above_estimate == pytest.approx(above_measured, rel=0.25), (above_estimate, above_measured)

@@ -43,7 +43,11 @@ def test_hybridep_topology_comes_from_the_cluster() -> None:
     assert values["model.moe_flex_dispatcher_backend"] == "hybridep"
     assert values["model.moe_shared_expert_overlap"] is False
     b200_env = fields("cluster=b200", "model=qwen3_vl_30b_a3b", "dispatcher=hybridep")["env_vars"]
-    assert b200_env == {"NUM_OF_HYBRID_EP_RANKS_PER_NVLINK_DOMAIN": "8", "NVLINK_DOMAIN_SIZE": "8", "USE_MNNVL": "0"}
+    assert b200_env == {
+        "NUM_OF_HYBRID_EP_RANKS_PER_NVLINK_DOMAIN": "8",
+        "NVLINK_DOMAIN_SIZE": "8",
+        "USE_MNNVL": "0",
+    }
 
 
 def test_layout_recompute_and_graph_fields() -> None:

@@ -91,6 +91,7 @@ CASES: dict[str, tuple[list[str], list[str]]] = {
         ["recompute=selective", "recompute.modules=[core_attn,layernorm,moe]"],
     ),
     "E009": (["model.num_shared_experts=1", "model.shared_expert_ffn_hidden_size=32"], []),
+    "E010": (["data.num_workers=2"], [*MEG, "data.num_workers=2"]),
     "A001": (["data=real"], ["data=real", "data.path=/tmp/shards"]),
     "A002": (["data.min_images=3", "data.max_images=1"], []),
     "A003": ([*MEG, "data.pack_sequences=true"], [*MEG, "data.pack_sequences=true", "mbs=2"]),
@@ -134,6 +135,11 @@ def test_rule_fires(code: str) -> None:
 def test_rule_quiet(code: str) -> None:
     _, quiet = CASES[code]
     assert code not in codes(*quiet), f"{code} fired for {quiet}"
+
+
+def test_fp8_dispatch_is_never_silently_dropped() -> None:
+    # DeepEP accepts FP8 dispatch upstream, but no field of the installed engine carries the knob.
+    assert "D004" in codes(*MEG, "dispatcher=deepep", "dispatcher.fp8_dispatch=true")
 
 
 def test_all_findings_reported_at_once() -> None:
