@@ -25,8 +25,8 @@ def launch(spec: RunSpec, config: dict[str, Any], run_dir: Path) -> None:
     if spec.engine == "megatron":
         # Imports the Megatron stack lazily; raises EngineUnavailable with the reason when it
         # (or a GPU) is missing.
-        from moe_vlm.engines import megatron_engine
+        from moe_vlm.engines import megatron
 
-        megatron_engine.launch(spec, config, run_dir)
+        megatron.launch(spec, config, run_dir)
         return
     raise EngineUnavailable(f"engine={spec.engine}: no such engine; allowed: torch, megatron.")

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from moe_vlm.engines.megatron_engine import stack_problem
+from moe_vlm.engines.megatron.stack import stack_problem
 from moe_vlm.spec import RunSpec
 
 STACK_PROBLEM = stack_problem()
@@ -51,7 +51,7 @@ class RecipeCache:
     def config(self, spec: RunSpec) -> Any:
         from moe_vlm.engines.bridge_fields import select_recipe
         from moe_vlm.engines.hf_config import hf_model_dir
-        from moe_vlm.engines.megatron_engine import offline_hf, recipe_function
+        from moe_vlm.engines.megatron.config import offline_hf, recipe_function
 
         recipe = select_recipe(spec)
         assert recipe is not None, f"no recipe for {spec.model.name}"

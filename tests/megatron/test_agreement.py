@@ -29,7 +29,7 @@ from typing import Any
 
 import pytest
 
-from moe_vlm.engines.megatron_engine import apply_overrides, check_overrides
+from moe_vlm.engines.megatron.config import apply_overrides, check_overrides
 from moe_vlm.rules import CATALOGUE, errors, validate
 from moe_vlm.spec import RunSpec
 from tests.conftest import make_spec

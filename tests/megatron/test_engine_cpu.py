@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from moe_vlm.engines.megatron_engine import CountingIterator, StepStats, build_config, check_overrides
+from moe_vlm.engines.megatron.config import build_config, check_overrides
+from moe_vlm.engines.megatron.recording import CountingIterator, StepStats
 from tests.conftest import REPO, make_spec
 from tests.megatron.conftest import needs_stack
 
@@ -88,7 +89,7 @@ def test_forward_step_and_callbacks_fit_bridge_s_protocols(tmp_path: Path) -> No
     from megatron.bridge.training.callbacks import CallbackManager
     from megatron.bridge.training.utils.train_utils import needs_global_state_injection
 
-    from moe_vlm.engines.megatron_engine import StepRecorder, counting_forward_step
+    from moe_vlm.engines.megatron.recording import StepRecorder, counting_forward_step
 
     recorder = StepRecorder(make_spec(*MEG), tmp_path)
     assert needs_global_state_injection(counting_forward_step(recorder))  # Bridge passes its GlobalState

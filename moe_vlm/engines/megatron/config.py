@@ -1,0 +1,231 @@
+"""The real ConfigContainer: the Bridge recipe for model x cluster, built offline, with THE
+table (moe_vlm/engines/bridge_fields.py) applied and read back. Runs on CPU (tests/megatron)."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import enum
+import importlib
+import importlib.metadata
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from moe_vlm.engines import EngineUnavailable
+from moe_vlm.engines.bridge_fields import (
+    HYBRID_EP_ENV_NAMES,
+    KEEP,
+    BridgeOverride,
+    Recipe,
+    bridge_overrides,
+    select_recipe,
+)
+from moe_vlm.engines.hf_config import hf_model_dir
+from moe_vlm.engines.megatron.stack import PINNED, versions
+from moe_vlm.spec import RunSpec
+
+
+@contextlib.contextmanager
+def offline_hf(hf_dir: Path) -> Iterator[list[str]]:
+    """While open, ``AutoBridge.from_hf_pretrained(<hub id>)`` reads `hf_dir` instead of the hub.
+
+    Recipes hard-code the hub id; clusters often cannot reach the hub. Yields the ids the recipe
+    asked for, so the record can say which config stood in for which id.
+    """
+    from megatron.bridge import AutoBridge
+
+    original = AutoBridge.__dict__["from_hf_pretrained"]
+    requested: list[str] = []
+
+    def from_local_dir(cls: type, path: Any, *args: Any, **kwargs: Any) -> Any:
+        requested.append(str(path))
+        return original.__func__(cls, str(hf_dir), *args, **kwargs)
+
+    offline_before = os.environ.get("HF_HUB_OFFLINE")
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    AutoBridge.from_hf_pretrained = classmethod(from_local_dir)
+    try:
+        yield requested
+    finally:
+        AutoBridge.from_hf_pretrained = original
+        if offline_before is None:
+            os.environ.pop("HF_HUB_OFFLINE", None)
+        else:
+            os.environ["HF_HUB_OFFLINE"] = offline_before
+
+
+# --- config: recipe + THE table -------------------------------------------------------------
+
+
+@dataclass
+class BuiltConfig:
+    cfg: Any  # megatron.bridge.training.config.ConfigContainer
+    recipe: Recipe
+    hf_dir: Path
+    hub_ids_requested: list[str]
+    applied: list[BridgeOverride]
+
+
+def recipe_function(recipe: Recipe) -> Any:
+    module = importlib.import_module(recipe.module)
+    try:
+        return getattr(module, recipe.function)
+    except AttributeError:
+        raise EngineUnavailable(
+            f"{recipe.name} does not exist in megatron-bridge {versions()['megatron-bridge']}; "
+            f"the recipe table in moe_vlm/engines/bridge_fields.py targets {PINNED['megatron-bridge']}."
+        ) from None
+
+
+def build_config(spec: RunSpec, workdir: Path) -> BuiltConfig:
+    """The real ConfigContainer: the recipe, built offline, with every table row applied."""
+    recipe = select_recipe(spec)
+    if recipe is None:
+        raise EngineUnavailable(
+            f"model={spec.model.name} (arch {spec.model.arch}) has no Megatron Bridge recipe."
+        )
+    hf_dir = hf_model_dir(spec.model, workdir)
+    build = recipe_function(recipe)
+    with offline_hf(hf_dir) as requested:
+        cfg = build()
+    applied = apply_overrides(cfg, spec)
+    return BuiltConfig(cfg, recipe, hf_dir, requested, applied)
+
+
+def _parent_and_name(cfg: Any, path: str) -> tuple[Any, str]:
+    *parents, name = path.split(".")
+    node = cfg
+    for part in parents:
+        node = getattr(node, part)
+    return node, name
+
+
+def _has_field(node: Any, name: str) -> bool:
+    if dataclasses.is_dataclass(node):
+        return name in {f.name for f in dataclasses.fields(node)}
+    return hasattr(node, name)
+
+
+def _optional_section(path: str) -> Any:
+    """An empty config for an optional ConfigContainer section the recipe left as None."""
+    if path == "comm_overlap":
+        from megatron.bridge.training.comm_overlap import CommOverlapConfig
+
+        return CommOverlapConfig(tp_comm_overlap=False)
+    raise AttributeError(f"{path} is None in the recipe and the engine has no empty config for it")
+
+
+def _section_missing(cfg: Any, path: str) -> bool:
+    section = path.partition(".")[0]
+    return "." in path and hasattr(cfg, section) and getattr(cfg, section) is None
+
+
+def set_field(cfg: Any, path: str, value: Any) -> None:
+    """Set a dotted ConfigContainer field. A name the installed Bridge lacks is an error: Python
+    would otherwise add it as a new attribute that nothing reads.
+
+    Optional sections the recipe left as None (comm_overlap in the general recipes) mean "off":
+    switching something off there is already done; switching it on creates the section.
+    """
+    if _section_missing(cfg, path):
+        if value in (None, False):
+            return
+        setattr(cfg, path.partition(".")[0], _optional_section(path.partition(".")[0]))
+    node, name = _parent_and_name(cfg, path)
+    if not _has_field(node, name):
+        raise AttributeError(
+            f"{path}: {type(node).__name__} has no field {name!r} in megatron-bridge "
+            f"{versions()['megatron-bridge']} (fix the row in moe_vlm/engines/bridge_fields.py)"
+        )
+    setattr(node, name, value)
+
+
+def get_field(cfg: Any, path: str) -> Any:
+    """A dotted field's value; a field inside an optional section that is None reads as None."""
+    if _section_missing(cfg, path):
+        return None
+    node, name = _parent_and_name(cfg, path)
+    return getattr(node, name)
+
+
+# Rows whose value names the config class to hold at that path (not a plain value).
+CLASS_ROWS = ("dataset", "dataset.task_encoder")
+
+
+def _config_object(cfg: Any, path: str, class_name: str, spec: RunSpec) -> Any:
+    """A `class_name` config for `path`, reusing the recipe's when it is already that class."""
+    current = get_field(cfg, path)
+    if type(current).__name__ == class_name:
+        return current
+    from megatron.bridge.data import builders
+
+    processor = spec.model.hf_model_id
+    if class_name == "EnergonDatasetConfig":
+        return builders.EnergonDatasetConfig(
+            path=spec.data.path,
+            seq_length=spec.seq_length,
+            micro_batch_size=spec.mbs,
+            task_encoder=builders.QwenVLEnergonTaskEncoderConfig(hf_processor_path=processor),
+        )
+    if class_name == "MockVLMSFTDatasetConfig":
+        return builders.MockVLMSFTDatasetConfig(seq_length=spec.seq_length, hf_processor_path=processor)
+    if class_name == "QwenVLEnergonTaskEncoderConfig":
+        return builders.QwenVLEnergonTaskEncoderConfig(hf_processor_path=processor)
+    raise ValueError(f"{path}: config class {class_name!r} is not one the engine builds")
+
+
+def apply_overrides(cfg: Any, spec: RunSpec) -> list[BridgeOverride]:
+    """Apply every row of THE table to `cfg`, dotted path by dotted path; returns the rows set."""
+    overrides = bridge_overrides(spec)
+    applied: list[BridgeOverride] = []
+    # Class rows come first, outermost first: replacing a config object resets its fields.
+    ordered = sorted(
+        overrides, key=lambda o: CLASS_ROWS.index(o.field) if o.field in CLASS_ROWS else len(CLASS_ROWS)
+    )
+    for row in ordered:
+        if row.value is KEEP:
+            continue
+        if row.field in CLASS_ROWS:
+            set_field(cfg, row.field, _config_object(cfg, row.field, row.value, spec))
+        elif row.field == "env_vars":
+            env = {k: v for k, v in cfg.env_vars.items() if k not in HYBRID_EP_ENV_NAMES}
+            cfg.env_vars = {**env, **row.value}
+        else:
+            set_field(cfg, row.field, row.value)
+        applied.append(row)
+    return applied
+
+
+def normalise(value: Any) -> Any:
+    """Compare values the way the engine means them: enums by name, tuples as lists."""
+    if isinstance(value, enum.Enum):
+        return value.name
+    if isinstance(value, list | tuple):
+        return [normalise(item) for item in value]
+    if isinstance(value, dict):
+        return {str(k): str(v) for k, v in value.items()}
+    return value
+
+
+def check_overrides(cfg: Any, spec: RunSpec) -> list[str]:
+    """Every row whose field does not hold the value the table intends (empty when all do)."""
+    problems = []
+    for row in bridge_overrides(spec):
+        if row.value is KEEP:
+            continue
+        if row.field in CLASS_ROWS:
+            actual: Any = type(get_field(cfg, row.field)).__name__
+            wanted: Any = row.value
+        elif row.field == "env_vars":
+            env = {k: str(v) for k, v in cfg.env_vars.items() if k in HYBRID_EP_ENV_NAMES}
+            actual, wanted = env, normalise(row.value)
+        elif _section_missing(cfg, row.field) and row.value in (None, False):
+            continue  # an optional section the recipe left out is off
+        else:
+            actual, wanted = normalise(get_field(cfg, row.field)), normalise(row.value)
+        if actual != wanted:
+            problems.append(f"{row.field} = {actual!r}, table wants {wanted!r} (knob {row.knob})")
+    return problems

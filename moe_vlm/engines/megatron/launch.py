@@ -1,0 +1,146 @@
+"""One Megatron run on this node's GPUs: ranks, pre-flight checks, Bridge's `pretrain`, run.json."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from moe_vlm.engines import EngineUnavailable
+from moe_vlm.engines.megatron.config import BuiltConfig, build_config, check_overrides
+from moe_vlm.engines.megatron.recording import StepRecorder, counting_forward_step
+from moe_vlm.engines.megatron.stack import stack_problem, versions
+from moe_vlm.record import RUN_JSON, STEPS_JSONL, base_record, read_steps, write_json_atomic
+from moe_vlm.spec import RunSpec
+
+
+def _relaunch_with_torchrun(spec: RunSpec, run_dir: Path) -> None:
+    """Single node, not yet one process per GPU: start them with torchrun (same overrides)."""
+    overrides = [arg for arg in sys.argv[1:] if not arg.startswith("hydra.run.dir=")]
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc-per-node={spec.layout.ranks_per_node}",
+        sys.argv[0],
+        *overrides,
+        f"hydra.run.dir={run_dir}",
+    ]
+    print("moe_vlm: starting one process per GPU: " + " ".join(command), file=sys.stderr)
+    done = subprocess.run(command, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"torchrun exited with status {done.returncode}; see the rank logs above")
+
+
+def _distributed_env(spec: RunSpec) -> bool:
+    """Export torch.distributed's env:// variables for this rank; False when not one rank of many."""
+    from moe_vlm.launch.dist_env import DistEnv
+
+    env = DistEnv.from_environ()
+    if env is None:
+        if spec.layout.world_size > 1:
+            return False
+        env = DistEnv(0, 1, 0, 1, "127.0.0.1", 29500, "single")
+    if env.world_size != spec.layout.world_size:
+        raise EngineUnavailable(
+            f"launched with {env.world_size} rank(s) but the layout needs nodes x nproc = "
+            f"{spec.layout.world_size}; fix nodes/nproc or the launcher's task count."
+        )
+    os.environ.update(
+        RANK=str(env.rank),
+        WORLD_SIZE=str(env.world_size),
+        LOCAL_RANK=str(env.local_rank),
+        LOCAL_WORLD_SIZE=str(env.local_world_size),
+        MASTER_ADDR=env.master_addr,
+        MASTER_PORT=str(env.master_port),
+    )
+    return True
+
+
+def _check_processor(cfg: Any) -> None:
+    """Fail before the job starts when the data pipeline's Qwen processor is not on this machine."""
+    task_encoder = getattr(cfg.dataset, "task_encoder", None)
+    path = getattr(cfg.dataset, "hf_processor_path", None) or getattr(task_encoder, "hf_processor_path", None)
+    if not path:
+        return
+    from transformers import AutoProcessor
+
+    try:
+        AutoProcessor.from_pretrained(path)
+    except Exception as exc:
+        raise EngineUnavailable(
+            f"engine=megatron: the data pipeline needs the processor files (tokenizer, preprocessor config) "
+            f"of {path} and cannot load them offline ({type(exc).__name__}). Fix: set "
+            "model.hf_model_id=/path/to/a/local/checkpoint/dir, or fill the Hugging Face cache once where "
+            f"the hub is reachable: huggingface-cli download {path} --include '*.json' '*.txt'"
+        ) from None
+
+
+def launch(spec: RunSpec, config: dict[str, Any], run_dir: Path) -> None:
+    """Run `spec` on this node's GPUs (one call per rank under torchrun or Slurm)."""
+    problem = stack_problem()
+    if problem:
+        raise EngineUnavailable(f"engine=megatron: {problem}")
+    import torch
+
+    if not torch.cuda.is_available():
+        raise EngineUnavailable(
+            "engine=megatron needs GPUs and this machine has none visible; plan with dry_run=true, "
+            "or use engine=torch."
+        )
+    if not _distributed_env(spec):
+        if spec.layout.nodes > 1:
+            raise EngineUnavailable(
+                f"engine=megatron: {spec.layout.world_size} ranks over {spec.layout.nodes} nodes need a "
+                "launcher: use hydra/launcher=slurm_gb200 (or slurm_b200) with -m, or torchrun on each node."
+            )
+        _relaunch_with_torchrun(spec, run_dir)
+        return
+
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    from megatron.bridge.training.pretrain import pretrain
+
+    built = build_config(spec, run_dir)
+    _check_processor(built.cfg)
+    problems = check_overrides(built.cfg, spec)
+    if problems:
+        raise EngineUnavailable("the Bridge config does not hold the table's values: " + "; ".join(problems))
+    recorder = StepRecorder(spec, run_dir)
+    pretrain(built.cfg, forward_step_func=counting_forward_step(recorder), callbacks=[recorder])
+
+    if int(os.environ["RANK"]) == 0:
+        _write_run_json(spec, config, run_dir, built)
+
+
+def _write_run_json(spec: RunSpec, config: dict[str, Any], run_dir: Path, built: BuiltConfig) -> None:
+    from moe_vlm.metrics import summarize
+
+    steps = read_steps(run_dir / STEPS_JSONL)
+    record = base_record(spec, config, status="completed")
+    record["summary"] = summarize(steps, spec)
+    # One Bridge FLOP count per step; its time is the slowest rank's, as Bridge's own log divides.
+    steady: dict[int, tuple[float, float]] = {}
+    for line in steps:
+        if line.get("warmup") or line.get("exclude") or line.get("bridge_step_flops") is None:
+            continue
+        flops, slowest = steady.get(line["step"], (line["bridge_step_flops"], 0.0))
+        steady[line["step"]] = (flops, max(slowest, line["step_time_s"]))
+    steady_time_s = sum(time_s for _flops, time_s in steady.values())
+    record["bridge"] = {
+        "recipe": built.recipe.name,
+        "recipe_kind": built.recipe.kind,
+        "hf_config_dir": str(built.hf_dir),
+        "hub_ids_requested": built.hub_ids_requested,
+        "versions": versions(),
+        "fields": {row.field: row.value for row in built.applied},
+        # Bridge's own TFLOP/s/GPU (padded tokens; frozen modules counted as trained), beside ours.
+        "tflops_per_gpu": (
+            sum(flops for flops, _time_s in steady.values()) / steady_time_s / spec.layout.world_size / 1e12
+            if steady_time_s > 0
+            else None
+        ),
+    }
+    write_json_atomic(run_dir / RUN_JSON, record)

@@ -1,0 +1,107 @@
+"""The catalogue's machinery: rules register here, `validate` runs them all."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from enum import Enum
+
+from moe_vlm.schema import (
+    CudaGraphImpl,
+    TokenDispatcher,
+)
+from moe_vlm.spec import RunSpec
+
+
+class Level(Enum):
+    error = "error"
+    warning = "warning"
+
+
+@dataclass(frozen=True)
+class Violation:
+    keys: tuple[str, ...]
+    message: str
+    fix: str
+
+
+@dataclass(frozen=True)
+class Finding:
+    code: str
+    level: Level
+    keys: tuple[str, ...]
+    message: str
+    fix: str
+
+    @property
+    def is_error(self) -> bool:
+        return self.level is Level.error
+
+    def line(self) -> str:
+        return (
+            f"{self.level.value.upper()} {self.code} [{', '.join(self.keys)}]: {self.message} Fix: {self.fix}"
+        )
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "code": self.code,
+            "level": self.level.value,
+            "keys": list(self.keys),
+            "message": self.message,
+            "fix": self.fix,
+        }
+
+
+Check = Callable[[RunSpec], Iterator[Violation]]
+
+
+@dataclass(frozen=True)
+class Rule:
+    code: str
+    level: Level
+    title: str
+    check: Check
+
+
+CATALOGUE: list[Rule] = []
+
+
+def rule(code: str, level: Level, title: str) -> Callable[[Check], Check]:
+    def register(check: Check) -> Check:
+        assert all(existing.code != code for existing in CATALOGUE), f"duplicate rule code {code}"
+        CATALOGUE.append(Rule(code, level, title, check))
+        return check
+
+    return register
+
+
+def validate(spec: RunSpec) -> list[Finding]:
+    """Every finding at once, errors first, in catalogue order."""
+    findings = [Finding(r.code, r.level, v.keys, v.message, v.fix) for r in CATALOGUE for v in r.check(spec)]
+    return sorted(findings, key=lambda f: f.level is not Level.error)
+
+
+def errors(findings: list[Finding]) -> list[Finding]:
+    return [f for f in findings if f.is_error]
+
+
+SELECTIVE_RECOMPUTE_MODULES = (
+    "core_attn",
+    "moe_act",
+    "layernorm",
+    "mla_up_proj",
+    "mlp",
+    "moe",
+    "shared_experts",
+    "gdn_norm_out",
+)
+CUDA_GRAPH_SCOPES = ("attn", "mlp", "moe", "moe_router", "moe_preprocess", "mamba")
+PARALLEL_FAMILIES = ("fsdp", "3d")
+
+
+def _uses_graphs(spec: RunSpec) -> bool:
+    return spec.cuda_graph.impl is not CudaGraphImpl.none
+
+
+def _flex(spec: RunSpec) -> bool:
+    return spec.dispatcher.token_dispatcher is TokenDispatcher.flex

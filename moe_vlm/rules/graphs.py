@@ -1,0 +1,146 @@
+"""Cuda graphs rules (G...)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from moe_vlm.rules.catalogue import (
+    CUDA_GRAPH_SCOPES,
+    Level,
+    Violation,
+    _uses_graphs,
+    rule,
+)
+from moe_vlm.schema import (
+    CudaGraphImpl,
+    RecomputeGranularity,
+)
+from moe_vlm.spec import RunSpec
+
+
+@rule("G001", Level.error, "graph scopes are known names")
+def _graph_scope_names(spec: RunSpec) -> Iterator[Violation]:
+    unknown = [s for s in spec.cuda_graph.scope if s not in CUDA_GRAPH_SCOPES]
+    if unknown:
+        yield Violation(
+            ("cuda_graph.scope",),
+            f"unknown CUDA-graph scope {unknown}; allowed: {list(CUDA_GRAPH_SCOPES)}.",
+            "fix the scope names (empty list = whole layer).",
+        )
+
+
+@rule("G002", Level.error, "local graph impl only for full-iteration graphs (MB utils/cuda_graph)")
+def _graph_local(spec: RunSpec) -> Iterator[Violation]:
+    if spec.cuda_graph.impl is CudaGraphImpl.local:
+        yield Violation(
+            ("cuda_graph.impl",),
+            "cuda_graph_impl=local is only supported for full-iteration graphs.",
+            "use cuda_graph=full_iteration or cuda_graph=te_moe.",
+        )
+
+
+@rule("G003", Level.error, "moe and moe_router scopes are mutually exclusive (MLM)")
+def _graph_moe_router(spec: RunSpec) -> Iterator[Violation]:
+    scope = spec.cuda_graph.scope
+    if "moe" in scope and "moe_router" in scope:
+        yield Violation(
+            ("cuda_graph.scope",),
+            "CUDA-graph scopes 'moe' and 'moe_router' cannot be combined.",
+            "keep moe_router (+ moe_preprocess) for dropless MoE, e.g. cuda_graph=te_moe.",
+        )
+
+
+@rule("G004", Level.error, "moe_preprocess scope needs moe_router (MLM)")
+def _graph_preprocess(spec: RunSpec) -> Iterator[Violation]:
+    scope = spec.cuda_graph.scope
+    if "moe_preprocess" in scope and "moe_router" not in scope:
+        yield Violation(
+            ("cuda_graph.scope",),
+            "CUDA-graph scope 'moe_preprocess' requires 'moe_router'.",
+            "add moe_router to cuda_graph.scope.",
+        )
+
+
+@rule("G005", Level.error, "moe scope only for drop-and-pad MoE (MLM)")
+def _graph_moe_scope(spec: RunSpec) -> Iterator[Violation]:
+    if "moe" in spec.cuda_graph.scope:
+        yield Violation(
+            ("cuda_graph.scope",),
+            f"scope 'moe' needs drop-and-pad routing; {spec.model.name} routes dropless.",
+            "use moe_router + moe_preprocess (cuda_graph=te_moe).",
+        )
+
+
+@rule("G006", Level.error, "mlp scope only for dense layers (MLM)")
+def _graph_mlp_scope(spec: RunSpec) -> Iterator[Violation]:
+    if "mlp" in spec.cuda_graph.scope and spec.model.num_dense_layers == 0:
+        yield Violation(
+            ("cuda_graph.scope",),
+            f"scope 'mlp' only captures dense MLP layers; {spec.model.name} has none.",
+            "drop mlp from cuda_graph.scope.",
+        )
+
+
+@rule("G007", Level.error, "full recompute only with full-iteration graphs (MLM)")
+def _graph_full_recompute(spec: RunSpec) -> Iterator[Violation]:
+    if (
+        spec.recompute.granularity is RecomputeGranularity.full
+        and _uses_graphs(spec)
+        and spec.cuda_graph.impl is not CudaGraphImpl.full_iteration
+    ):
+        yield Violation(
+            ("recompute", "cuda_graph"),
+            "full recompute works with CUDA graphs only when the graph covers the full iteration.",
+            "use recompute=selective with scoped graphs, or cuda_graph=full_iteration.",
+        )
+
+
+@rule("G008", Level.error, "moe recompute conflicts with a moe_router graph (MLM, TE impl)")
+def _graph_moe_recompute(spec: RunSpec) -> Iterator[Violation]:
+    if (
+        spec.cuda_graph.impl is CudaGraphImpl.transformer_engine
+        and "moe_router" in spec.cuda_graph.scope
+        and spec.recompute.granularity is RecomputeGranularity.selective
+        and "moe" in spec.recompute.modules
+    ):
+        yield Violation(
+            ("recompute.modules", "cuda_graph.scope"),
+            "recomputing 'moe' cannot be combined with a TE moe_router CUDA graph.",
+            "drop moe from recompute.modules (e.g. moe_act instead), or use cuda_graph=none.",
+        )
+
+
+@rule("G009", Level.error, "attn scope breaks Qwen3-VL graph capture (MB Qwen3-VL perf recipes)")
+def _graph_attn_qwen3vl(spec: RunSpec) -> Iterator[Violation]:
+    graph = spec.cuda_graph
+    te_graphs = graph.impl is CudaGraphImpl.transformer_engine
+    # An empty scope captures the whole layer, attention included. (With impl=none the scope is
+    # ignored: G011.)
+    captures_attn = te_graphs and ("attn" in graph.scope or not graph.scope)
+    if captures_attn and spec.model.arch == "qwen3_vl_moe" and spec.engine == "megatron":
+        yield Violation(
+            ("cuda_graph",),
+            "CUDA graphs that capture attention ('attn' or whole-layer scope) break Qwen3VLModel capture "
+            "(Bridge's Qwen3-VL recipes force moe_router + moe_preprocess).",
+            "use cuda_graph=te_moe.",
+        )
+
+
+@rule("G010", Level.error, "CUDA graphs need fixed sequence lengths (Qwen3-VL, Energon packing)")
+def _graph_variable_lengths(spec: RunSpec) -> Iterator[Violation]:
+    if _uses_graphs(spec) and spec.data.pack_sequences:
+        yield Violation(
+            ("data.pack_sequences", "cuda_graph"),
+            "packed (variable-length) sequences disallow CUDA graphs (Qwen3-VL variable_seq_lengths, Energon packing).",
+            "set data.pack_sequences=false or cuda_graph=none.",
+        )
+
+
+@rule("G011", Level.error, "graph scope needs a graph impl")
+def _graph_scope_without_impl(spec: RunSpec) -> Iterator[Violation]:
+    if not _uses_graphs(spec) and spec.cuda_graph.scope:
+        yield Violation(
+            ("cuda_graph.scope",),
+            "cuda_graph.scope is set but cuda_graph.impl=none, so it would be ignored.",
+            "choose cuda_graph=te_moe (or another preset), or clear the scope.",
+        )

@@ -1,0 +1,197 @@
+"""Layout arithmetic rules (L...)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+
+from moe_vlm.engines.bridge_fields import effective_sequence_parallel
+from moe_vlm.rules.catalogue import (
+    Level,
+    Violation,
+    rule,
+)
+from moe_vlm.spec import RunSpec
+
+
+@rule("L001", Level.error, "world divisible by TP x PP x CP")
+def _world_tp_pp_cp(spec: RunSpec) -> Iterator[Violation]:
+    lay = spec.layout
+    model_parallel = lay.tp * lay.pp * lay.cp
+    if model_parallel > 0 and lay.world_size % model_parallel:
+        yield Violation(
+            ("nodes", "tp", "pp", "cp"),
+            f"world size {lay.world_size} (nodes={lay.nodes} x {lay.ranks_per_node}/node) is not divisible "
+            f"by TP x PP x CP = {model_parallel}.",
+            "change nodes, or pick tp/pp/cp whose product divides the world size.",
+        )
+
+
+@rule("L002", Level.error, "world divisible by ETP x EP x PP")
+def _world_etp_ep_pp(spec: RunSpec) -> Iterator[Violation]:
+    lay = spec.layout
+    expert_parallel = lay.etp * lay.ep * lay.pp
+    if expert_parallel > 0 and lay.world_size % expert_parallel:
+        yield Violation(
+            ("nodes", "ep", "etp", "pp"),
+            f"world size {lay.world_size} is not divisible by ETP x EP x PP = {expert_parallel}.",
+            "change nodes, or pick ep/etp/pp whose product divides the world size (ep=0 sizes EP for you).",
+        )
+
+
+@rule("L003", Level.error, "experts divisible by EP")
+def _experts_ep(spec: RunSpec) -> Iterator[Violation]:
+    ep = spec.layout.ep
+    if ep > 0 and spec.model.num_experts % ep:
+        yield Violation(
+            ("ep",),
+            f"{spec.model.name} has {spec.model.num_experts} experts, not divisible by EP={ep}.",
+            "pick an EP that divides the expert count, or ep=0 to size it automatically.",
+        )
+
+
+@rule("L004", Level.error, "decoder layers split evenly over PP x VP stages")
+def _layers_pp_vp(spec: RunSpec) -> Iterator[Violation]:
+    lay = spec.layout
+    par = spec.parallelism
+    first, last = par.first_stage_layers, par.last_stage_layers
+    middle_stages = lay.pp - (first > 0) - (last > 0)
+    middle_layers = spec.model.num_layers - first - last
+    if lay.pp < 1 or lay.vp < 1:
+        return
+    if middle_stages < 0 or (middle_stages == 0 and middle_layers != 0) or middle_layers < 0:
+        yield Violation(
+            ("parallelism.first_stage_layers", "parallelism.last_stage_layers", "pp"),
+            f"first/last stage layers ({first}/{last}) do not fit {spec.model.num_layers} layers over PP={lay.pp}.",
+            "lower first_stage_layers/last_stage_layers or raise pp.",
+        )
+        return
+    if middle_stages > 0 and middle_layers % (middle_stages * lay.vp):
+        uneven = " (after the first/last stage layers)" if first or last else ""
+        yield Violation(
+            ("pp", "vp"),
+            f"{middle_layers} decoder layers{uneven} do not split evenly over {middle_stages} stages x VP={lay.vp}.",
+            "pick pp/vp that divide the layer count, or set parallelism.first_stage_layers / "
+            "last_stage_layers for an uneven split.",
+        )
+
+
+@rule("L005", Level.error, "TP divides the attention heads; query groups a multiple or divisor of TP (MLM)")
+def _heads_tp(spec: RunSpec) -> Iterator[Violation]:
+    # MCore splits the heads over TP ranks and, with fewer KV groups than ranks, replicates them
+    # (TransformerConfig: num_query_groups must be a multiple or divisor of TP).
+    tp = spec.layout.tp
+    model = spec.model
+    if tp < 1:
+        return
+    groups = model.num_query_groups
+    if model.num_attention_heads % tp or (groups % tp and tp % groups):
+        yield Violation(
+            ("tp",),
+            f"TP={tp} must divide the {model.num_attention_heads} attention heads of {model.name}, and its "
+            f"{groups} query groups must be a multiple or a divisor of TP.",
+            f"pick tp from the divisors of {math.gcd(model.num_attention_heads, groups)} or a multiple of "
+            f"{groups} that divides {model.num_attention_heads}.",
+        )
+
+
+@rule("L006", Level.error, "GBS divisible by MBS x DP")
+def _gbs(spec: RunSpec) -> Iterator[Violation]:
+    step = spec.mbs * spec.layout.dp
+    if step > 0 and spec.gbs % step:
+        yield Violation(
+            ("gbs", "mbs"),
+            f"GBS={spec.gbs} is not a multiple of MBS x DP = {spec.mbs} x {spec.layout.dp} = {step}.",
+            f"set gbs to a multiple of {step} (or gbs=null to round the model default).",
+        )
+
+
+@rule("L007", Level.error, "sequence length divisible by the CP/SP padding multiple (MB ConfigContainer)")
+def _seq_cp(spec: RunSpec) -> Iterator[Violation]:
+    # Bridge pads VLM batches to lcm(2 x CP, TP x CP with sequence parallelism) and rejects a
+    # seq_length that is not a multiple of it.
+    lay = spec.layout
+    if lay.cp < 1 or lay.tp < 1:
+        return
+    multiple = 2 * lay.cp if lay.cp > 1 else 1
+    if spec.engine == "megatron" and lay.tp > 1 and effective_sequence_parallel(spec):
+        multiple = math.lcm(multiple, lay.tp * lay.cp)
+    if multiple > 1 and spec.seq_length % multiple:
+        yield Violation(
+            ("seq_length", "cp", "tp"),
+            f"seq_length={spec.seq_length} must be a multiple of {multiple} "
+            f"(2 x CP = {2 * lay.cp if lay.cp > 1 else 1}; TP x CP = {lay.tp * lay.cp} with sequence "
+            "parallelism).",
+            f"round seq_length to a multiple of {multiple}.",
+        )
+
+
+@rule("L008", Level.error, "virtual pipeline needs PP > 1")
+def _vp_needs_pp(spec: RunSpec) -> Iterator[Violation]:
+    if spec.layout.vp > 1 and spec.layout.pp <= 1:
+        yield Violation(("vp", "pp"), "vp > 1 (interleaved pipeline) needs pp > 1.", "set vp=1 or raise pp.")
+
+
+@rule("L009", Level.warning, "EP x TP wants sequence parallelism (MLM ModelParallelConfig warns)")
+def _ep_tp_sp(spec: RunSpec) -> Iterator[Violation]:
+    lay = spec.layout
+    if lay.ep > 1 and lay.tp > 1 and not spec.parallelism.sequence_parallel:
+        forced = spec.model.arch == "qwen3_vl_moe"
+        yield Violation(
+            ("parallelism.sequence_parallel", "tp", "ep"),
+            "Megatron says sequence parallelism must be used when expert and tensor parallelism are combined"
+            + (" (the Qwen3-VL-MoE provider turns it on for TP > 1)." if forced else " (it only warns)."),
+            "set parallelism.sequence_parallel=true.",
+        )
+
+
+@rule("L010", Level.error, "ETP must divide the expert FFN size")
+def _etp_ffn(spec: RunSpec) -> Iterator[Violation]:
+    etp = spec.layout.etp
+    if etp > 1 and spec.model.moe_ffn_hidden_size % etp:
+        yield Violation(
+            ("etp",),
+            f"ETP={etp} does not divide the expert FFN size {spec.model.moe_ffn_hidden_size}.",
+            "pick etp from the divisors of the expert FFN size, or etp=1.",
+        )
+
+
+@rule("L011", Level.error, "one rank per GPU on GPU clusters")
+def _ranks_per_gpu(spec: RunSpec) -> Iterator[Violation]:
+    cluster = spec.cluster
+    if cluster.is_gpu_cluster and spec.layout.ranks_per_node > cluster.gpus_per_node:
+        yield Violation(
+            ("nproc",),
+            f"nproc={spec.layout.ranks_per_node} exceeds the {cluster.gpus_per_node} GPUs per node of {cluster.name}.",
+            f"set nproc={cluster.gpus_per_node} (or null).",
+        )
+
+
+@rule("L012", Level.warning, "sequence parallelism without TP does nothing (MB TransformerConfig.finalize)")
+def _sp_without_tp(spec: RunSpec) -> Iterator[Violation]:
+    if spec.parallelism.sequence_parallel and spec.layout.tp == 1 and spec.engine == "megatron":
+        yield Violation(
+            ("parallelism.sequence_parallel",),
+            "sequence_parallel=true with TP=1 has no effect (Megatron Bridge turns it off).",
+            "set parallelism.sequence_parallel=false or raise tp.",
+        )
+
+
+@rule("L013", Level.error, "Qwen3-VL deepstack layers sit on the first pipeline stage (MB Qwen3VLModel)")
+def _deepstack_first_stage(spec: RunSpec) -> Iterator[Violation]:
+    # Qwen3VLModel asserts, when it builds the first stage, that the first model chunk holds at
+    # least as many decoder layers as there are deepstack feature levels.
+    lay, model = spec.layout, spec.model
+    deepstack = len(model.vision_deepstack_layers)
+    if spec.engine != "megatron" or model.arch != "qwen3_vl_moe" or not deepstack or lay.pp < 1 or lay.vp < 1:
+        return
+    first_stage = spec.parallelism.first_stage_layers or model.num_layers // lay.pp
+    first_chunk = first_stage // lay.vp
+    if first_chunk < deepstack:
+        yield Violation(
+            ("parallelism.first_stage_layers", "pp", "vp"),
+            f"the first pipeline chunk holds {first_chunk} decoder layer(s), fewer than the {deepstack} deepstack "
+            f"levels {model.name} injects there.",
+            f"give the first stage at least {deepstack * lay.vp} layers (parallelism.first_stage_layers) or "
+            "lower pp/vp.",
+        )

@@ -1,0 +1,95 @@
+"""Memory rules (M...)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from moe_vlm.memory import (
+    GPU_ESTIMATE_UNCERTAINTY,
+    THIN_HEADROOM_FRACTION,
+    MemoryEstimate,
+    estimate,
+    fits_after,
+)
+from moe_vlm.rules.catalogue import (
+    Level,
+    Violation,
+    rule,
+)
+from moe_vlm.spec import RunSpec
+
+
+def estimate_or_none(spec: RunSpec) -> MemoryEstimate | None:
+    """The estimate, or None where the layout is too broken to estimate (other rules say why)."""
+    if not spec.cluster.is_gpu_cluster or spec.cluster.gpu_memory_gib <= 0:
+        return None
+    lay = spec.layout
+    if min(lay.tp, lay.pp, lay.cp, lay.vp, lay.etp, lay.dp, spec.mbs, spec.seq_length) < 1 or lay.ep < 1:
+        return None
+    try:
+        return estimate(spec)
+    except (ArithmeticError, ValueError, IndexError):
+        return None
+
+
+def _largest_terms(found: MemoryEstimate, count: int = 3) -> str:
+    largest = sorted(found.terms, key=lambda t: t.bytes, reverse=True)[:count]
+    return ", ".join(f"{t.name} {t.gib:.1f}" for t in largest)
+
+
+def _over_capacity(found: MemoryEstimate) -> float:
+    """How far the prediction is over GPU memory, as a fraction of it (<= 0: it fits)."""
+    assert found.capacity_gib is not None
+    return found.total_gib / found.capacity_gib - 1
+
+
+def _does_not_fit(spec: RunSpec, found: MemoryEstimate, hedge: str) -> Violation:
+    change = fits_after(spec)
+    return Violation(
+        ("mbs", "recompute", "nodes"),
+        f"predicted peak {found.total_gib:.1f} GiB per GPU > GPU memory {found.capacity_gib:.1f} GiB on "
+        f"{spec.cluster.name}{hedge} (largest: {_largest_terms(found)} GiB; see the memory section of "
+        "dry_run=true).",
+        f"{change}." if change else "add nodes (more FSDP/EP sharding), raise pp, or lower seq_length.",
+    )
+
+
+@rule("M001", Level.error, "predicted peak memory fits the GPU")
+def _memory_fits(spec: RunSpec) -> Iterator[Violation]:
+    # Rejected only past the estimate's stated uncertainty; closer misses are M003 warnings.
+    found = estimate_or_none(spec)
+    if found is None or found.capacity_gib is None:
+        return
+    if _over_capacity(found) > GPU_ESTIMATE_UNCERTAINTY:
+        hedge = f", more than the estimate's {GPU_ESTIMATE_UNCERTAINTY:.0%} uncertainty"
+        yield _does_not_fit(spec, found, hedge)
+
+
+@rule("M003", Level.warning, "predicted over GPU memory, within the estimate's uncertainty")
+def _memory_probably_over(spec: RunSpec) -> Iterator[Violation]:
+    found = estimate_or_none(spec)
+    if found is None or found.capacity_gib is None:
+        return
+    over = _over_capacity(found)
+    if 0 < over <= GPU_ESTIMATE_UNCERTAINTY:
+        yield _does_not_fit(
+            spec,
+            found,
+            f" by {over:.0%}: likely OOM, though within the {GPU_ESTIMATE_UNCERTAINTY:.0%} the (not yet "
+            "GPU-calibrated) estimate may be off",
+        )
+
+
+@rule("M002", Level.warning, "thin memory headroom")
+def _memory_headroom(spec: RunSpec) -> Iterator[Violation]:
+    found = estimate_or_none(spec)
+    if found is None or not found.fits or found.headroom_fraction is None:
+        return
+    if found.headroom_fraction < THIN_HEADROOM_FRACTION:
+        yield Violation(
+            ("mbs", "recompute"),
+            f"predicted peak {found.total_gib:.1f} GiB leaves {found.headroom_gib:.1f} GiB "
+            f"({found.headroom_fraction:.0%}) of {found.capacity_gib:.1f} GiB: routing imbalance, "
+            "fragmentation or a larger image batch can tip it over.",
+            "lower mbs or use more recompute before a long run (the estimate is not yet GPU-calibrated).",
+        )
