@@ -8,7 +8,7 @@ import importlib.metadata
 PINNED = {"megatron-core": "0.19.2", "megatron-bridge": "0.6.2"}
 INSTALL_HINT = (
     "install the pinned stack with `bash scripts/install_megatron.sh` (CPU machines) or run inside "
-    "NVIDIA's NeMo container (see README, 'Cluster install')"
+    "NVIDIA's NeMo container (see docs/megatron.md, 'Cluster install')"
 )
 
 
