@@ -7,6 +7,7 @@ from omegaconf import DictConfig
 
 import moe_vlm.schema  # noqa: F401  (registers the config schema)
 from moe_vlm.compose import BadInput, preflight
+from moe_vlm.launch.entry import command_line
 from moe_vlm.run import EXIT_INVALID, run
 
 
@@ -17,6 +18,12 @@ def main(cfg: DictConfig) -> None:
 
 if __name__ == "__main__":
     try:
+        # On a login node whose site file names the cluster and launcher, a bare command is
+        # submitted as a one-point sweep; inside an allocation it runs here (launch/entry.py).
+        entry = command_line(sys.argv[1:])
+        if entry.note:
+            print(entry.note, file=sys.stderr)
+        sys.argv[1:] = entry.argv
         preflight(sys.argv[1:])
     except BadInput as bad:
         print(f"moe_vlm: error: {bad}", file=sys.stderr)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import importlib
 import sys
 
+from moe_vlm.errors import EXIT_INVALID
+
 SUBCOMMANDS = {
     "report": ("moe_vlm.report", "turn run and sweep directories into ranked tables and plots"),
     "status": (
@@ -25,14 +27,14 @@ def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if not args or args[0] in ("-h", "--help"):
         print(usage())
-        return 0 if args else 2
+        return 0 if args else EXIT_INVALID
     name, rest = args[0], args[1:]
     if name not in SUBCOMMANDS:
         print(
             f"moe-vlm: error: unknown subcommand {name!r}; allowed: {', '.join(SUBCOMMANDS)}.",
             file=sys.stderr,
         )
-        return 2
+        return EXIT_INVALID
     module = importlib.import_module(SUBCOMMANDS[name][0])
     return int(module.main(rest) or 0)
 

@@ -1,18 +1,24 @@
-"""Pre-flight composition: turn Hydra's composition errors into one actionable line.
+"""Composition outside a Hydra app: the one compose helper, and pre-flight of the command line.
 
-Hydra reports a bad override with a multi-line message and exit status 1. Before Hydra
-starts (and before it creates any output directory) we compose the same overrides once
-through Hydra's own compose API; when that fails we print one line naming the key, the
-allowed values and a fix, and exit 2. Sweep overrides (``mbs=1,2,4``) are checked one
-value at a time, so a bad value anywhere in a sweep fails before anything is launched.
+`compose_config` composes conf/train.yaml through Hydra's compose API; `compose_spec` turns
+overrides into the RunSpec train.py would build (the advisor and the tests use it), and
+`override_key` / `set_overrides` read and edit override lists the same way everywhere.
+
+Pre-flight: Hydra reports a bad override with a multi-line message and exit status 1. Before
+Hydra starts (and before it creates any output directory) we compose the same overrides once;
+when that fails we print one line naming the key, the allowed values and a fix, and exit 2.
+Sweep overrides (``mbs=1,2,4``) are checked one value at a time, so a bad value anywhere in a
+sweep fails before anything is launched.
 """
 
 from __future__ import annotations
 
+import copy
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
+import yaml
 from hydra import compose, initialize_config_dir
 from hydra._internal.utils import get_args_parser
 from hydra.core.global_hydra import GlobalHydra
@@ -21,27 +27,77 @@ from hydra.errors import ConfigCompositionException, MissingConfigException, Ove
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
 
+from moe_vlm.errors import BadInput
+from moe_vlm.spec import RunSpec
+
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 CONFIG_NAME = "train"
 
 
-class BadInput(Exception):
-    """A user error, reported as a single line with exit status 2."""
+def compose_config(overrides: Sequence[str], hydra_node: bool = False) -> DictConfig:
+    """conf/train.yaml composed with these overrides (hydra_node: keep the `hydra` node)."""
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
+            return compose(config_name=CONFIG_NAME, overrides=list(overrides), return_hydra_config=hydra_node)
+    finally:
+        GlobalHydra.instance().clear()
+
+
+def override_key(override: str) -> str:
+    """`+a.b=1` -> `a.b`: the key an override sets, adds (+) or deletes (~)."""
+    return override.split("=", 1)[0].lstrip("+~")
+
+
+def set_overrides(overrides: list[str], *changes: str) -> list[str]:
+    """overrides with each `key=value` of changes replacing the same key and the key's sub-keys."""
+    out = list(overrides)
+    for change in changes:
+        key = override_key(change)
+        out = [o for o in out if override_key(o) != key and not override_key(o).startswith(key + ".")]
+        out.append(change)
+    return out
+
+
+_GROUPS_CACHE: dict[tuple[str, ...], DictConfig] = {}
+_SPEC_CACHE: dict[tuple[str, ...], RunSpec] = {}
+
+
+def _is_group_choice(override: str) -> bool:
+    return (CONF_DIR / override_key(override)).is_dir()
+
+
+def compose_spec(overrides: list[str], check: bool = False) -> RunSpec:
+    """The RunSpec train.py would build from these overrides.
+
+    Group choices (model=, recompute=, ...) are composed by Hydra once per combination; value
+    overrides (mbs=4, pp=2, recompute.modules=[...]) are then set on a copy, in order, through
+    the same structured config, so type errors still raise. check=True runs preflight first:
+    user input that does not compose is one line (BadInput) naming the key and a fix.
+    """
+    key = tuple(overrides)
+    if key not in _SPEC_CACHE:
+        if check:
+            preflight(list(overrides))
+        groups = tuple(o for o in overrides if _is_group_choice(o))
+        if groups not in _GROUPS_CACHE:
+            _GROUPS_CACHE[groups] = compose_config(groups)
+        cfg = copy.deepcopy(_GROUPS_CACHE[groups])
+        for override in overrides:
+            if not _is_group_choice(override):
+                name, value = override.split("=", 1)
+                OmegaConf.update(cfg, name.lstrip("+"), yaml.safe_load(value), merge=False)
+        _SPEC_CACHE[key] = RunSpec.from_config(cfg)
+    return _SPEC_CACHE[key]
 
 
 def _available_keys(full_key: str, overrides: list[str]) -> list[str]:
     parent = full_key.rsplit(".", 1)[0] if "." in full_key else ""
-    cfg = _compose(overrides=[o for o in overrides if not o.split("=")[0].lstrip("+~").startswith(full_key)])
+    cfg = compose_config([o for o in overrides if not override_key(o).startswith(full_key)], hydra_node=True)
     node = OmegaConf.select(cfg, parent) if parent else cfg
     if node is None or not hasattr(node, "keys"):
         return []
     return sorted(str(k) for k in node if k != "hydra")
-
-
-def _compose(overrides: list[str]) -> DictConfig:
-    GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
-        return compose(config_name=CONFIG_NAME, overrides=overrides, return_hydra_config=True)
 
 
 def _override_values(override: str) -> Iterator[str]:
@@ -106,11 +162,11 @@ def preflight(argv: list[str]) -> None:
     for override in overrides:
         _reject_added_keys(override)
     try:
-        base = _compose(fixed)
+        base = compose_config(fixed, hydra_node=True)
         swept = [*(o for o in overrides if _is_sweep(o)), *_preset_sweeps(base, overrides)]
         for sweep in swept:
             for concrete in _override_values(sweep):
-                _compose([*fixed, concrete])
+                compose_config([*fixed, concrete], hydra_node=True)
     except (
         ConfigCompositionException,
         MissingConfigException,
@@ -118,14 +174,12 @@ def preflight(argv: list[str]) -> None:
         OmegaConfBaseException,
     ) as exc:
         raise BadInput(explain(exc, overrides)) from exc
-    finally:
-        GlobalHydra.instance().clear()
 
 
 def _preset_sweeps(cfg: DictConfig, overrides: list[str]) -> list[str]:
     """Axes a sweep preset adds (`hydra.sweeper.params`), unless the command line sets that key."""
     params = OmegaConf.select(cfg, "hydra.sweeper.params") or {}
-    given = {o.split("=", 1)[0].lstrip("+~") for o in overrides}
+    given = {override_key(o) for o in overrides}
     return [f"{key}={value}" for key, value in params.items() if key not in given]
 
 

@@ -27,8 +27,10 @@ Decoder (Megatron's formula, ``training/utils/flop_utils.py``), forward FLOPs pe
     dense MLP              2 h 3 ffn_dense                                     (leading dense layers)
     logits                 2 h vocab
 
-Every Nth layer is full attention (``full_attention_interval``), the rest Gated DeltaNet. The
-router (2 h E per token, under 1% here) and norms are left out, as Megatron leaves them out.
+Every Nth layer is full attention (``full_attention_interval``), the rest Gated DeltaNet, where the
+architecture has linear attention. Layer kinds and every width come from ``moe_vlm.arch``, which
+the memory estimate's parameter counts read too: a weight matmul is 2 FLOPs per weight per token.
+The router (2 h E per token, under 1% here) and norms are left out, as Megatron leaves them out.
 
 Vision (Bridge's ``vit_flops_from_patch_stats``), forward FLOPs per step:
 
@@ -62,11 +64,20 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from moe_vlm.arch import (
+    GLU_PROJECTIONS,
+    Mixer,
+    Mlp,
+    attention_shape,
+    gdn_shape,
+    layer_kinds,
+    merger_matmul_weights,
+    moe_shape,
+    vit_block_matmul_weights,
+)
 from moe_vlm.schema import ModelConfig, RecomputeConfig, RecomputeGranularity, RecomputeMethod
 from moe_vlm.spec import RunSpec
 
-GLU_PROJECTIONS = 3  # SwiGLU: gate, up, down
-GDN_CONV_KERNEL = 4  # Qwen3.5 linear_conv_kernel_dim
 MEGATRON_VOCAB_DIVISOR = 128  # make_vocab_size_divisible_by: Megatron pads the vocab to 128 x TP
 MODULES = ("vision_encoder", "projector", "decoder")  # forward order
 
@@ -162,36 +173,25 @@ def padded_vocab_size(vocab_size: int, tp: int) -> int:
 
 def layer_counts(model: ModelConfig) -> dict[str, int]:
     """Layers by kind: full attention vs Gated DeltaNet, MoE vs dense MLP."""
-    interval = max(model.full_attention_interval, 1)
-    full_attention = model.num_layers // interval  # layers interval, 2 x interval, ... (1-based)
-    dense = min(model.num_dense_layers, model.num_layers)
+    kinds = layer_kinds(model)
     return {
-        "full_attention": full_attention,
-        "gdn": model.num_layers - full_attention,
-        "moe": model.num_layers - dense,
-        "dense": dense,
+        "full_attention": sum(kind.mixer is Mixer.full_attention for kind in kinds),
+        "gdn": sum(kind.mixer is Mixer.linear_attention for kind in kinds),
+        "moe": sum(kind.mlp is Mlp.moe for kind in kinds),
+        "dense": sum(kind.mlp is Mlp.dense for kind in kinds),
     }
 
 
 def attention_projection_flops_per_token(model: ModelConfig) -> float:
     """Forward FLOPs per token of one full-attention layer's Q/K/V(/gate) and output projections."""
-    query = model.num_attention_heads * model.head_dim
-    key_value = model.num_query_groups * model.head_dim
-    gate = query if model.arch == "qwen3_5_moe" else 0  # Qwen3.5 gates the attention output
-    return 2.0 * (model.hidden_size * (query + 2 * key_value + gate) + query * model.hidden_size)
+    return 2.0 * attention_shape(model).projection_weights
 
 
 def gdn_flops_per_token(model: ModelConfig) -> tuple[float, float]:
     """Forward FLOPs per token of one Gated DeltaNet layer: (projections + conv, delta-rule update)."""
-    h = model.hidden_size
-    qk_dim = model.linear_num_key_heads * model.linear_key_head_dim
-    v_dim = model.linear_num_value_heads * model.linear_value_head_dim
-    v_heads = model.linear_num_value_heads
-    in_projection = h * (2 * qk_dim + 2 * v_dim + 2 * v_heads)  # q, k, v, z, beta, alpha
-    conv = GDN_CONV_KERNEL * (2 * qk_dim + v_dim)
-    out_projection = h * v_dim
-    recurrence = 4 * v_heads * model.linear_value_head_dim**2
-    return 2.0 * (in_projection + conv + out_projection), 2.0 * recurrence
+    gdn = gdn_shape(model)
+    weights = gdn.in_projection_weights + gdn.conv_weights + gdn.out_projection_weights
+    return 2.0 * weights, 2.0 * gdn.recurrence_macs
 
 
 def decoder_forward(model: ModelConfig, workload: Workload, vocab_size: int) -> DecoderForward:
@@ -199,10 +199,11 @@ def decoder_forward(model: ModelConfig, workload: Workload, vocab_size: int) -> 
     counts = layer_counts(model)
     tokens = workload.real_tokens
     h = model.hidden_size
-    query = model.num_attention_heads * model.head_dim
+    query = attention_shape(model).query
     gdn_weight, gdn_recurrence = gdn_flops_per_token(model) if counts["gdn"] else (0.0, 0.0)
-    routed_ffn = model.moe_ffn_hidden_size * model.moe_top_k  # active routed experts only
-    shared_ffn = model.shared_expert_ffn_hidden_size * model.num_shared_experts
+    moe = moe_shape(model)
+    routed_ffn = moe.active_routed_ffn  # active routed experts only
+    shared_ffn = moe.shared_ffn
     return DecoderForward(
         attention_projections=counts["full_attention"] * tokens * attention_projection_flops_per_token(model),
         attention_core=counts["full_attention"] * 2.0 * query * workload.sum_seq_len_squared,
@@ -217,20 +218,18 @@ def decoder_forward(model: ModelConfig, workload: Workload, vocab_size: int) -> 
 
 def vision_encoder_forward(model: ModelConfig, workload: Workload) -> ForwardFlops:
     """ViT blocks: Bridge's vit_flops_from_patch_stats transformer term, forward only."""
-    h, i = model.vision_hidden_size, model.vision_intermediate_size
+    h = model.vision_hidden_size
     return ForwardFlops(
-        weight=model.vision_depth * (8 * h * h + 4 * h * i) * workload.vision_patches,
+        weight=model.vision_depth * 2 * vit_block_matmul_weights(model) * workload.vision_patches,
         activation=model.vision_depth * 4 * h * workload.sum_patches_squared,
     )
 
 
 def projector_forward(model: ModelConfig, workload: Workload) -> ForwardFlops:
     """Patch merger plus one deepstack merger per deepstack layer, forward only."""
-    merge_unit = model.vision_spatial_merge_size**2
-    merged_hidden = model.vision_hidden_size * merge_unit
-    merged_tokens = workload.vision_patches // merge_unit
+    merged_tokens = workload.vision_patches // model.vision_spatial_merge_size**2
     mergers = 1 + len(model.vision_deepstack_layers)
-    per_token = 2 * merged_hidden * merged_hidden + 2 * merged_hidden * model.projector_out_size
+    per_token = 2 * merger_matmul_weights(model)
     return ForwardFlops(weight=float(mergers * merged_tokens * per_token), activation=0.0)
 
 

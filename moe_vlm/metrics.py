@@ -16,19 +16,35 @@ Engine-independent: every engine writes the records described in ``moe_vlm.recor
   peak (cluster=local) gets no MFU and a reason; an MFU above 100% means the FLOPs or the timing
   are wrong, so it is reported as an error, never as a number.
 - Peak memory per GPU (max over ranks), and the vision encoder / projector / decoder shares of
-  the component time the engine measured.
+  the component time the engine measured. Where an engine records them (Megatron), the device's
+  used memory and the allocator's reserved memory beside it (``device_memory``), so buffers
+  outside the allocator (NCCL, DeepEP/HybridEP, TE userbuffers) show next to its peak.
+- The time the training loop waited for data (``data_wait``), so an input-bound run shows as one.
+- Each rank's steady-window medians of step, component and data-wait time, with its host
+  (``per_rank``), for the report's straggler view (``moe_vlm.stragglers``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import StrEnum
 from statistics import median
 from typing import Any
 
 from moe_vlm.flops import MODULES, Workload, step_flops
 from moe_vlm.spec import RunSpec
+from moe_vlm.stragglers import rank_medians
 
 TERA = 1e12
+
+
+class MemoryKind(StrEnum):
+    """What a recorded memory figure counts (steps.jsonl, run.json summary)."""
+
+    cuda_max_allocated = "cuda_max_allocated"  # torch.cuda.max_memory_allocated: live tensors' peak
+    process_peak_rss = "process_peak_rss"  # CPU runs: the process's peak resident set
+    cuda_memory_reserved = "cuda_memory_reserved"  # torch.cuda.memory_reserved: allocator segments
+    cuda_device_used = "cuda_device_used"  # cudaMemGetInfo total - free: the whole GPU, as nvidia-smi
 
 
 def _percentile(values: list[float], q: float) -> float:
@@ -153,6 +169,7 @@ def summarize(steps: list[dict[str, Any]], spec: RunSpec) -> dict[str, Any]:
     memory = [r for records in grouped.values() for r in records if r.get("peak_memory_gib") is not None]
     summary["peak_memory_gib"] = max((float(r["peak_memory_gib"]) for r in memory), default=None)
     summary["memory_kind"] = memory[-1].get("memory_kind") if memory else None
+    summary["device_memory"] = device_memory_of([r for records in grouped.values() for r in records])
     if not window.steps:
         summary["errors"].append(
             f"no steady steps: {len(grouped)} step(s) recorded, warmup_steps={spec.warmup_steps}; "
@@ -227,4 +244,51 @@ def summarize(steps: list[dict[str, Any]], spec: RunSpec) -> dict[str, Any]:
         summary["component_coverage"] = None
     rank_steps = sum(len(records) for records in steady)
     summary["component_time_s_per_rank_step"] = {m: s / rank_steps for m, s in component_seconds.items()}
+    summary["data_wait"] = data_wait_of(steady)
+    summary["per_rank"] = rank_medians(steady)  # the report's straggler view (moe_vlm/stragglers.py)
     return summary
+
+
+def data_wait_of(steady: list[list[dict[str, Any]]]) -> dict[str, Any] | None:
+    """How long the training loop waited for batches (steps.jsonl data_wait_s), over the window.
+
+    fraction_of_step_time is the waits over the step times of the same rank-steps: near 0, the
+    loader kept up; a large share means the run measured its input pipeline as much as its model.
+    None when the engine recorded no waits.
+    """
+    pairs = [
+        (float(r["data_wait_s"]), float(r["step_time_s"]))
+        for records in steady
+        for r in records
+        if r.get("data_wait_s") is not None
+    ]
+    if not pairs:
+        return None
+    waits = [wait for wait, _ in pairs]
+    step_seconds = sum(step for _, step in pairs)
+    return {
+        "mean_s": sum(waits) / len(waits),
+        "p90_s": _percentile(waits, 0.9),
+        "max_s": max(waits),
+        "fraction_of_step_time": sum(waits) / step_seconds if step_seconds > 0 else None,
+        "rank_steps": len(pairs),
+    }
+
+
+def device_memory_of(records: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The GPU beyond the allocator's peak, max over every recorded rank-step (as peak_memory_gib).
+
+    outside_allocator_gib is device_used_gib - reserved_gib of the same rank-step (both read at
+    its end): the CUDA context plus NCCL, DeepEP/HybridEP and TE userbuffer allocations, which
+    torch's allocator never sees. None when the engine recorded neither (the torch engine).
+    """
+    both = [r for r in records if r.get("device_used_gib") is not None and r.get("reserved_gib") is not None]
+    if not both:
+        return None
+    return {
+        "device_used_gib": max(float(r["device_used_gib"]) for r in both),
+        "device_used_kind": MemoryKind.cuda_device_used.value,
+        "reserved_gib": max(float(r["reserved_gib"]) for r in both),
+        "reserved_kind": MemoryKind.cuda_memory_reserved.value,
+        "outside_allocator_gib": max(float(r["device_used_gib"]) - float(r["reserved_gib"]) for r in both),
+    }

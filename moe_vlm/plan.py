@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from moe_vlm.data.workers import data_workers
 from moe_vlm.engines.bridge_fields import bridge_overrides, select_recipe
 from moe_vlm.engines.hf_config import is_local_checkpoint
 from moe_vlm.memory import estimate
@@ -31,6 +32,7 @@ def layout_lines(spec: RunSpec) -> list[str]:
         f"job spans {lay.nvlink_domains_spanned} domain(s)",
         f"batch          GBS={spec.gbs}{gbs_note} = MBS {spec.mbs} x DP {lay.dp} x {spec.accumulation_steps} "
         f"accumulation step(s); seq_length={spec.seq_length}",
+        f"data workers   {data_workers(spec).describe()}",
     ]
 
 
@@ -60,6 +62,26 @@ def megatron_lines(spec: RunSpec) -> list[str]:
     return lines
 
 
+def stack_lines(spec: RunSpec) -> list[str]:
+    """Every module this run imports, tried here (seconds: it loads Megatron); engine=megatron only."""
+    from moe_vlm.engines.megatron.stack import probe
+
+    probes = probe(spec)
+    missing = [p for p in probes if not p.ok]
+    verdict = (
+        "every module imports here"
+        if not missing
+        else f"{len(missing)} of {len(probes)} do not import here: a run on this machine stops before "
+        "distributed init (exit 2); the cluster's container must hold them"
+    )
+    lines = ["-- stack (what each rank imports; checked again on every node before distributed init) --"]
+    seen: set[str | None] = set()
+    for found in probes:
+        lines += found.lines(detail=found.error not in seen)
+        seen.add(found.error)
+    return [*lines, verdict]
+
+
 def memory_lines(spec: RunSpec) -> list[str]:
     """The per-rank memory breakdown and the headroom against the cluster's GPU memory."""
     try:
@@ -83,7 +105,9 @@ def render(spec: RunSpec, findings: list[Finding]) -> str:
     out += [f.line() for f in findings] or ["none"]
     out.append("")
     if spec.engine == "megatron":
-        out += megatron_lines(spec)
+        # An invalid plan never runs: skip the seconds of importing Megatron to probe its stack.
+        stack = stack_lines(spec) if not errors else ["-- stack --", "not checked: the plan is INVALID"]
+        out += [*megatron_lines(spec), "", *stack]
     else:
         out += [
             "-- torch engine --",

@@ -1,22 +1,27 @@
-"""Report plots (matplotlib Agg, PNG), each built from the results table of ``moe_vlm.report``.
+"""Report plots (matplotlib, PNG), each built from the results table of ``moe_vlm.report``.
 
 Every builder returns a ``Plot``: the figure plus the exact series drawn, so tests and the report
 can read the plotted numbers instead of trusting a PNG. Callers pass rows of ONE data class
 (mock, or synthetic/real): mock and real never share a plot, as they never share a ranking.
+
+A plot names at most ``top`` configurations (lines, bars, point labels), the best by effective
+tokens/s/GPU; the rest become one legend entry or bar, "+ K more, median X", so a 1,000-run
+sweep draws a readable chart (and does not spend seconds laying out 1,000 labels).
 """
 
 from __future__ import annotations
 
+import statistics
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-import matplotlib
-
-matplotlib.use("Agg")  # no display on cluster login nodes or CI
-
-import matplotlib.pyplot as plt
 import pandas as pd
 from matplotlib.axes import Axes
+
+# The Figure class alone, not pyplot: no backend or global figure registry to set up (faster to
+# import, nothing to close, no display needed on a login node); savefig picks Agg for PNG.
 from matplotlib.figure import Figure
 
 Point = tuple[float, float]
@@ -27,6 +32,7 @@ SHARES = {
     "projector": "share_projector",
     "decoder": "share_decoder",
 }
+PLOT_TOP = 10  # configurations a plot names: one colour each in matplotlib's default cycle (tab10)
 
 
 @dataclass
@@ -35,17 +41,42 @@ class Plot:
     figure: Figure
     series: dict[str, list[Point]]  # legend label -> (x, y) points as drawn
     notes: list[str] = field(default_factory=list)  # legend-only entries (e.g. why no GPU memory line)
-    categories: list[str] = field(default_factory=list)  # bar charts: the config drawn at y = index
+    categories: list[str] = field(default_factory=list)  # configs named: bar at y = index, or point labels
+    omitted: int = 0  # configurations summarised in a note instead of drawn (or labelled) one by one
 
     def save(self, path: Path) -> None:
-        """Write the PNG to `path` and close the figure (the report writes it atomically)."""
-        try:
-            self.figure.savefig(path, format="png", dpi=110, bbox_inches="tight")
-        finally:
-            plt.close(self.figure)
+        """Write the PNG to `path` (the report writes it atomically)."""
+        self.figure.savefig(path, format="png", dpi=110, bbox_inches="tight")
 
 
-def label_of(row: pd.Series, knobs: list[str]) -> str:
+def _figure(width: float, height: float) -> tuple[Figure, Axes]:
+    figure = Figure(figsize=(width, height))
+    return figure, figure.subplots()
+
+
+def _records(rows: pd.DataFrame) -> list[dict[str, Any]]:
+    """Plain dicts: indexing a pandas row costs microseconds, times every run of a big sweep."""
+    return rows.to_dict("records")
+
+
+def best_first(rows: pd.DataFrame) -> pd.DataFrame:
+    """Rows by effective tokens/s/GPU, best first; a stable sort keeps the caller's order for ties."""
+    return rows.sort_values(THROUGHPUT, ascending=False, na_position="last", kind="stable")
+
+
+def rest_note(count: int, values: list[float], unit: str, what: str = "median") -> str:
+    """The legend entry that stands for the configurations a plot does not draw one by one."""
+    if not values:
+        return f"+ {count} more"
+    middle = statistics.median(values) if what == "median" else statistics.fmean(values)
+    return f"+ {count} more, {what} {middle:,.{0 if abs(middle) >= 100 else 2}f} {unit}"
+
+
+def _legend_note(axes: Axes, note: str) -> None:
+    axes.plot([], [], linestyle="none", label=note)
+
+
+def label_of(row: Mapping[str, Any], knobs: list[str]) -> str:
     return " ".join(f"{knob}={row[knob]}" for knob in knobs) if knobs else str(row.get("run", ""))
 
 
@@ -53,18 +84,55 @@ def _title(base: str, mock: bool) -> str:
     return f"{base}\nMOCK data (image-free): not a VLM performance proxy" if mock else base
 
 
-def _lines_over_mbs(rows: pd.DataFrame, value: str, group_knobs: list[str]) -> dict[str, list[Point]]:
+def _lines_over_mbs(
+    records: list[dict[str, Any]], value: str, group_knobs: list[str]
+) -> dict[str, list[Point]]:
     """One line per setting of group_knobs; at equal MBS the best (max) value is kept."""
     series: dict[str, list[Point]] = {}
-    for _, row in rows.dropna(subset=[value]).iterrows():
+    for row in records:
+        y = row[value]
+        if pd.isna(y):  # not measured
+            continue
         label = label_of(row, group_knobs) or "all"
-        series.setdefault(label, []).append((float(row["mbs"]), float(row[value])))
+        series.setdefault(label, []).append((float(row["mbs"]), float(y)))
     for label, points in series.items():
         best: dict[float, float] = {}
         for x, y in points:
             best[x] = max(y, best.get(x, y))
         series[label] = sorted(best.items())
     return dict(sorted(series.items()))
+
+
+def _named_lines(records: list[dict[str, Any]], group_knobs: list[str], top: int) -> list[str]:
+    """The `top` line labels whose best point has the most effective tokens/s/GPU.
+
+    Throughput picks the lines of the memory plot too, so both plots name the same configurations.
+    """
+    throughput = _lines_over_mbs(records, THROUGHPUT, group_knobs)
+    return sorted(throughput, key=lambda label: -max(y for _, y in throughput[label]))[:top]
+
+
+def _draw_lines(
+    axes: Axes, series: dict[str, list[Point]], named: list[str], unit: str
+) -> tuple[dict[str, list[Point]], list[str], int]:
+    """Draw the named lines; the rest become one legend entry with the median of their best points."""
+    drawn = {label: points for label, points in series.items() if label in named}
+    for label, points in drawn.items():
+        axes.plot([x for x, _ in points], [y for _, y in points], marker="o", label=label)
+    rest = [max(y for _, y in points) for label, points in series.items() if label not in drawn]
+    if not rest:
+        return drawn, [], 0
+    note = rest_note(len(rest), rest, unit)
+    _legend_note(axes, note)
+    return drawn, [note], len(rest)
+
+
+def _line_legend(axes: Axes) -> None:
+    """Inside the axes for a few lines; beside them for more, where it cannot cover the data."""
+    if len(axes.get_legend_handles_labels()[1]) <= 4:
+        axes.legend(fontsize=8)
+    else:
+        axes.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
 
 
 def _mbs_axes(axes: Axes, rows: pd.DataFrame) -> None:
@@ -79,27 +147,38 @@ def _group_knobs(varying: list[str], first: str) -> list[str]:
     return [first] + [k for k in varying if k not in (first, "mbs")]
 
 
-def throughput_vs_mbs(rows: pd.DataFrame, varying: list[str], mock: bool = False) -> Plot:
-    figure, axes = plt.subplots(figsize=(7, 4.5))
-    series = _lines_over_mbs(rows, THROUGHPUT, _group_knobs(varying, "recompute"))
-    for label, points in series.items():
-        axes.plot([x for x, _ in points], [y for _, y in points], marker="o", label=label)
+def throughput_vs_mbs(
+    rows: pd.DataFrame, varying: list[str], mock: bool = False, top: int = PLOT_TOP
+) -> Plot:
+    figure, axes = _figure(7, 4.5)
+    records = _records(rows)
+    group = _group_knobs(varying, "recompute")
+    series, notes, omitted = _draw_lines(
+        axes,
+        _lines_over_mbs(records, THROUGHPUT, group),
+        _named_lines(records, group, top),
+        "tok/s/GPU (each line's best)",
+    )
     _mbs_axes(axes, rows)
     axes.set_ylabel("effective (real) tokens/s/GPU")
     axes.set_title(_title("Throughput vs MBS per recompute setting", mock))
     axes.grid(alpha=0.3)
-    axes.legend(fontsize=8)
-    return Plot("throughput_vs_mbs", figure, series)
+    _line_legend(axes)
+    return Plot("throughput_vs_mbs", figure, series, notes, omitted=omitted)
 
 
-def memory_vs_mbs(rows: pd.DataFrame, varying: list[str], mock: bool = False) -> Plot:
-    figure, axes = plt.subplots(figsize=(7, 4.5))
-    series = _lines_over_mbs(rows, MEMORY, _group_knobs(varying, "recompute"))
-    for label, points in series.items():
-        axes.plot([x for x, _ in points], [y for _, y in points], marker="o", label=label)
-    notes: list[str] = []
+def memory_vs_mbs(rows: pd.DataFrame, varying: list[str], mock: bool = False, top: int = PLOT_TOP) -> Plot:
+    figure, axes = _figure(7, 4.5)
+    records = _records(rows)
+    group = _group_knobs(varying, "recompute")
+    series, notes, omitted = _draw_lines(
+        axes,
+        _lines_over_mbs(records, MEMORY, group),
+        _named_lines(records, group, top),
+        "GiB (each line's max)",
+    )
     limits = rows[["gpu", "gpu_memory_gib"]].drop_duplicates()
-    for _, limit in limits.iterrows():
+    for limit in _records(limits):
         if limit["gpu_memory_gib"] and float(limit["gpu_memory_gib"]) > 0:
             line_label = f"GPU memory {float(limit['gpu_memory_gib']):g} GiB ({limit['gpu']})"
             axes.axhline(float(limit["gpu_memory_gib"]), color="red", linestyle="--", label=line_label)
@@ -108,35 +187,50 @@ def memory_vs_mbs(rows: pd.DataFrame, varying: list[str], mock: bool = False) ->
             ]
         else:
             note = f"no GPU memory line: {limit['gpu']} run (peak is the process RSS)"
-            axes.plot([], [], linestyle="none", label=note)
+            _legend_note(axes, note)
             notes.append(note)
     kinds = sorted({str(k) for k in rows.get("memory_kind", pd.Series(dtype=str)).dropna()})
     axes.set_ylabel("peak memory per GPU (GiB)" + (f" [{', '.join(kinds)}]" if kinds else ""))
     _mbs_axes(axes, rows)
     axes.set_title(_title("Peak memory vs MBS", mock))
     axes.grid(alpha=0.3)
-    axes.legend(fontsize=8)
-    return Plot("memory_vs_mbs", figure, series, notes)
+    _line_legend(axes)
+    return Plot("memory_vs_mbs", figure, series, notes, omitted=omitted)
 
 
-def component_shares(rows: pd.DataFrame, varying: list[str], mock: bool = False) -> Plot:
-    """Stacked horizontal bars: vision encoder / projector / decoder share of component time."""
-    measured = rows.dropna(subset=list(SHARES.values()))
-    labels = [label_of(row, varying) for _, row in measured.iterrows()]
-    figure, axes = plt.subplots(figsize=(7, 0.5 + 0.45 * max(len(labels), 1)))
+def component_shares(rows: pd.DataFrame, varying: list[str], mock: bool = False, top: int = PLOT_TOP) -> Plot:
+    """Stacked horizontal bars: vision encoder / projector / decoder share of component time.
+
+    One bar per config for the best `top` configs, then one bar of the rest's mean shares (a
+    mean, not a median, so the three parts of that bar still add up to the whole).
+    """
+    measured = _records(best_first(rows.dropna(subset=list(SHARES.values()))))
+    named, rest = measured[:top], measured[top:]
+    labels = [label_of(row, varying) for row in named]
+    bars = {module: [float(row[column]) for row in named] for module, column in SHARES.items()}
+    notes = []
+    if rest:
+        labels.append(f"+ {len(rest)} more (mean)")
+        for module, column in SHARES.items():
+            bars[module].append(statistics.fmean(float(row[column]) for row in rest))
+        notes.append(
+            f"+ {len(rest)} more configs drawn as one bar of their mean shares "
+            f"(vision encoder {bars['vision_encoder'][-1]:.0%})"
+        )
+    figure, axes = _figure(7, 0.5 + 0.45 * max(len(labels), 1))
     series: dict[str, list[Point]] = {}
     left = [0.0] * len(labels)
-    for module, column in SHARES.items():
-        shares = [float(v) for v in measured[column]]
+    for module, shares in bars.items():
         axes.barh(range(len(labels)), shares, left=left, label=module)
         series[module] = [(float(i), share) for i, share in enumerate(shares)]
         left = [a + b for a, b in zip(left, shares, strict=True)]
     axes.set_yticks(range(len(labels)), labels, fontsize=8)
+    axes.invert_yaxis()  # best config on top, the summary bar last
     axes.set_xlim(0, 1)
     axes.set_xlabel("share of measured component time (forward + backward)")
     axes.set_title(_title("Where the time goes, per config", mock))
     axes.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    return Plot("component_shares", figure, series, categories=labels)
+    return Plot("component_shares", figure, series, notes, categories=labels, omitted=len(rest))
 
 
 def pareto_front(points: list[Point]) -> list[Point]:
@@ -148,14 +242,31 @@ def pareto_front(points: list[Point]) -> list[Point]:
     return front
 
 
-def throughput_vs_memory(rows: pd.DataFrame, varying: list[str], mock: bool = False) -> Plot:
-    measured = rows.dropna(subset=[THROUGHPUT, MEMORY])
-    points = [(float(row[MEMORY]), float(row[THROUGHPUT])) for _, row in measured.iterrows()]
+def throughput_vs_memory(
+    rows: pd.DataFrame, varying: list[str], mock: bool = False, top: int = PLOT_TOP
+) -> Plot:
+    """Every config as a point (a cloud stays readable); the best `top` and the front numbered.
+
+    A point carries its rank by effective tokens/s/GPU; the config of each number is listed beside
+    the axes (full labels on the points overlap as soon as the best configs sit close together).
+    """
+    measured = _records(best_first(rows.dropna(subset=[THROUGHPUT, MEMORY])))
+    points = [(float(row[MEMORY]), float(row[THROUGHPUT])) for row in measured]
     front = pareto_front(points)
-    figure, axes = plt.subplots(figsize=(7, 4.5))
-    axes.scatter([m for m, _ in points], [t for _, t in points], color="tab:blue", label="configs")
-    for (_, row), (memory, throughput) in zip(measured.iterrows(), points, strict=True):
-        axes.annotate(label_of(row, varying), (memory, throughput), fontsize=6, alpha=0.7)
+    on_front = set(front)
+    figure, axes = _figure(7, 4.5)
+    axes.scatter([m for m, _ in points], [t for _, t in points], color="tab:blue", label="configs", s=12)
+    labelled: list[str] = []
+    unlabelled: list[float] = []
+    for rank, (row, point) in enumerate(zip(measured, points, strict=True), start=1):
+        if rank <= top or point in on_front:
+            labelled.append(f"{rank}: {label_of(row, varying)}")
+            axes.annotate(str(rank), point, xytext=(3, 3), textcoords="offset points", fontsize=7)
+        else:
+            unlabelled.append(point[1])
+    if labelled:
+        key = "\n".join(["rank by eff tok/s/GPU:", *labelled])
+        axes.text(1.02, 1.0, key, transform=axes.transAxes, va="top", fontsize=7)
     axes.plot(
         [m for m, _ in front],
         [t for _, t in front],
@@ -164,20 +275,25 @@ def throughput_vs_memory(rows: pd.DataFrame, varying: list[str], mock: bool = Fa
         markersize=12,
         label="Pareto front",
     )
+    notes = []
+    if unlabelled:
+        notes.append(rest_note(len(unlabelled), unlabelled, "tok/s/GPU") + " (unlabelled points)")
+        _legend_note(axes, notes[-1])
     axes.set_xlabel("peak memory per GPU (GiB)")
     axes.set_ylabel("effective (real) tokens/s/GPU")
     axes.set_ylim(bottom=0)
     axes.set_xlim(left=0)
     axes.set_title(_title("Throughput vs memory", mock))
     axes.grid(alpha=0.3)
-    axes.legend(fontsize=8)
-    return Plot("throughput_vs_memory", figure, {"configs": points, "pareto_front": front})
+    axes.legend(fontsize=8, loc="lower right")
+    series = {"configs": points, "pareto_front": front}
+    return Plot("throughput_vs_memory", figure, series, notes, categories=labelled, omitted=len(unlabelled))
 
 
-def all_plots(rows: pd.DataFrame, varying: list[str], mock: bool = False) -> list[Plot]:
+def all_plots(rows: pd.DataFrame, varying: list[str], mock: bool = False, top: int = PLOT_TOP) -> list[Plot]:
     return [
-        throughput_vs_mbs(rows, varying, mock),
-        memory_vs_mbs(rows, varying, mock),
-        component_shares(rows, varying, mock),
-        throughput_vs_memory(rows, varying, mock),
+        throughput_vs_mbs(rows, varying, mock, top),
+        memory_vs_mbs(rows, varying, mock, top),
+        component_shares(rows, varying, mock, top),
+        throughput_vs_memory(rows, varying, mock, top),
     ]

@@ -8,6 +8,7 @@ One steps.jsonl line per optimizer step per rank (rank 0 gathers and writes them
 
     step                 1-based optimizer step
     rank                 data-parallel rank
+    host                 hostname of the process that measured it (records before it was added: absent)
     warmup               step <= warmup_steps (excluded from the steady window)
     time_unix_s          wall clock at the end of the step
     step_time_s          wall time of the whole optimizer step (all micro-batches), synchronised
@@ -21,6 +22,8 @@ One steps.jsonl line per optimizer step per rank (rank 0 gathers and writes them
     peak_memory_gib      peak so far on this rank
     memory_kind          "cuda_max_allocated" (GPU) or "process_peak_rss" (CPU)
     components_s         {"vision_encoder", "projector", "decoder"}: forward + backward seconds
+    data_wait_s          host seconds of step_time_s the training loop spent waiting for batches
+                         (torch engine: building them in its loop; Megatron: inside next(data_iterator))
     exclude              optional reason this step is outside the steady window
                          ("profiler", "checkpoint", "cuda_graph_capture"), beside warm-up
 
@@ -28,9 +31,9 @@ Optional, where the engine measures them (the torch engine does):
 
     components_forward_s, components_backward_s
                          the two halves of components_s (None when timing hooks are off)
-    data_wait_s          seconds of step_time_s spent waiting for batches
     optimizer_s          seconds of step_time_s in grad norm + optimizer step (collectives included)
     skipped_samples      samples the data pipeline dropped while building this step's batches
+                         (Megatron: seeded draws it replaced; real data skips happen inside Energon)
 """
 
 from __future__ import annotations
@@ -55,13 +58,20 @@ SCHEMA_VERSION = 1
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
-def write_json_atomic(path: Path, payload: dict[str, Any]) -> None:
+def write_atomic(path: Path, data: bytes | str) -> None:
+    """Replace `path` with `data` in one step: readers see the old file or the new one, never half.
+
+    The project's one atomic writer. The temp file's name is unique (mkstemp), so any number of
+    processes may write the same path at once (every rank of a job materialises the same HF
+    config): each renames its own complete file over the target and the last one wins. A fixed
+    temp name would let one rank rename another's file away and crash on its own rename.
+    """
     path.parent.mkdir(parents=True, exist_ok=True)
+    blob = data.encode() if isinstance(data, str) else data
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
-        with os.fdopen(fd, "w") as handle:
-            json.dump(payload, handle, indent=2, sort_keys=True, default=str)
-            handle.write("\n")
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(blob)
             handle.flush()
             os.fsync(handle.fileno())
         # mkstemp creates 0600 files; run records are read by teammates on shared clusters.
@@ -72,6 +82,10 @@ def write_json_atomic(path: Path, payload: dict[str, Any]) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def write_json_atomic(path: Path, payload: dict[str, Any]) -> None:
+    write_atomic(path, json.dumps(payload, indent=2, sort_keys=True, default=str) + "\n")
 
 
 class StepWriter:

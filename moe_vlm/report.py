@@ -4,15 +4,19 @@
     moe-vlm report 'sweeps/*' --out reports/today --compare parallelism
     moe-vlm report SWEEP --save-baseline baseline.json       # after a good sweep
     moe-vlm report SWEEP --baseline baseline.json --tolerance 0.05
+    moe-vlm report BIG_SWEEP --top 20                         # the best 20 rows per ranked table
 
 Reads completed, failed and rejected runs alike into one pandas table (results.csv and
 results.parquet), writes report.md and the plots next to them in the first PATH (or --out), and
 prints the Markdown report. Completed synthetic/real runs are ranked by effective (real)
 tokens/s/GPU; mock-data runs go to a separate, labelled table and never into that ranking.
+A ranked table shows the best --top rows (see --help) and one summary line for the rest; each
+plot names at most plots.PLOT_TOP configs and draws the rest as one "+ K more, median X" entry.
 
 Exit status: 0 fine; 1 the --baseline check found a config whose effective throughput dropped by
-more than --tolerance (or that completed in the baseline and no longer does); 2 bad input (no
-run.json found, unknown --compare knob, unreadable baseline), with a one-line error.
+more than --tolerance (or that completed in the baseline and no longer does); 2 bad input (a
+missing PATH, no run.json found, unknown --compare knob, missing or unreadable baseline, --top
+below 1), with a one-line error naming the option, what it allows and a fix.
 """
 
 from __future__ import annotations
@@ -24,20 +28,21 @@ import math
 import os
 import sys
 import tempfile
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
 import pandas as pd
 
-from moe_vlm import plots
-from moe_vlm.record import RUN_JSON
+from moe_vlm import plots, stragglers
+from moe_vlm.errors import EXIT_FAILED, EXIT_INVALID, BadInput
+from moe_vlm.metrics import by_step, steady_window
+from moe_vlm.record import RUN_JSON, STEPS_JSONL, read_steps, write_atomic
 
 EXIT_OK = 0
-EXIT_REGRESSED = 1
-EXIT_BAD_INPUT = 2
+EXIT_REGRESSED = EXIT_FAILED  # the work "failed": --baseline found a regression
+EXIT_BAD_INPUT = EXIT_INVALID
 DEFAULT_TOLERANCE = 0.05
 BASELINE_METRIC = "effective_tokens_per_s_per_gpu"
 WORK_MATCH_TOLERANCE = 0.01  # effective tokens or image tokens per step differing more: different work
@@ -76,10 +81,13 @@ OWNED_BY = {"parallelism": ("tp", "pp", "vp", "cp", "ep", "etp", "dispatcher")}
 # data, GBS in tokens and sequence length".
 WORKLOAD = ("model", "data", "gbs_tokens", "seq_length")
 DEFAULT_LABEL_KNOBS = ["model", "parallelism", "mbs", "recompute"]
-
-
-class BadInput(Exception):
-    """A one-line message for the user; exit status 2."""
+# Rows per ranked table unless --top says otherwise: every row of a sweep up to this size; beyond
+# it the best DEFAULT_TOP and a one-line summary of the rest (results.csv keeps every row).
+DEFAULT_TOP = 50
+PATH_HINT = (
+    f"pass run directories, sweep directories, {RUN_JSON} files or globs of them "
+    "(e.g. moe-vlm report multirun/DATE/TIME)"
+)
 
 
 # ---------------------------------------------------------------- reading
@@ -98,7 +106,14 @@ def find_run_files(paths: list[str]) -> list[Path]:
     """run.json files under each PATH (a run dir, a sweep dir, a run.json, or a glob of those)."""
     found: dict[Path, None] = {}
     for given in paths:
-        matches = sorted(glob.glob(given)) if glob.has_magic(given) else [given]
+        if glob.has_magic(given):
+            matches = sorted(glob.glob(given))
+            if not matches:
+                raise BadInput(f"PATH {given!r}: the pattern matches nothing; {PATH_HINT}")
+        elif not os.path.exists(given):
+            raise BadInput(f"PATH {given}: no such file or directory; {PATH_HINT}")
+        else:
+            matches = [given]
         for match in matches:
             path = Path(match)
             if path.is_file() and path.name == RUN_JSON:
@@ -122,6 +137,11 @@ def row_of(run_file: Path, record: dict[str, Any]) -> dict[str, Any]:
     row["gpu"] = _dig(record, ("spec", "cluster", "gpu")) or _dig(record, ("config", "cluster", "gpu"))
     row["gpu_memory_gib"] = _dig(record, ("spec", "cluster", "gpu_memory_gib"))
     row["reason"] = _reason(record)
+    view = _stragglers(run_file, record)
+    row["stragglers"] = view.text() if view else None
+    row["straggler_ranks"] = view.ranks if view else None
+    row["straggler_hosts"] = view.hosts if view else None
+    row["straggler_nodes"] = view.slow_nodes if view else None
 
     summary: dict[str, Any] = record.get("summary") or {}
     step_time = summary.get("step_time_s") or {}
@@ -162,6 +182,18 @@ def _steady(steps: Any) -> str | None:
     return f"{steps[0]}-{steps[1]}" if isinstance(steps, list) and len(steps) == 2 else None
 
 
+def _stragglers(run_file: Path, record: dict[str, Any]) -> stragglers.Stragglers | None:
+    """Slow ranks and nodes of a completed run, from summary.per_rank (older records: steps.jsonl)."""
+    if record.get("status") != "completed":
+        return None
+    per_rank = (record.get("summary") or {}).get("per_rank")
+    if per_rank is None:
+        grouped = by_step(read_steps(run_file.parent / STEPS_JSONL))
+        window = steady_window(grouped, int(_dig(record, ("spec", "warmup_steps")) or 0))
+        per_rank = stragglers.rank_medians([grouped[step] for step in window.steps])
+    return stragglers.find(per_rank)
+
+
 def _reason(record: dict[str, Any]) -> str | None:
     """Why a run did not complete, in one line."""
     failure = record.get("failure")
@@ -173,17 +205,19 @@ def _reason(record: dict[str, Any]) -> str | None:
     return None
 
 
+def read_run(run_file: Path) -> Any:
+    """One run.json (OSError, json.JSONDecodeError when unreadable); `moe-vlm advise` reads sweeps with it."""
+    return json.loads(run_file.read_text())
+
+
 def load_table(paths: list[str]) -> pd.DataFrame:
     run_files = find_run_files(paths)
     if not run_files:
-        raise BadInput(
-            f"no {RUN_JSON} found under {' '.join(paths)}; pass run directories, sweep directories "
-            f"or globs that contain {RUN_JSON} (e.g. moe-vlm report multirun/DATE/TIME)"
-        )
+        raise BadInput(f"no {RUN_JSON} found under {' '.join(paths)}; {PATH_HINT}")
     rows = []
     for run_file in run_files:
         try:
-            record = json.loads(run_file.read_text())
+            record = read_run(run_file)
         except (OSError, json.JSONDecodeError) as exc:
             print(f"moe-vlm report: warning: skipping unreadable {run_file}: {exc}", file=sys.stderr)
             continue
@@ -212,6 +246,8 @@ def ranked(table: pd.DataFrame, mock: bool) -> pd.DataFrame:
 
 # ---------------------------------------------------------------- formatting
 
+Row = Mapping[str, Any]  # a table row: a plain dict (fast to index) or a pandas Series
+
 
 def _number(value: Any, digits: int = 1) -> str:
     if value is None or (isinstance(value, float) and math.isnan(value)):
@@ -226,7 +262,7 @@ def _flops(value: Any) -> str:
     return f"{value:,.1f}" if abs(value) >= 1000 else f"{value:.4g}"
 
 
-def _mfu(row: pd.Series) -> str:
+def _mfu(row: Row) -> str:
     note = row.get("mfu_note")
     if isinstance(note, str) and note.startswith("ERROR"):
         return "**ERROR >100%**"
@@ -236,14 +272,14 @@ def _mfu(row: pd.Series) -> str:
     return f"{mfu:.1%}"
 
 
-def _shares(row: pd.Series) -> str:
+def _shares(row: Row) -> str:
     shares = [row.get(c) for c in plots.SHARES.values()]
     if any(s is None or (isinstance(s, float) and math.isnan(s)) for s in shares):
         return "-"
-    return "/".join(f"{100 * s:.0f}" for s in shares)
+    return "/".join(f"{100 * float(s or 0.0):.0f}" for s in shares)
 
 
-def _step_time(row: pd.Series) -> str:
+def _step_time(row: Row) -> str:
     p50 = row.get("step_time_p50_s")
     if p50 is None or (isinstance(p50, float) and math.isnan(p50)):
         return "-"
@@ -256,7 +292,8 @@ def markdown_table(header: list[str], rows: list[list[str]]) -> str:
     return "\n".join(lines)
 
 
-def results_table(rows: pd.DataFrame, knobs: list[str]) -> str:
+def results_table(rows: pd.DataFrame, knobs: list[str], top: int | None = None) -> str:
+    """The best `top` rows (all when None), ranked as given."""
     header = [
         "#",
         "run",
@@ -273,7 +310,7 @@ def results_table(rows: pd.DataFrame, knobs: list[str]) -> str:
         "status",
     ]
     body = []
-    for rank, (_, row) in enumerate(rows.iterrows(), start=1):
+    for rank, row in enumerate((rows if top is None else rows.head(top)).to_dict("records"), start=1):
         body.append(
             [
                 str(rank),
@@ -294,15 +331,32 @@ def results_table(rows: pd.DataFrame, knobs: list[str]) -> str:
     return markdown_table(header, body)
 
 
-def _peak_lines(rows: pd.DataFrame) -> list[str]:
+def rest_line(rows: pd.DataFrame, top: int) -> str | None:
+    """One line for the ranked runs past the best `top`: how many, and where their throughput sits."""
+    rest = rows.iloc[top:]
+    if rest.empty:
+        return None
+    values = rest[plots.THROUGHPUT].dropna()
+    where = (
+        f", median eff tok/s/GPU {_number(values.median())} "
+        f"(range {_number(values.min())}-{_number(values.max())})"
+        if not values.empty
+        else ""
+    )
+    return f"+ {len(rest)} more ranked runs not shown{where}; every row is in results.csv; more with --top N."
+
+
+def _peak_lines(rows: pd.DataFrame, top: int = DEFAULT_TOP) -> list[str]:
     lines = []
     for name in sorted({str(n) for n in rows["peak_name"].dropna()}):
         lines.append(f"MFU = model FLOPs (ours: real tokens, frozen-aware) / peak of {name}.")
     notes = {str(n) for n in rows["mfu_note"].dropna() if not str(n).startswith("ERROR")}
     lines += sorted(f"MFU n/a: {note}." for note in notes)
-    for _, row in rows.iterrows():
-        if isinstance(row["errors"], str):
-            lines.append(f"**ERROR** in run {row['run']}: {row['errors'].removeprefix('ERROR: ')}")
+    failing = rows.dropna(subset=["errors"])
+    for row in failing.head(top).to_dict("records"):
+        lines.append(f"**ERROR** in run {row['run']}: {str(row['errors']).removeprefix('ERROR: ')}")
+    if len(failing) > top:
+        lines.append(f"**ERROR** in {len(failing) - top} more runs: see the errors column of results.csv.")
     windows = {str(w) for w in rows["steady_window"].dropna()}
     lines += sorted(f"Steady window: {w}." for w in windows)
     return lines
@@ -433,12 +487,16 @@ def save_baseline(table: pd.DataFrame, path: Path) -> int:
         }
         for _, row in done.iterrows()
     ]
-    with _atomic(path) as tmp:
-        tmp.write_text(json.dumps({"metric": BASELINE_METRIC, "configs": configs}, indent=2) + "\n")
+    write_atomic(path, json.dumps({"metric": BASELINE_METRIC, "configs": configs}, indent=2) + "\n")
     return len(configs)
 
 
 def load_baseline(path: Path) -> dict[str, float]:
+    if not path.is_file():
+        raise BadInput(
+            f"--baseline {path}: {'a directory' if path.is_dir() else 'no such file'}; pass a file "
+            "written by --save-baseline FILE (e.g. moe-vlm report SWEEP --save-baseline baseline.json)"
+        )
     try:
         payload = json.loads(path.read_text())
         return {c["config"]: float(c[BASELINE_METRIC]) for c in payload["configs"]}
@@ -500,30 +558,19 @@ def regression_markdown(check: pd.DataFrame, path: Path, tolerance: float) -> st
 # ---------------------------------------------------------------- output
 
 
-@contextmanager
-def _atomic(path: Path) -> Iterator[Path]:
-    """Yield a temp path next to `path`; rename it over `path` only if the writer finished."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; a shared sweep's report must stay readable
-    try:
-        yield Path(tmp)
-        os.replace(tmp, path)
-    finally:
-        Path(tmp).unlink(missing_ok=True)
-
-
 def write_table(table: pd.DataFrame, out: Path) -> None:
-    writers: dict[str, Callable[[Path], None]] = {
-        "results.csv": lambda tmp: table.to_csv(tmp, index=False),
-        "results.parquet": lambda tmp: table.to_parquet(tmp, index=False),
-    }
-    for name, write in writers.items():
-        with _atomic(out / name) as tmp:
-            write(tmp)
+    parquet = table.to_parquet(index=False)
+    assert parquet is not None  # without a path pandas returns the bytes
+    write_atomic(out / "results.csv", table.to_csv(index=False))
+    write_atomic(out / "results.parquet", parquet)
+
+
+def _png(plot: plots.Plot) -> bytes:
+    """The plot's PNG, rendered to a scratch file (Plot.save takes a path) for record.write_atomic."""
+    with tempfile.TemporaryDirectory() as scratch:
+        path = Path(scratch) / f"{plot.name}.png"
+        plot.save(path)
+        return path.read_bytes()
 
 
 def output_dir(paths: list[str], out: str | None) -> Path:
@@ -543,7 +590,10 @@ def output_dir(paths: list[str], out: str | None) -> Path:
     return first
 
 
-def build_report(table: pd.DataFrame, out: Path, compare_knob: str | None) -> tuple[str, list[plots.Plot]]:
+def build_report(
+    table: pd.DataFrame, out: Path, compare_knob: str | None, top: int = DEFAULT_TOP
+) -> tuple[str, list[plots.Plot]]:
+    """report.md's text and the plots; ranked tables show the best `top` rows, plots at most PLOT_TOP."""
     varying = varying_knobs(table)
     knobs = [k for k in varying if k != "data"] or DEFAULT_LABEL_KNOBS
     counts = table["status"].value_counts().to_dict()
@@ -563,22 +613,34 @@ def build_report(table: pd.DataFrame, out: Path, compare_knob: str | None) -> tu
         rows = ranked(table, mock)
         if rows.empty:
             continue
-        lines += ["", title, "", results_table(rows, knobs), ""]
-        lines += [f"- {line}" for line in _peak_lines(rows)]
+        lines += ["", title, "", results_table(rows, knobs, top), ""]
+        rest = rest_line(rows, top)
+        lines += [rest, ""] if rest else []
+        lines += [f"- {line}" for line in _peak_lines(rows, top)]
         lines.append(
             "- vis/proj/dec %: vision encoder / projector / decoder share of measured component time."
         )
         if not made:  # plots from the ranked class if any, else from mock (labelled), never mixed
-            made = plots.all_plots(rows, knobs, mock)
+            made = plots.all_plots(rows, knobs, mock, min(top, plots.PLOT_TOP))
+
+    lines += stragglers.section(table[table["status"] == "completed"].to_dict("records"), top)
 
     unfinished = table[table["status"] != "completed"]
     if not unfinished.empty:
         lines += ["", "## Not completed", ""]
         body = [
             [str(r["run"]), *(str(r[k]) for k in knobs), str(r["status"]), str(r["reason"] or "-")]
-            for _, r in unfinished.iterrows()
+            for r in unfinished.head(top).to_dict("records")
         ]
         lines.append(markdown_table(["run", *knobs, "status", "reason"], body))
+        if len(unfinished) > top:
+            counts = unfinished["status"].value_counts().sort_index()
+            lines += [
+                "",
+                f"+ {len(unfinished) - top} more not shown; not completed in all: "
+                + ", ".join(f"{n} {status}" for status, n in counts.items())
+                + "; every row is in results.csv; more with --top N.",
+            ]
 
     if compare_knob:
         lines += [
@@ -615,7 +677,28 @@ def parser() -> argparse.ArgumentParser:
         help=f"allowed drop vs --baseline, as a fraction (default {DEFAULT_TOLERANCE})",
     )
     p.add_argument("--save-baseline", metavar="FILE", help="save this report's throughput as a baseline")
+    p.add_argument(
+        "--top",
+        type=_row_count,
+        default=DEFAULT_TOP,
+        metavar="N",
+        help=f"rows per ranked table (default {DEFAULT_TOP}: every row of a sweep up to that size, the "
+        f"best {DEFAULT_TOP} beyond it); plots name at most {plots.PLOT_TOP} configs and summarise the rest",
+    )
     return p
+
+
+def _row_count(text: str) -> int:
+    """--top's type: argparse prints the message on one line, naming the option."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a row count; use a whole number 1 or more, e.g. --top {DEFAULT_TOP}"
+        )
+    return value
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -627,6 +710,14 @@ def main(argv: list[str] | None = None) -> int:
             raise BadInput(
                 f"--tolerance {args.tolerance}: must be a fraction in [0, 1), e.g. --tolerance 0.05"
             )
+        if args.out and Path(args.out).exists() and not Path(args.out).is_dir():
+            raise BadInput(
+                f"--out {args.out}: not a directory; pass a directory (created if missing), e.g. --out reports/today"
+            )
+        if args.save_baseline and Path(args.save_baseline).is_dir():
+            raise BadInput(
+                f"--save-baseline {args.save_baseline}: a directory; pass a file path, e.g. --save-baseline baseline.json"
+            )
         baseline = load_baseline(Path(args.baseline)) if args.baseline else None
         table = load_table(args.paths)
     except BadInput as exc:
@@ -634,7 +725,7 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_BAD_INPUT
 
     out = output_dir(args.paths, args.out)
-    text, made = build_report(table, out, args.compare)
+    text, made = build_report(table, out, args.compare, args.top)
     status = EXIT_OK
     if baseline is not None:
         check = regression_check(table, baseline, args.tolerance)
@@ -650,10 +741,8 @@ def main(argv: list[str] | None = None) -> int:
 
     write_table(table, out)
     for plot in made:
-        with _atomic(out / f"{plot.name}.png") as tmp:
-            plot.save(tmp)
-    with _atomic(out / "report.md") as tmp:
-        tmp.write_text(text)
+        write_atomic(out / f"{plot.name}.png", _png(plot))
+    write_atomic(out / "report.md", text)
     if args.save_baseline:
         saved = save_baseline(table, Path(args.save_baseline))
         text += f"\nSaved a baseline of {saved} completed config(s) to {args.save_baseline}.\n"

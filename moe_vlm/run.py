@@ -9,6 +9,7 @@ from typing import Any
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
+from moe_vlm.errors import EXIT_FAILED, EXIT_INVALID
 from moe_vlm.launch.failures import record_exception
 from moe_vlm.launch.requeue import global_rank
 from moe_vlm.launch.safety import scrub, scrub_files
@@ -16,9 +17,6 @@ from moe_vlm.plan import render
 from moe_vlm.record import RUN_JSON, base_record, write_json_atomic
 from moe_vlm.rules import errors, validate
 from moe_vlm.spec import RunSpec
-
-EXIT_INVALID = 2
-EXIT_FAILED = 1
 
 
 def resolved_config(cfg: DictConfig) -> dict[str, Any]:

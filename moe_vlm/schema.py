@@ -9,16 +9,39 @@ values.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from enum import Enum
+from enum import Enum, StrEnum
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
+# Engine, parallelism family and architecture are StrEnums: a member equals its value, so a
+# member prints as the value users type and compares equal to it.
 
-class Engine(Enum):
+
+class Engine(StrEnum):
     auto = "auto"  # megatron on GPU clusters, torch on cluster=local
     torch = "torch"  # embedded engine: transformers Qwen3-VL-MoE + torch FSDP2
     megatron = "megatron"  # Megatron Bridge + Megatron Core + Transformer Engine
+
+
+# OmegaConf converts a string to an Enum by member NAME, and "3d" is no identifier: the functional
+# API lets the name be the value users type. Spell the member ParallelismFamily["3d"].
+ParallelismFamily = StrEnum(
+    "ParallelismFamily",
+    [
+        ("fsdp", "fsdp"),  # Megatron FSDP (torch FSDP2 on the torch engine): DP-sharded, EP for experts
+        ("3d", "3d"),  # TP/PP/VP/CP + EP/ETP with the distributed optimizer
+    ],
+    module=__name__,
+    qualname="ParallelismFamily",
+)
+
+
+class Arch(StrEnum):
+    """A decoder/vision architecture; moe_vlm/arch.py holds one profile per member."""
+
+    qwen3_vl_moe = "qwen3_vl_moe"  # Qwen3-VL-MoE: full attention, deepstack vision features
+    qwen3_5_moe = "qwen3_5_moe"  # Qwen3.5-MoE: Gated DeltaNet between full-attention layers
 
 
 class DataKind(Enum):
@@ -69,7 +92,7 @@ class ShardingStrategy(Enum):
 class ModelConfig:
     name: str = MISSING
     hf_model_id: str = MISSING  # the Hugging Face id; its config is materialised offline
-    arch: str = "qwen3_vl_moe"  # qwen3_vl_moe | qwen3_5_moe (hybrid linear attention)
+    arch: Arch = Arch.qwen3_vl_moe
     # Language model (decoder).
     num_layers: int = MISSING
     hidden_size: int = MISSING
@@ -116,7 +139,7 @@ class ModelConfig:
 
 @dataclass
 class ParallelismConfig:
-    family: str = "fsdp"  # fsdp | 3d
+    family: ParallelismFamily = ParallelismFamily.fsdp
     tp: int = 1
     pp: int = 1
     vp: int = 1  # virtual pipeline stages per rank (1 = off)
@@ -139,13 +162,14 @@ class DispatcherConfig:
     name: str = "alltoall"
     token_dispatcher: TokenDispatcher = TokenDispatcher.alltoall
     backend: FlexBackend = FlexBackend.none
-    num_sms: int = 0  # 0 = engine default; moe_flex_dispatcher_num_sms otherwise
+    # 0 = the recipe's value (the GB200 perf recipes give HybridEP 32 SMs); moe_flex_dispatcher_num_sms otherwise
+    num_sms: int = 0
     fp8_dispatch: bool = False  # rejected (D004) until an engine field carries it
     # HybridEP topology (env vars the engine reads). 0 = derive from the cluster.
     hybridep_ranks_per_nvlink_domain: int = 0
     hybridep_nvlink_domain_size: int = 0
-    hybridep_use_mnnvl: bool = False
-    hybridep_tokens_per_chunk_combine: int = 0  # 0 = engine default
+    hybridep_use_mnnvl: bool | None = None  # null = derive; false forces USE_MNNVL=0
+    hybridep_tokens_per_chunk_combine: int = 0  # 0 = the recipe's value (the GB200 perf recipes: 128)
     overlap_moe_expert_parallel_comm: bool = False
 
 
@@ -181,7 +205,8 @@ class DataConfig:
     kind: DataKind = DataKind.mock
     path: str | None = None  # real: an Energon-prepared WebDataset directory (scripts/build_dataset.py)
     pack_sequences: bool = False  # False = pad every sample to seq_length; True = pack samples into rows
-    num_workers: int = 0  # Megatron engine: dataloader workers; the torch engine loads in its training loop
+    # DataLoader workers per rank; null = per engine (torch: 0, in its loop; megatron: from the CPUs per rank)
+    num_workers: int | None = None
     # synthetic: per sample, uniform draws from each [min, max] range (text_tokens: byte-level ids)
     min_images: int = 1
     max_images: int = 2  # real: also the most images a sample may have (Energon max_num_images)
@@ -209,6 +234,19 @@ class ClusterConfig:
     is_gpu_cluster: bool = False
 
 
+# --- MoE routing -----------------------------------------------------------------------------
+
+
+@dataclass
+class RouterConfig:
+    name: str = "real"
+    # True: random router logits, every expert equally loaded whatever the tokens (MCore's
+    # moe_router_force_load_balancing, "only for benchmark": transformer_config.py:812-814,
+    # router.py:856-858). Bridge's perf recipes turn it on; runs with it are not ranked with
+    # real-routing runs (moe-vlm report labels them).
+    force_load_balancing: bool = False
+
+
 @dataclass
 class TrainConfig:
     model: ModelConfig = MISSING
@@ -219,6 +257,7 @@ class TrainConfig:
     vision_freeze: VisionFreezeConfig = MISSING
     data: DataConfig = MISSING
     cluster: ClusterConfig = MISSING
+    router: RouterConfig = MISSING
     engine: Engine = Engine.auto
     dry_run: bool = False
     mbs: int = 1

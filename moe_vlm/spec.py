@@ -1,8 +1,9 @@
 """RunSpec: the resolved knobs plus every derived number, computed once.
 
-Everything after composition (rules, plan, engines, metrics, memory) reads a RunSpec,
-never raw Hydra config, so a derived number (DP, accumulation steps, EP) has exactly one
-definition.
+Everything after composition (rules, plan, engines, metrics, memory, advise) reads a RunSpec,
+never raw Hydra config, so a derived number (DP, accumulation steps, EP, the pipeline stage
+split, the micro-batches in flight, sequence parallelism as the engine runs it) has exactly
+one definition.
 """
 
 from __future__ import annotations
@@ -14,14 +15,18 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from moe_vlm.arch import ArchProfile, profile
 from moe_vlm.schema import (
     ClusterConfig,
     CudaGraphConfig,
     DataConfig,
     DispatcherConfig,
+    Engine,
     ModelConfig,
     ParallelismConfig,
+    ParallelismFamily,
     RecomputeConfig,
+    RouterConfig,
     TrainConfig,
     VisionFreezeConfig,
 )
@@ -53,6 +58,76 @@ class Layout:
 
 
 @dataclass(frozen=True)
+class PipelineSplit:
+    """Decoder layers over the pipeline ranks, as Megatron cuts them.
+
+    num_layers_in_first/last_pipeline_stage where set (``first``/``last``, 0 = unset), the rest
+    evenly over the middle stages, and within a stage evenly over its VP chunks.
+    """
+
+    layers: int
+    pp: int
+    vp: int
+    first: int
+    last: int
+
+    @property
+    def middle_stages(self) -> int:
+        return self.pp - (self.first > 0) - (self.last > 0)
+
+    @property
+    def middle_layers(self) -> int:
+        return self.layers - self.first - self.last
+
+    @property
+    def fits(self) -> bool:
+        """The first/last stage layers leave a rest the middle stages can hold (none without them)."""
+        middle_stages, middle_layers = self.middle_stages, self.middle_layers
+        return not (middle_stages < 0 or (middle_stages == 0 and middle_layers != 0) or middle_layers < 0)
+
+    @property
+    def even(self) -> bool:
+        """The middle layers divide over the middle stages x VP chunks."""
+        return self.middle_stages <= 0 or self.middle_layers % (self.middle_stages * self.vp) == 0
+
+    @property
+    def counts(self) -> tuple[int, ...]:
+        """Decoder layers held by each pipeline rank (a rank's virtual chunks summed)."""
+        pp = max(self.pp, 1)
+        if pp == 1:
+            return (self.layers,)
+        middle_stages = self.middle_stages
+        even = self.middle_layers // middle_stages if middle_stages > 0 else 0
+        counts = [even] * pp
+        if self.first:
+            counts[0] = self.first
+        if self.last:
+            counts[-1] = self.last
+        return tuple(counts)
+
+    def indices(self, stage: int) -> range:
+        """The decoder layer indices of pipeline rank `stage`."""
+        counts = self.counts
+        start = sum(counts[:stage])
+        return range(start, start + counts[stage])
+
+    @classmethod
+    def balanced(cls, layers: int, pp: int) -> PipelineSplit:
+        """A split of `layers` over `pp` stages that Megatron accepts: even when it divides, else equal
+        first and last stages (vision and embedding sit on the first, logits on the last) around an even
+        middle; PP 2 halves. The even split when nothing balances (L004 then says why)."""
+        even = cls(layers, pp, 1, 0, 0)
+        if pp <= 1 or even.even:
+            return even
+        if pp == 2:
+            candidates = [cls(layers, pp, 1, layers // 2, layers - layers // 2)]
+        else:
+            candidates = [cls(layers, pp, 1, edge, edge) for edge in range(layers // pp, 0, -1)]
+        usable = (c for c in candidates if c.fits and c.even and min(c.counts) > 0)
+        return next(usable, even)
+
+
+@dataclass(frozen=True)
 class RunSpec:
     model: ModelConfig
     parallelism: ParallelismConfig
@@ -62,8 +137,9 @@ class RunSpec:
     freeze: VisionFreezeConfig
     data: DataConfig
     cluster: ClusterConfig
-    engine: str  # resolved: torch | megatron
-    engine_requested: str  # as the user set it: auto | torch | megatron
+    router: RouterConfig
+    engine: Engine  # resolved: torch | megatron
+    engine_requested: Engine  # as the user set it: auto | torch | megatron
     dry_run: bool
     mbs: int
     gbs: int
@@ -81,8 +157,59 @@ class RunSpec:
         return self.gbs // denominator if denominator > 0 else 0
 
     @property
-    def family(self) -> str:
+    def family(self) -> ParallelismFamily:
         return self.parallelism.family
+
+    @property
+    def arch_profile(self) -> ArchProfile:
+        return profile(self.model.arch)
+
+    @property
+    def sequence_parallel(self) -> bool:
+        """Sequence parallelism as the Megatron engine runs it; the knob is parallelism.sequence_parallel.
+
+        Said up front instead of changed behind the plan's back: Bridge's TransformerConfig.finalize
+        turns it off when TP = 1 (megatron/bridge/models/transformer_config.py:179-180), and a
+        provider that forces it (Qwen3VLMoEModelProvider.finalize,
+        megatron/bridge/models/qwen_vl/qwen3_vl_provider.py:302-306) turns it on whenever TP > 1.
+        The torch engine has no sequence parallelism (and no TP).
+        """
+        if self.layout.tp <= 1:
+            return False
+        return self.parallelism.sequence_parallel or self.arch_profile.provider_forces_sp
+
+    @property
+    def pipeline(self) -> PipelineSplit:
+        par = self.parallelism
+        return PipelineSplit(
+            self.model.num_layers,
+            self.layout.pp,
+            self.layout.vp,
+            par.first_stage_layers,
+            par.last_stage_layers,
+        )
+
+    @property
+    def stage_layer_counts(self) -> tuple[int, ...]:
+        return self.pipeline.counts
+
+    def stage_layer_indices(self, stage: int) -> range:
+        return self.pipeline.indices(stage)
+
+    @property
+    def in_flight_micro_batches(self) -> float:
+        """Micro-batches whose activations the first stage holds at its peak (Megatron 1F1B).
+
+        Interleaving multiplies by 1 + (PP-1)/(PP x VP) (Megatron-LM theoretical_memory_usage.py).
+        """
+        pp, vp = max(self.layout.pp, 1), max(self.layout.vp, 1)
+        if pp == 1:
+            return 1.0
+        micro_batches = max(self.accumulation_steps, 1)
+        in_flight = float(min(pp, micro_batches))
+        if vp > 1:
+            in_flight *= 1 + (pp - 1) / (pp * vp)
+        return in_flight
 
     def to_dict(self) -> dict[str, Any]:
         return _plain(asdict(self)) | {"accumulation_steps": self.accumulation_steps}
@@ -103,21 +230,21 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def resolve_engine(requested: str, cluster: ClusterConfig) -> str:
-    if requested != "auto":
+def resolve_engine(requested: Engine, cluster: ClusterConfig) -> Engine:
+    if requested is not Engine.auto:
         return requested
-    return "megatron" if cluster.is_gpu_cluster else "torch"
+    return Engine.megatron if cluster.is_gpu_cluster else Engine.torch
 
 
 def auto_expert_parallel(
-    num_experts: int, world_size: int, pp: int, etp: int, tp: int, nvlink_domain_gpus: int, engine: str
+    num_experts: int, world_size: int, pp: int, etp: int, tp: int, nvlink_domain_gpus: int, engine: Engine
 ) -> int:
     """Largest EP that divides the experts and the expert-parallel world and keeps EP x TP on NVLink.
 
     The guide sizes EP to the expert topology ("often large"), but never past the NVLink
     domain, where all-to-all traffic would fall back to the scale-out network.
     """
-    if engine == "torch":
+    if engine is Engine.torch:
         return 1  # the embedded engine replicates experts; it has no expert parallelism
     room = world_size // max(pp * etp, 1)
     limit = max(nvlink_domain_gpus // max(tp, etp, 1), 1)
@@ -132,7 +259,7 @@ def build_spec(train: TrainConfig) -> RunSpec:
     par = train.parallelism
     cluster = train.cluster
     model = train.model
-    engine = resolve_engine(train.engine.value, cluster)
+    engine = resolve_engine(train.engine, cluster)
 
     tp = train.tp if train.tp is not None else par.tp
     pp = train.pp if train.pp is not None else par.pp
@@ -189,8 +316,9 @@ def build_spec(train: TrainConfig) -> RunSpec:
         freeze=train.vision_freeze,
         data=train.data,
         cluster=cluster,
+        router=train.router,
         engine=engine,
-        engine_requested=train.engine.value,
+        engine_requested=train.engine,
         dry_run=train.dry_run,
         mbs=train.mbs,
         gbs=gbs,

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Create .venv (Python 3.12) and install moe_vlm with its dev tools. Idempotent and quick
-# when nothing changed: a stamp of pyproject.toml skips the install.
+# Create .venv (Python 3.12) and install moe_vlm with its dev tools at the exact versions of
+# constraints.txt (pyproject.toml holds only ranges). Idempotent and quick when nothing changed:
+# a stamp of pyproject.toml and constraints.txt skips the install.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -19,8 +20,8 @@ if [ ! -x .venv/bin/python ]; then
   .venv/bin/python -m pip install --quiet --upgrade pip
 fi
 stamp=.venv/.moe_vlm-installed
-want=$(sha256sum pyproject.toml | cut -d' ' -f1)
+want=$(cat pyproject.toml constraints.txt | sha256sum | cut -d' ' -f1)
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
-  .venv/bin/python -m pip install --quiet -e '.[dev]'
+  .venv/bin/python -m pip install --quiet -c constraints.txt -e '.[dev]'
   echo "$want" > "$stamp"
 fi

@@ -10,11 +10,13 @@
 # Arguments: the cluster profile (conf/cluster: gb200, b200, h100, h200), then any extra Hydra
 # overrides for every run. Environment: HF_MODEL_DIR (a local checkpoint dir: config, tokenizer,
 # processor; otherwise the Hugging Face cache must hold Qwen/Qwen3-VL-30B-A3B-Instruct's processor
-# files), PYTHON (default .venv/bin/python, else python), SMOKE_DIR (output root), STEPS (6).
+# files), PYTHON (default .venv/bin/python, else python), SMOKE_DIR (output root), STEPS (6),
+# GPUS (GPUs on this node; default: what `nvidia-smi -L` lists).
 #
 # Each dispatcher is planned first (dry_run): one the rule catalogue rejects on this cluster (DeepEP
 # on GB200, say) is reported as SKIP with the reason and never started. A run passes when run.json
-# says completed and steps.jsonl has every step. Exit status: 0 when no run failed.
+# says completed and steps.jsonl has every step. Exit status: 0 when a run passed and none failed,
+# 1 when a run failed, 3 when every dispatcher was skipped (nothing was checked).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -23,7 +25,7 @@ shift || true
 if [ -x .venv/bin/python ]; then PY=${PYTHON:-.venv/bin/python}; else PY=${PYTHON:-python}; fi
 steps=${STEPS:-6}
 out=${SMOKE_DIR:-outputs/megatron_smoke/$(date +%Y%m%d-%H%M%S)}
-gpus=$(nvidia-smi -L 2>/dev/null | wc -l)
+gpus=${GPUS:-$(nvidia-smi -L 2>/dev/null | wc -l)}
 if [ "$gpus" -lt 1 ]; then
   echo "megatron_smoke: no GPU visible (nvidia-smi -L lists none); run this on a cluster node." >&2
   exit 2
@@ -36,6 +38,7 @@ mkdir -p "$out"
 echo "megatron_smoke: $gpus GPU(s), cluster=$cluster, $steps steps per dispatcher, output in $out"
 
 failed=0
+ran=0
 summary=()
 for dispatcher in alltoall allgather deepep hybridep; do
   dir="$out/$dispatcher"
@@ -44,6 +47,7 @@ for dispatcher in alltoall allgather deepep hybridep; do
     summary+=("SKIP  $dispatcher: $reason")
     continue
   fi
+  ran=$((ran + 1))
   echo "== $dispatcher: torchrun --nproc-per-node=$gpus (log: $dir.log)"
   "$PY" -m torch.distributed.run --standalone "--nproc-per-node=$gpus" train.py "${common[@]}" \
     "dispatcher=$dispatcher" "hydra.run.dir=$dir" "$@" >"$dir.log" 2>&1
@@ -55,7 +59,11 @@ from pathlib import Path
 run_dir, steps, status = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
 run_json = run_dir / "run.json"
 if not run_json.exists():
-    print(f"FAIL  exit {status}, no run.json (see {run_dir}.log)")
+    log = Path(f"{run_dir}.log")
+    # The pre-flight's one line (a module the run imports is missing, say) says why.
+    why = [l for l in log.read_text(errors="replace").splitlines() if l.startswith("moe_vlm: error:")] \
+        if log.exists() else []
+    print(f"FAIL  exit {status}, no run.json: {why[0] if why else f'see {log}'}")
     sys.exit()
 record = json.loads(run_json.read_text())
 lines = [json.loads(l) for l in (run_dir / "steps.jsonl").read_text().splitlines() if l.strip()] \
@@ -79,4 +87,8 @@ done
 echo
 echo "megatron_smoke summary (cluster=$cluster, $gpus GPU(s), Qwen3-VL-30B-A3B, $steps steps):"
 printf '  %s\n' "${summary[@]}"
+if [ "$ran" -eq 0 ]; then
+  echo "megatron_smoke: every dispatcher was skipped (reasons above): nothing ran, so nothing was checked." >&2
+  exit 3
+fi
 exit $failed

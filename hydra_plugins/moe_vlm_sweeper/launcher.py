@@ -7,6 +7,8 @@ point's config and runs the task through Hydra), with what release 1.2.0 lacks:
   not one set for the whole sweep;
 - srun arguments (pyxis container image/mounts), `--segment`, site values, checked strings;
 - submit-and-exit: `launch` returns once sbatch accepted every job (`moe-vlm status` follows);
+- a canary job per (cluster, container image) that the points depend on (afterok), so a
+  broken job environment costs one short job, not every point's queue wait (launch/canary.py);
 - in each task: a USR2 handler that marks the point for a requeue, attempt bookkeeping, the
   restart count in run.json, and a non-zero exit when the run failed (so srun ends the step).
 """
@@ -29,7 +31,7 @@ from hydra_plugins.hydra_submitit_launcher.submitit_launcher import BaseSubmitit
 from omegaconf import DictConfig, open_dict
 from submitit.core.utils import FailedJobError, FailedSubmissionError
 
-from moe_vlm.compose import BadInput
+from moe_vlm.errors import BadInput
 from moe_vlm.launch import points, requeue, slurm
 from moe_vlm.launch.safety import scrub
 from moe_vlm.record import RUN_JSON, write_json_atomic
@@ -37,6 +39,8 @@ from moe_vlm.spec import RunSpec
 
 log = logging.getLogger(__name__)
 WAIT_POLL_S = 15.0  # submit_and_exit=false: seconds between polls of Slurm
+# dry_run: the canary's job id is known only once sbatch accepted it.
+CANARY_PLACEHOLDER = "CANARY_JOB_ID"
 
 
 @dataclass
@@ -46,6 +50,20 @@ class PlannedJob:
     spec: RunSpec
     settings: slurm.SlurmSettings
     params: dict[str, Any]
+
+    @property
+    def task_overrides(self) -> list[str]:
+        """The point's own overrides, without the sweep directory the sweeper adds (and without
+        dry_run, so that a dry run shows the canary command the real sweep submits)."""
+        return [o for o in self.overrides if not o.startswith(("hydra.", "dry_run="))]
+
+    @property
+    def canary_key(self) -> tuple[str, str | None]:
+        return (self.spec.cluster.name, self.settings.container_image)
+
+    @property
+    def canary_dir(self) -> Path:
+        return points.canary_dir(self.point_dir.parent, *self.canary_key)
 
 
 class SubmititLauncher(BaseSubmititLauncher):
@@ -82,6 +100,10 @@ class SubmititLauncher(BaseSubmititLauncher):
     def python(self, job: PlannedJob) -> str:
         return slurm.python_command(job.settings)
 
+    @property
+    def uses_canary(self) -> bool:
+        return self.settings.executor == "slurm" and self.settings.canary
+
     def render(self, overrides: Sequence[str]) -> str:
         """What dry_run prints for a point: the sbatch script and the srun line, nothing submitted."""
         job = self.plan(overrides)
@@ -89,11 +111,75 @@ class SubmititLauncher(BaseSubmititLauncher):
             return (
                 f"(hydra/launcher executor={self.settings.executor}: runs on this machine, no sbatch script)"
             )
-        params = slurm.point_parameters(job.params, job.point_dir, self.python(job))
+        canary = CANARY_PLACEHOLDER if self.uses_canary else None
+        params = slurm.point_parameters(job.params, job.point_dir, self.python(job), canary)
         script = slurm.render_sbatch(params, self.folder, self.python(job))
         return "\n".join(
             ["-- sbatch script --", script.rstrip(), "", "-- srun command --", slurm.srun_line(script)]
         )
+
+    def render_canaries(self, job_overrides: Sequence[Sequence[str]]) -> str:
+        """What dry_run prints for the canaries these points would wait on ("" when none)."""
+        if not self.uses_canary:
+            return ""
+        sections = []
+        for job in self.canary_groups([self.plan(o) for o in job_overrides]).values():
+            script = self.canary_script(job)
+            cluster, image = job.canary_key
+            sections += [
+                f"-- canary for cluster={cluster}, image {image or '(none)'}: sbatch script --",
+                script.rstrip(),
+                "",
+                "-- canary srun command --",
+                slurm.srun_line(script),
+                "",
+            ]
+        return "\n".join(sections).rstrip()
+
+    # --- the canary --------------------------------------------------------------------------
+
+    @staticmethod
+    def canary_groups(planned: Sequence[PlannedJob]) -> dict[tuple[str, str | None], PlannedJob]:
+        """The first point of each (cluster, container image): the one its canary builds."""
+        groups: dict[tuple[str, str | None], PlannedJob] = {}
+        for job in planned:
+            groups.setdefault(job.canary_key, job)
+        return groups
+
+    def canary_script(self, job: PlannedJob) -> str:
+        params = slurm.canary_parameters(job.settings, job.spec, job.canary_dir)
+        command = slurm.canary_command(self.python(job), job.task_overrides)
+        return slurm.render_sbatch(params, str(job.canary_dir), self.python(job), command)
+
+    def submit_canaries(self, planned: Sequence[PlannedJob]) -> dict[tuple[str, str | None], str]:
+        """Submit one canary per (cluster, container image); their job ids by that key."""
+        submitted: dict[tuple[str, str | None], str] = {}
+        for key, first in self.canary_groups(planned).items():
+            first.canary_dir.mkdir(parents=True, exist_ok=True)
+            path = first.canary_dir / "canary.sbatch"
+            path.write_text(self.canary_script(first))
+            job_id = slurm.submit_script(path)
+            write_json_atomic(
+                first.canary_dir / points.CANARY_JSON,
+                scrub(
+                    {
+                        "job_id": job_id,
+                        "cluster": key[0],
+                        "container_image": key[1],
+                        "overrides": first.task_overrides,
+                        "point_ids": [job.point_dir.name for job in planned if job.canary_key == key],
+                        "dir": str(first.canary_dir),
+                        "script": str(path),
+                        "submitted_unix_s": points.now(),
+                    }
+                ),
+            )
+            print(
+                f"moe_vlm: canary job {job_id} checks the job environment of cluster={key[0]} first; "
+                "the points start only if it passes (hydra.launcher.canary=false skips it)"
+            )
+            submitted[key] = job_id
+        return submitted
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
         assert self.config is not None
@@ -102,10 +188,14 @@ class SubmititLauncher(BaseSubmititLauncher):
             return self._launch_local(planned, initial_job_idx)
         import submitit
 
+        canaries = self.submit_canaries(planned) if self.uses_canary else {}
         returns: list[JobReturn] = []
         for number, job in enumerate(planned, start=initial_job_idx):
+            canary = canaries.get(job.canary_key)
             executor = submitit.SlurmExecutor(folder=self.folder, max_num_timeout=0, python=self.python(job))
-            executor.update_parameters(**slurm.point_parameters(job.params, job.point_dir, self.python(job)))
+            executor.update_parameters(
+                **slurm.point_parameters(job.params, job.point_dir, self.python(job), canary)
+            )
             try:
                 # submitit prints sbatch's stderr on failure; the error below says it in one line.
                 with contextlib.redirect_stderr(io.StringIO()):
@@ -124,6 +214,7 @@ class SubmititLauncher(BaseSubmititLauncher):
                     "executor": "slurm",
                     "submitted_unix_s": points.now(),
                     "script": str(submitted.paths.submission_file),
+                    **({"canary": {"job_id": canary, "dir": str(job.canary_dir)}} if canary else {}),
                 },
             )
             points.update_point(job.point_dir, submitit_folder=self.folder)

@@ -11,7 +11,7 @@ For `python train.py -m mbs=1,2,4 recompute=full,selective` (or `sweep=<preset>`
    skips points already completed in the sweep directory, or queued/running in Slurm:
    rerunning the command resumes the sweep; `hydra.sweeper.force=true` reruns completed ones;
 5. with `dry_run=true`, prints each point's plan and, on Slurm, its sbatch script and srun
-   line, and submits nothing;
+   line and those of the canary the points wait on, and submits nothing;
 6. hands the rest to the launcher; on Slurm that returns once the jobs are queued.
 """
 
@@ -33,7 +33,8 @@ from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from moe_vlm.compose import BadInput, explain
+from moe_vlm.compose import explain
+from moe_vlm.errors import EXIT_INVALID, BadInput
 from moe_vlm.launch import points
 from moe_vlm.launch.safety import scrub, scrub_text
 from moe_vlm.launch.status import collect
@@ -43,7 +44,6 @@ from moe_vlm.rules import Finding, errors, validate
 from moe_vlm.spec import RunSpec
 
 log = logging.getLogger(__name__)
-EXIT_INVALID = 2
 
 
 @dataclass
@@ -244,6 +244,12 @@ class PlanningSweeper(Sweeper):
                 print()
                 print(scrub_text(renderer(self.job_overrides(point, sweep_dir))))
             print()
+        canaries = getattr(self.launcher, "render_canaries", None)
+        valid = [self.job_overrides(p, sweep_dir) for p in dry if p.valid]
+        if valid and canaries is not None:
+            text = canaries(valid)
+            if text:
+                print(f"===== canary: runs first; the points above depend on it =====\n{scrub_text(text)}\n")
         rejected = sum(not p.valid for p in dry)
         print(
             f"moe_vlm: dry run: {len(dry)} point(s), {len(dry) - rejected} valid, "

@@ -18,14 +18,19 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from moe_vlm.data.errors import DataError
-from moe_vlm.schema import DataKind
+from moe_vlm.schema import DataConfig, DataKind, ModelConfig
 
 if TYPE_CHECKING:
     from moe_vlm.data.batch import IGNORE_INDEX, Batch, BatchStats
+    from moe_vlm.data.indexed import IndexedSamples
+    from moe_vlm.data.sequence import SampleEncoder
     from moe_vlm.data.stats import DataStats
     from moe_vlm.spec import RunSpec
 
-__all__ = ["IGNORE_INDEX", "Batch", "BatchStats", "DataError", "DataStats", "build_batches", "check_data"]
+__all__ = [
+    "IGNORE_INDEX", "Batch", "BatchStats", "DataError", "DataStats", "build_batches", "check_data",
+    "indexed_samples", "sample_encoder",
+]  # fmt: skip
 
 _LAZY = {
     "IGNORE_INDEX": "moe_vlm.data.batch",
@@ -46,26 +51,53 @@ def build_batches(spec: RunSpec, rank: int, world_size: int) -> Iterator[Batch]:
 
     rank / world_size are data-parallel coordinates. Everything that can be checked up
     front (tokenizer ids, dataset path, metadata, this rank's shards) is checked here, so a
-    DataError is raised by this call, not at the first batch.
+    DataError is raised by this call, not at the first batch. mock and synthetic read the
+    sample indices Megatron's sampler gives this rank, so both engines feed it the same samples.
     """
-    from moe_vlm.data.mock import mock_samples
+    from moe_vlm.data.indexed import rank_indices
     from moe_vlm.data.real import rank_locations, real_samples
-    from moe_vlm.data.sequence import RawSample, SampleEncoder, SkippedSample, collate
-    from moe_vlm.data.synthetic import synthetic_samples
+    from moe_vlm.data.sequence import batches, collate
+
+    kind = spec.data.kind
+    if kind is not DataKind.real:
+        source = indexed_samples(spec.model, spec.data, spec.seed, spec.seq_length)
+        stream = source.stream(rank_indices(rank, world_size, spec.mbs))
+        return batches(
+            stream, source.skips, spec.seq_length, spec.mbs, spec.data.pack_sequences,
+            spec.model.pad_token_id, kind.value,
+        )  # fmt: skip
+    encoder = sample_encoder(spec.model, spec.data, spec.seq_length)
+    samples = real_samples(
+        rank_locations(_real_path(spec), rank, world_size), encoder.tokenizer, spec.seed, rank
+    )
+    return collate(samples, encoder, spec.mbs, spec.data.pack_sequences, spec.model.pad_token_id, kind.value)
+
+
+def sample_encoder(model: ModelConfig, data: DataConfig, seq_length: int) -> SampleEncoder:
+    """The byte tokenizer and the Qwen3-VL image processor of this run, within seq_length."""
+    from moe_vlm.data.sequence import SampleEncoder
     from moe_vlm.data.tokenizer import ByteTokenizer
     from moe_vlm.data.vision import ImagePreprocessor
 
-    tokenizer = ByteTokenizer(spec.model)
-    encoder = SampleEncoder(tokenizer, ImagePreprocessor(spec.model, spec.data), spec.seq_length)
-    kind = spec.data.kind
-    samples: Iterator[RawSample | SkippedSample]
-    if kind is DataKind.mock:
-        samples = mock_samples(spec.seed, rank, spec.seq_length)
-    elif kind is DataKind.synthetic:
-        samples = synthetic_samples(spec.data, spec.seed, rank)
+    return SampleEncoder(ByteTokenizer(model), ImagePreprocessor(model, data), seq_length)
+
+
+def indexed_samples(model: ModelConfig, data: DataConfig, seed: int, seq_length: int) -> IndexedSamples:
+    """mock or synthetic sample i, encoded: what both engines feed (data/indexed.py)."""
+    from functools import partial
+
+    from moe_vlm.data.indexed import Draw, IndexedSamples
+    from moe_vlm.data.mock import mock_sample
+    from moe_vlm.data.synthetic import synthetic_sample
+
+    draw: Draw
+    if data.kind is DataKind.mock:
+        draw = partial(mock_sample, seed, seq_length)
+    elif data.kind is DataKind.synthetic:
+        draw = partial(synthetic_sample, data, seed)
     else:
-        samples = real_samples(rank_locations(_real_path(spec), rank, world_size), tokenizer, spec.seed, rank)
-    return collate(samples, encoder, spec.mbs, spec.data.pack_sequences, spec.model.pad_token_id, kind.value)
+        raise ValueError(f"data={data.kind.value} is read from shards, not drawn by index")
+    return IndexedSamples(draw, sample_encoder(model, data, seq_length), data.kind.value)
 
 
 def check_data(spec: RunSpec) -> None:

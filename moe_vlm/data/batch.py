@@ -20,7 +20,7 @@ class BatchStats:
     real_tokens: int  # non-padding positions: text + image placeholder tokens
     text_tokens: int
     image_tokens: int  # merged visual tokens placed in the sequence
-    loss_tokens: int  # labels != IGNORE_INDEX
+    loss_tokens: int  # labels != IGNORE_INDEX after the next-token shift (a row's first label never counts)
     images: int
     vision_patches: int  # ViT patches before the spatial merge
     sum_seq_len_squared: int  # sum over sequences of real length^2 (causal attention FLOPs)

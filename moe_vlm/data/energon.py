@@ -41,7 +41,6 @@ INFO_JSON = ".info.json"  # what newer `energon prepare` writes; read when prese
 SPLIT_YAML = "split.yaml"
 DATASET_YAML = "dataset.yaml"
 CAPTIONING_YAML = "captioning.yaml"
-TAR_INDEX_SUFFIX = ".tar.idx"
 IMAGE_PARTS = ("jpg", "jpeg", "png", "webp")
 PROMPT = "Describe this image."
 # Energon splits a member name at its first dot: the key may not contain one.

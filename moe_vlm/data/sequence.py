@@ -196,22 +196,36 @@ def collate(
     data_kind: str,
 ) -> Iterator[Batch]:
     """Endless batches of `mbs` rows x seq_length from an endless sample stream."""
-    seq = encoder.seq_length
     skips = SkipCounter(data_kind)
-    rows = _rows(encoded_samples(samples, encoder, skips), seq, pack)
+    encoded = encoded_samples(samples, encoder, skips)
+    return batches(encoded, skips, encoder.seq_length, mbs, pack, pad_token_id, data_kind)
+
+
+def batches(
+    encoded: Iterator[EncodedSample],
+    skips: SkipCounter,
+    seq: int,
+    mbs: int,
+    pack: bool,
+    pad_token_id: int,
+    data_kind: str,
+) -> Iterator[Batch]:
+    """Batches of `mbs` rows from encoded samples; `skips` counts what the stream dropped."""
+    rows = _rows(encoded, seq, pack)
     skipped_before = 0
     while True:
         try:
             batch_rows = [next(rows) for _ in range(mbs)]
         except StopIteration:
             return  # only a finite source ends; the data sources themselves repeat forever
-        batch = _assemble(batch_rows, seq, pad_token_id, data_kind)
+        batch = assemble(batch_rows, seq, pad_token_id, data_kind)
         batch.stats.skipped_samples = skips.total - skipped_before
         skipped_before = skips.total
         yield batch
 
 
-def _assemble(rows: list[list[EncodedSample]], seq: int, pad_token_id: int, data_kind: str) -> Batch:
+def assemble(rows: list[list[EncodedSample]], seq: int, pad_token_id: int, data_kind: str) -> Batch:
+    """One batch of len(rows) rows x seq positions; each row holds one sample, or several packed."""
     mbs = len(rows)
     input_ids = torch.full((mbs, seq), pad_token_id, dtype=torch.long)
     labels = torch.full((mbs, seq), IGNORE_INDEX, dtype=torch.long)
@@ -259,7 +273,8 @@ def _assemble(rows: list[list[EncodedSample]], seq: int, pad_token_id: int, data
         real_tokens=int(attention_mask.sum()),
         text_tokens=text_tokens + markers,
         image_tokens=image_tokens,
-        loss_tokens=int((labels != IGNORE_INDEX).sum()),
+        # The label of a row's first position is never predicted (next-token loss shifts by one).
+        loss_tokens=int((labels[:, 1:] != IGNORE_INDEX).sum()),
         images=images,
         vision_patches=sum(patches),
         sum_seq_len_squared=sum_seq_len_squared,

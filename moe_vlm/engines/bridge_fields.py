@@ -13,9 +13,20 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any
 
-from moe_vlm.schema import CudaGraphImpl, DataKind, FlexBackend, RecomputeGranularity, RecomputeMethod
+from moe_vlm.arch import PROFILES
+from moe_vlm.data.workers import data_workers
+from moe_vlm.schema import (
+    ClusterConfig,
+    CudaGraphImpl,
+    DataKind,
+    FlexBackend,
+    ParallelismFamily,
+    RecomputeGranularity,
+    RecomputeMethod,
+)
 from moe_vlm.spec import RunSpec, hybridep_topology
 
 
@@ -58,15 +69,6 @@ def _none_if_one(value: int) -> int | None:
     return None if value <= 1 else value
 
 
-def effective_sequence_parallel(spec: RunSpec) -> bool:
-    """Sequence parallelism as the engine will run it, said up front instead of changed behind
-    the plan's back: Bridge's TransformerConfig.finalize turns it off when TP = 1, and
-    Qwen3VLMoEModelProvider.finalize turns it on whenever TP > 1 (the Qwen3.5 provider does not)."""
-    if spec.layout.tp <= 1:
-        return False
-    return spec.parallelism.sequence_parallel or spec.model.arch == "qwen3_vl_moe"
-
-
 def _recompute_granularity(spec: RunSpec) -> str | None:
     g = spec.recompute.granularity
     return None if g is RecomputeGranularity.none else g.value
@@ -75,12 +77,6 @@ def _recompute_granularity(spec: RunSpec) -> str | None:
 def _recompute_method(spec: RunSpec) -> str | None:
     m = spec.recompute.method
     return None if m is RecomputeMethod.none else m.value
-
-
-def _graph_impl(spec: RunSpec) -> str:
-    # MCore 0.19 has a first-class "full_iteration" implementation ("local" + scope
-    # full_iteration is its deprecated spelling).
-    return spec.cuda_graph.impl.value
 
 
 def _graph_modules(spec: RunSpec) -> list[str]:
@@ -103,50 +99,86 @@ def _flex_backend(spec: RunSpec) -> str | None:
     return None if b is FlexBackend.none else b.value
 
 
-def _hybridep_env(spec: RunSpec) -> dict[str, str]:
-    """The HybridEP variables of cfg.env_vars; {} removes the recipe's for other dispatchers."""
+def _hybridep_env(spec: RunSpec) -> dict[str, Any]:
+    """The HybridEP variables of cfg.env_vars; {} removes the recipe's for other dispatchers.
+
+    A KEEP entry keeps the recipe's value of that variable (none when the recipe sets none)."""
     d = spec.dispatcher
     if d.backend is not FlexBackend.hybridep:
         return {}
     derived = hybridep_topology(spec)
-    env = {
-        "NUM_OF_HYBRID_EP_RANKS_PER_NVLINK_DOMAIN": d.hybridep_ranks_per_nvlink_domain
-        or derived["NUM_OF_HYBRID_EP_RANKS_PER_NVLINK_DOMAIN"],
-        "NVLINK_DOMAIN_SIZE": d.hybridep_nvlink_domain_size or derived["NVLINK_DOMAIN_SIZE"],
-        "USE_MNNVL": int(d.hybridep_use_mnnvl) or derived["USE_MNNVL"],
+    mnnvl = derived["USE_MNNVL"] if d.hybridep_use_mnnvl is None else int(d.hybridep_use_mnnvl)
+    env: dict[str, Any] = {
+        "NUM_OF_HYBRID_EP_RANKS_PER_NVLINK_DOMAIN": str(
+            d.hybridep_ranks_per_nvlink_domain or derived["NUM_OF_HYBRID_EP_RANKS_PER_NVLINK_DOMAIN"]
+        ),
+        "NVLINK_DOMAIN_SIZE": str(d.hybridep_nvlink_domain_size or derived["NVLINK_DOMAIN_SIZE"]),
+        "USE_MNNVL": str(mnnvl),
+        # A tuning value, not topology: the recipe's (GB200 perf recipes: 128) unless the knob sets one.
+        "NUM_OF_TOKENS_PER_CHUNK_COMBINE_API": (
+            str(d.hybridep_tokens_per_chunk_combine) if d.hybridep_tokens_per_chunk_combine else KEEP
+        ),
     }
-    if d.hybridep_tokens_per_chunk_combine:
-        env["NUM_OF_TOKENS_PER_CHUNK_COMBINE_API"] = d.hybridep_tokens_per_chunk_combine
-    return {key: str(value) for key, value in env.items()}
+    return env
+
+
+def _num_sms_alias(backend: FlexBackend) -> Callable[[RunSpec], Any]:
+    """A deprecated per-backend SM count: the recipe's for its own backend while num_sms is 0.
+
+    MCore routes a set alias into moe_flex_dispatcher_num_sms whatever the backend
+    (megatron/core/transformer/transformer_config.py:1616-1635), so the other backend's alias
+    is cleared: the GB200 recipes' HybridEP 32 (perf_recipes/_common.py:86-87), or the general
+    recipes' 16 (recipes/qwen_vl/h100/qwen3_vl.py:238), must not size DeepEP.
+    """
+
+    def value(spec: RunSpec) -> Any:
+        return KEEP if spec.dispatcher.num_sms == 0 and spec.dispatcher.backend is backend else None
+
+    return value
 
 
 def _fsdp(spec: RunSpec) -> bool:
-    return spec.family == "fsdp"
+    return spec.family is ParallelismFamily.fsdp
+
+
+# The Megatron engine's config class for mock and synthetic data (engines/megatron/data.py), and
+# the knobs it carries: the project's own seeded samples, the ones the torch engine feeds.
+SEEDED_DATASET = "MoeVlmDatasetConfig"
+SEEDED_DATA_FIELDS = (
+    "min_images",
+    "max_images",
+    "min_long_side_px",
+    "max_long_side_px",
+    "aspect_ratios",
+    "min_text_tokens",
+    "max_text_tokens",
+    "min_pixels",
+    "max_pixels",
+)
+SEEDED_MODEL_FIELDS = (
+    "vision_patch_size",
+    "vision_temporal_patch_size",
+    "vision_spatial_merge_size",
+    "image_token_id",
+    "vision_start_token_id",
+    "vision_end_token_id",
+    "pad_token_id",
+    "vocab_size",
+)
 
 
 def _dataset_kind(spec: RunSpec) -> str:
-    return {
-        DataKind.mock: "MockVLMSFTDatasetConfig",
-        DataKind.synthetic: "MockVLMSFTDatasetConfig",
-        DataKind.real: "EnergonDatasetConfig",
-    }[spec.data.kind]
+    return "EnergonDatasetConfig" if _real(spec) else SEEDED_DATASET
 
 
-def _num_images(spec: RunSpec) -> Any:
-    # Bridge's mock VLM dataset draws a fixed image count; mock means image-free.
-    if spec.data.kind is DataKind.mock:
-        return 0
-    if spec.data.kind is DataKind.synthetic:
-        # Bridge's mock draws one fixed count: the mean of our range, rounded up.
-        return (spec.data.min_images + spec.data.max_images + 1) // 2
-    return KEEP  # EnergonDatasetConfig has no such field
+def _if_seeded(value: Callable[[RunSpec], Any]) -> Callable[[RunSpec], Any]:
+    return lambda s: KEEP if _real(s) else value(s)
 
 
-def _image_size(spec: RunSpec) -> Any:
-    if spec.data.kind is not DataKind.synthetic:
-        return KEEP
-    side = (spec.data.min_long_side_px + spec.data.max_long_side_px) // 2
-    return (side, side)
+def _seeded_row(group: str, name: str) -> FieldMap:
+    return FieldMap(
+        f"{group}.{name}", f"dataset.{name}", _if_seeded(lambda s: getattr(getattr(s, group), name))
+    )
 
 
 def _real(spec: RunSpec) -> bool:
@@ -161,6 +193,9 @@ def _processor_path(spec: RunSpec) -> str:
     # A local checkpoint directory given as model.hf_model_id is used as it is; a hub id resolves
     # from the local Hugging Face cache (the engine runs with HF_HUB_OFFLINE=1).
     return spec.model.hf_model_id
+
+
+_NULL_TOKENIZER = "as the perf recipes: no hub id, no tokenizer files"
 
 
 FIELD_MAP: tuple[FieldMap, ...] = (
@@ -179,7 +214,7 @@ FIELD_MAP: tuple[FieldMap, ...] = (
     FieldMap(
         "parallelism.sequence_parallel",
         "model.sequence_parallel",
-        effective_sequence_parallel,
+        lambda s: s.sequence_parallel,
         "off when TP = 1 (Bridge); on when TP > 1 for Qwen3-VL-MoE (its provider)",
     ),
     FieldMap(
@@ -234,20 +269,20 @@ FIELD_MAP: tuple[FieldMap, ...] = (
     FieldMap(
         "dispatcher.num_sms",
         "model.moe_flex_dispatcher_num_sms",
-        lambda s: s.dispatcher.num_sms or None,
-        "0 -> engine default",
+        lambda s: s.dispatcher.num_sms or KEEP,
+        "0 -> the recipe's value (MCore fills it from the backend's deprecated alias below)",
     ),
     FieldMap(
         "dispatcher.num_sms",
         "model.moe_hybridep_num_sms",
-        lambda s: None,
-        "deprecated alias (GB200 perf recipes set 32) would override num_sms",
+        _num_sms_alias(FlexBackend.hybridep),
+        "deprecated alias: the recipe's (GB200 perf: 32) for HybridEP at num_sms=0, else None",
     ),
     FieldMap(
         "dispatcher.num_sms",
         "model.moe_deepep_num_sms",
-        lambda s: None,
-        "deprecated alias would override num_sms",
+        _num_sms_alias(FlexBackend.deepep),
+        "deprecated alias: the recipe's for DeepEP at num_sms=0, else None",
     ),
     FieldMap(
         "dispatcher",
@@ -270,7 +305,14 @@ FIELD_MAP: tuple[FieldMap, ...] = (
         "dispatcher",
         "env_vars",
         _hybridep_env,
-        "replaces the recipe's HybridEP variables; derived from the cluster when 0",
+        "replaces the recipe's HybridEP topology (derived from the cluster when 0/null); keeps its combine chunk",
+    ),
+    # Routing.
+    FieldMap(
+        "router.force_load_balancing",
+        "model.moe_router_force_load_balancing",
+        lambda s: s.router.force_load_balancing,
+        "the perf recipes force it on (random logits, MCore: benchmark only); real routing by default",
     ),
     # Recompute.
     FieldMap("recompute", "model.recompute_granularity", _recompute_granularity),
@@ -283,7 +325,9 @@ FIELD_MAP: tuple[FieldMap, ...] = (
         "explicit list: MCore's None default would mean core_attn",
     ),
     # CUDA graphs.
-    FieldMap("cuda_graph", "model.cuda_graph_impl", _graph_impl),
+    # MCore 0.19 has a first-class "full_iteration" implementation ("local" + scope
+    # full_iteration is its deprecated spelling), so the value is copied as it is.
+    FieldMap("cuda_graph", "model.cuda_graph_impl", lambda s: s.cuda_graph.impl.value),
     FieldMap("cuda_graph.scope", "model.cuda_graph_modules", _graph_modules, "empty = whole layer"),
     FieldMap(
         "cuda_graph.scope",
@@ -333,23 +377,38 @@ FIELD_MAP: tuple[FieldMap, ...] = (
     FieldMap("seed", "rng.seed", lambda s: s.seed),
     FieldMap("lr", "optimizer.lr", lambda s: s.lr),
     # Data.
-    FieldMap("data", "dataset", _dataset_kind, "dataset config class"),
-    FieldMap("data", "dataset.num_images", _num_images, "mock is image-free; synthetic: mean, rounded up"),
-    FieldMap("data", "dataset.image_size", _image_size, "synthetic: mid-range long side (one fixed size)"),
-    FieldMap("seed", "dataset.random_seed", lambda s: KEEP if _real(s) else s.seed),
+    FieldMap(
+        "data",
+        "dataset",
+        _dataset_kind,
+        f"mock/synthetic: {SEEDED_DATASET}, the torch engine's seeded samples (engines/megatron/data.py)",
+    ),
+    FieldMap("data.kind", "dataset.kind", _if_seeded(lambda s: s.data.kind.value)),
+    *(_seeded_row("data", name) for name in SEEDED_DATA_FIELDS),
+    *(_seeded_row("model", name) for name in SEEDED_MODEL_FIELDS),
+    FieldMap("seed", "dataset.random_seed", _if_seeded(lambda s: s.seed), "sample i is drawn from (seed, i)"),
     FieldMap("data.path", "dataset.path", lambda s: s.data.path if _real(s) else KEEP),
     FieldMap("mbs", "dataset.micro_batch_size", lambda s: s.mbs if _real(s) else KEEP, "Energon: = MBS"),
-    FieldMap(
-        "model.hf_model_id",
-        "dataset.hf_processor_path",
-        lambda s: KEEP if _real(s) else _processor_path(s),
-        "a local dir is used as is; a hub id resolves from the HF cache (offline)",
-    ),
     FieldMap(
         "model.hf_model_id",
         "dataset.task_encoder.hf_processor_path",
         lambda s: _processor_path(s) if _real(s) else KEEP,
         "a local dir is used as is; a hub id resolves from the HF cache (offline)",
+    ),
+    # The training tokenizer only sizes the vocabulary here (training/setup.py:293-299; the Energon
+    # data module just stores it, data/energon/base_energon_datamodule.py:96): the data encodes its
+    # own text (the seeded samples, or Energon's processor). So every recipe gets the NullTokenizer
+    # of the model's vocabulary that Bridge's perf recipes use (perf_recipes/qwen_vl/common.py:34-43)
+    # instead of the general recipes' hub id (recipes/qwen_vl/h100/qwen3_vl.py:128), which needs
+    # tokenizer files (a materialised config has none) and resizes the vocabulary to the tokenizer's.
+    FieldMap("model.vocab_size", "tokenizer.tokenizer_type", lambda s: "NullTokenizer", _NULL_TOKENIZER),
+    FieldMap("model.vocab_size", "tokenizer.tokenizer_model", lambda s: None, _NULL_TOKENIZER),
+    FieldMap("model.vocab_size", "tokenizer.vocab_size", lambda s: s.model.vocab_size),
+    FieldMap(
+        "model.vocab_size",
+        "tokenizer.use_tokenizer_vocab_size",
+        lambda s: False,
+        "the model's vocabulary, not one derived from a tokenizer",
     ),
     FieldMap(
         "data",
@@ -376,18 +435,32 @@ FIELD_MAP: tuple[FieldMap, ...] = (
         "dataset.task_encoder.temporal_patch_size",
         _if_real(lambda s: s.model.vision_temporal_patch_size),
     ),
-    FieldMap("data.num_workers", "dataset.num_workers", lambda s: s.data.num_workers),
-    FieldMap("data.pack_sequences", "dataset.enable_in_batch_packing", lambda s: s.data.pack_sequences),
+    FieldMap(
+        "data",
+        "dataset.task_encoder.max_visual_tokens",
+        _if_real(lambda s: None),
+        "None: the image processor runs once per sample, in collate (a budget runs it in encode_sample too, "
+        "models/qwen_vl/data/energon.py:286-296); data.max_images x data.max_pixels bound the image tokens",
+    ),
+    FieldMap(
+        "data.num_workers",
+        "dataset.num_workers",
+        lambda s: data_workers(s).count,
+        "null: from the CPUs per rank, here (plan) or on each rank (run); data/workers.py",
+    ),
+    FieldMap(
+        "data.pack_sequences", "dataset.enable_in_batch_packing", _if_real(lambda s: s.data.pack_sequences)
+    ),
     FieldMap(
         "data.pack_sequences",
         "dataset.defer_in_batch_packing_to_step",
-        lambda s: s.data.pack_sequences,
+        _if_real(lambda s: s.data.pack_sequences),
         "qwen3_vl_step packs in the step; it rejects collate-time packing",
     ),
     FieldMap(
         "data.pack_sequences",
         "dataset.pad_to_max_length",
-        lambda s: (not s.data.pack_sequences) or s.layout.pp > 1 or s.layout.ep > 1,
+        _if_real(lambda s: (not s.data.pack_sequences) or s.layout.pp > 1 or s.layout.ep > 1),
         "Bridge forces padding when PP > 1 or EP > 1",
     ),
     FieldMap("logger", "logger.log_interval", lambda s: 1, "per-step records"),
@@ -415,11 +488,19 @@ def bridge_overrides(spec: RunSpec) -> list[BridgeOverride]:
     return [BridgeOverride(m.knob, m.field, m.value(spec), m.why) for m in FIELD_MAP]
 
 
+class RecipeKind(StrEnum):
+    perf = "perf"  # this cluster's own perf recipe for the model
+    stand_in = "stand-in"  # another GPU's perf recipe of the model (this cluster has none)
+    template = "template"  # a perf recipe of the architecture's template model (the model has none)
+
+
 @dataclass(frozen=True)
 class Recipe:
     module: str
     function: str
-    kind: str  # "perf" (benchmark recipe for this GPU), "general", or "template" (another model's)
+    kind: RecipeKind
+    family: str  # one per model, whatever the cluster: cross-GPU runs differ in hardware, not recipe
+    gpu: str  # whose perf recipe it is: the cluster's own, or the stand-in's
     note: str = ""
 
     @property
@@ -427,39 +508,56 @@ class Recipe:
         return f"{self.module}.{self.function}"
 
 
-# megatron-bridge 0.6.2 ships the flat perf recipes in the package (perf_recipes/<family>/<gpu>/);
-# the general recipes are the H100 mock-pretrain ones behind recipes/qwen_vl/{qwen3_vl,qwen35_vl}.
+# megatron-bridge 0.6.2 ships the flat perf recipes in the package (perf_recipes/qwen_vl/<gpu>/
+# <family>.py), GPUs x bf16 per model below; the family and the template model of each
+# architecture are in its profile (moe_vlm/arch.py). B300 has only Qwen3.5-VL recipes
+# (perf_recipes/qwen_vl/b300/ has no qwen3_vl.py); H200 has none.
 _PERF_GPUS = {
-    "qwen3_vl_30b_a3b": {"gb200": 8, "b200": 8, "h100": 16},
-    "qwen3_vl_235b_a22b": {"gb200": 64, "b200": 64, "h100": 256},
-    "qwen35_vl_35b_a3b": {"gb200": 8, "b200": 8, "h100": 16},
+    "qwen3_vl_30b_a3b": {"gb200": 8, "b200": 8, "h100": 16, "gb300": 8},
+    "qwen3_vl_235b_a22b": {"gb200": 64, "b200": 64, "h100": 256, "gb300": 64},
+    "qwen35_vl_35b_a3b": {"gb200": 8, "b200": 8, "h100": 16, "gb300": 8, "b300": 8},
 }
-_PERF_MODULE = {"qwen3_vl_moe": "qwen3_vl", "qwen3_5_moe": "qwen35_vl"}
-_GENERAL_MODULE = {"qwen3_vl_moe": "megatron.bridge.recipes.qwen_vl.qwen3_vl",
-                   "qwen3_5_moe": "megatron.bridge.recipes.qwen_vl.qwen35_vl"}  # fmt: skip
-# Models without a recipe of their own start from their architecture's general recipe.
-_TEMPLATE_MODEL = {"qwen3_vl_moe": "qwen3_vl_30b_a3b", "qwen3_5_moe": "qwen35_vl_35b_a3b"}
+# A cluster without a perf recipe runs another GPU's perf recipe of the same model, never the
+# general recipe, which differs from every perf recipe in fusions, router, gradient-reduce
+# precision, NaN checks, tokenizer, LR schedule and TP overlap (a cross-GPU comparison would mix
+# recipe with hardware). The stand-in is of the same GPU generation (compute capability major):
+# H200 -> H100; B300 -> B200 (8-GPU NVLink nodes, like B300). Others (cluster=local): H100's.
+_STAND_INS = {9: ("h100",), 10: ("b200", "gb200", "gb300")}
+_DEFAULT_STAND_INS = ("h100", "b200")
+
+
+def _perf_recipe(model: str, cluster: ClusterConfig) -> tuple[str, int]:
+    """The perf recipe GPU for `model` on `cluster` (its own, else a stand-in) and its GPU count."""
+    own = _PERF_GPUS[model]
+    if cluster.name in own:
+        return cluster.name, own[cluster.name]
+    preferred = _STAND_INS.get(int(cluster.compute_capability), ()) + _DEFAULT_STAND_INS
+    gpu = next(g for g in preferred if g in own)
+    return gpu, own[gpu]
 
 
 def select_recipe(spec: RunSpec) -> Recipe | None:
-    """The Bridge recipe our overrides start from: the GPU's perf recipe where one exists."""
-    model, cluster, arch = spec.model.name, spec.cluster.name, spec.model.arch
-    if arch not in _GENERAL_MODULE:
+    """The Bridge perf recipe our overrides start from: the model's family on every cluster."""
+    model, cluster = spec.model.name, spec.cluster
+    arch = PROFILES.get(spec.model.arch)
+    if arch is None:
         return None
-    gpus = _PERF_GPUS.get(model, {}).get(cluster)
-    if gpus is not None:
-        return Recipe(
-            f"megatron.bridge.perf_recipes.qwen_vl.{cluster}.{_PERF_MODULE[arch]}",
-            f"{model}_pretrain_{gpus}gpu_{cluster}_bf16_config",
-            "perf",
-            f"tuned for {gpus}x{cluster.upper()}",
-        )
-    if model in _PERF_GPUS:
-        return Recipe(_GENERAL_MODULE[arch], f"{model}_pretrain_mock_config", "general")
-    template = _TEMPLATE_MODEL[arch]
+    base = model if model in _PERF_GPUS else arch.bridge_template_model
+    gpu, gpus = _perf_recipe(base, cluster)
+    tuned = f"tuned for {gpus}x{gpu.upper()}"
+    if base != model:
+        kind = RecipeKind.template
+        note = f"{tuned}; {model} has no Bridge recipe: {base}'s is the template, the architecture is ours"
+    elif gpu != cluster.name:
+        kind = RecipeKind.stand_in
+        note = f"{tuned}; {cluster.name} has no {model} perf recipe: {gpu.upper()}'s stands in"
+    else:
+        kind, note = RecipeKind.perf, tuned
     return Recipe(
-        _GENERAL_MODULE[arch],
-        f"{template}_pretrain_mock_config",
-        "template",
-        f"{model} has no Bridge recipe: {template}'s is the template, the architecture is our model group's",
+        arch.perf_recipe_module(gpu),
+        f"{base}_pretrain_{gpus}gpu_{gpu}_bf16_config",
+        kind,
+        f"{base} perf (perf_recipes/qwen_vl/<gpu>/{arch.bridge_recipe_family}.py, bf16)",
+        gpu,
+        note,
     )

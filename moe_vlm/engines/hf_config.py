@@ -13,27 +13,23 @@ A user who has the checkpoint (or just its config, tokenizer and processor files
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
-from moe_vlm.schema import ModelConfig
-
-# Qwen3-VL's interleaved multimodal RoPE splits the rotary half-dimension (64 for head_dim 128)
-# into temporal/height/width sections of 24/20/20; Qwen3.5 rotates a quarter of its 256-wide
-# heads, 32 pairs split 11/11/10. Scaled models keep the same proportions.
-_MROPE_SECTIONS = {"qwen3_vl_moe": (24, 20, 20), "qwen3_5_moe": (11, 11, 10)}
-_PARTIAL_ROTARY_FACTOR = {"qwen3_vl_moe": 1.0, "qwen3_5_moe": 0.25}
-ARCHITECTURES = {
-    "qwen3_vl_moe": "Qwen3VLMoeForConditionalGeneration",
-    "qwen3_5_moe": "Qwen3_5MoeForConditionalGeneration",
-}
+from moe_vlm.arch import PROFILES, layer_kinds, profile
+from moe_vlm.record import write_json_atomic
+from moe_vlm.schema import Arch, ModelConfig
 
 
 def mrope_section(model: ModelConfig) -> list[int]:
-    """Temporal/height/width rotary sections that sum to the rotary half-dimension."""
-    reference = _MROPE_SECTIONS[model.arch]
-    half = int(model.head_dim * _PARTIAL_ROTARY_FACTOR[model.arch]) // 2
+    """Temporal/height/width rotary sections that sum to the rotary half-dimension.
+
+    Qwen3-VL splits the rotary half-dimension (64 for head_dim 128) 24/20/20; Qwen3.5 rotates a
+    quarter of its 256-wide heads, 32 pairs split 11/11/10. Scaled models keep the proportions.
+    """
+    arch = profile(model.arch)
+    reference = arch.mrope_sections
+    half = int(model.head_dim * arch.partial_rotary_factor) // 2
     spatial = [half * part // sum(reference) for part in reference[1:]]
     return [half - sum(spatial), *spatial]
 
@@ -67,19 +63,15 @@ def _text_config(model: ModelConfig) -> dict[str, Any]:
         },
         "pad_token_id": model.pad_token_id,
     }
-    if model.arch == "qwen3_vl_moe":
+    if model.arch is Arch.qwen3_vl_moe:
         text["intermediate_size"] = model.dense_ffn_hidden_size or model.moe_ffn_hidden_size
         text["decoder_sparse_step"] = 1
         text["mlp_only_layers"] = list(range(model.num_dense_layers))
     else:  # qwen3_5_moe: hybrid Gated DeltaNet / full attention decoder with a shared expert
-        interval = max(model.full_attention_interval, 1)
-        text["layer_types"] = [
-            "full_attention" if (layer + 1) % interval == 0 else "linear_attention"
-            for layer in range(model.num_layers)
-        ]
-        text["full_attention_interval"] = interval
-        text["partial_rotary_factor"] = _PARTIAL_ROTARY_FACTOR[model.arch]
-        text["rope_parameters"]["partial_rotary_factor"] = _PARTIAL_ROTARY_FACTOR[model.arch]
+        text["layer_types"] = [str(kind.mixer) for kind in layer_kinds(model)]
+        text["full_attention_interval"] = max(model.full_attention_interval, 1)
+        text["partial_rotary_factor"] = profile(model.arch).partial_rotary_factor
+        text["rope_parameters"]["partial_rotary_factor"] = profile(model.arch).partial_rotary_factor
         text["linear_num_key_heads"] = model.linear_num_key_heads
         text["linear_num_value_heads"] = model.linear_num_value_heads
         text["linear_key_head_dim"] = model.linear_key_head_dim
@@ -103,23 +95,20 @@ def _vision_config(model: ModelConfig) -> dict[str, Any]:
         "hidden_act": "gelu_pytorch_tanh",
         "in_channels": 3,
     }
-    if model.arch == "qwen3_vl_moe":
+    if profile(model.arch).deepstack:
         vision["deepstack_visual_indexes"] = list(model.vision_deepstack_layers)
     return vision
 
 
 def transformers_config(model: ModelConfig) -> Any:
     """transformers' config object for this model (Qwen3VLMoeConfig or Qwen3_5MoeConfig)."""
-    from transformers import PretrainedConfig, Qwen3_5MoeConfig, Qwen3VLMoeConfig
+    import transformers
 
-    config_class: type[PretrainedConfig]
-    if model.arch == "qwen3_vl_moe":
-        config_class = Qwen3VLMoeConfig
-    elif model.arch == "qwen3_5_moe":
-        config_class = Qwen3_5MoeConfig
-    else:
-        allowed = list(ARCHITECTURES)
+    arch = PROFILES.get(model.arch)
+    if arch is None:
+        allowed = [str(a) for a in PROFILES]
         raise ValueError(f"model.arch={model.arch!r} has no Hugging Face config; allowed: {allowed}")
+    config_class: Any = getattr(transformers, arch.hf_config_class)  # Qwen3VLMoeConfig, Qwen3_5MoeConfig
     config = config_class(
         text_config=_text_config(model),
         vision_config=_vision_config(model),
@@ -129,7 +118,7 @@ def transformers_config(model: ModelConfig) -> Any:
         vision_start_token_id=model.vision_start_token_id,
         vision_end_token_id=model.vision_end_token_id,
         tie_word_embeddings=model.tie_word_embeddings,
-        architectures=[ARCHITECTURES[model.arch]],
+        architectures=[arch.hf_architecture],
     )
     config.dtype = "bfloat16"
     return config
@@ -138,14 +127,10 @@ def transformers_config(model: ModelConfig) -> Any:
 def write_hf_config(model: ModelConfig, directory: Path) -> Path:
     """Save config.json for `model` into `directory` (created); returns the directory.
 
-    Written to a temporary name and renamed, so a reader never sees half a file.
+    Every rank of a job writes the same file at once; the atomic writer's unique temp names make
+    that safe (identical content, last rename wins) and a reader never sees half a file.
     """
-    directory.mkdir(parents=True, exist_ok=True)
-    payload = transformers_config(model).to_dict()
-    target = directory / "config.json"
-    tmp = directory / ".config.json.tmp"
-    tmp.write_text(json.dumps(payload, indent=2, sort_keys=True, default=str) + "\n")
-    tmp.replace(target)
+    write_json_atomic(directory / "config.json", transformers_config(model).to_dict())
     return directory
 
 

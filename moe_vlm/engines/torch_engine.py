@@ -360,6 +360,7 @@ class Trainer:
         return {
             "step": step,
             "rank": self.rank,
+            "host": socket.gethostname(),  # the straggler view names the node (moe_vlm/stragglers.py)
             "warmup": step <= spec.warmup_steps,
             "time_unix_s": time.time(),
             "step_time_s": step_time_s,

@@ -25,7 +25,9 @@ from transformers.models.qwen3_vl_moe.modeling_qwen3_vl_moe import (
 )
 
 from moe_vlm.engines.hf_config import transformers_config
+from moe_vlm.engines.support import accepted
 from moe_vlm.schema import (
+    Engine,
     ModelConfig,
     RecomputeConfig,
     RecomputeGranularity,
@@ -128,7 +130,7 @@ def apply_recompute(model: Qwen3VLMoeForConditionalGeneration, recompute: Recomp
                 _checkpoint_module(layer)
                 recomputed.append(f"model.language_model.layers.{index}")
     elif recompute.granularity is RecomputeGranularity.selective:
-        # One entry per name in rules.TORCH_SELECTIVE_RECOMPUTE (core_attn is the attention function).
+        # core_attn is the attention function set at build time; the rest are checkpointed modules.
         selectors: dict[str, Callable[[Any], list[tuple[str, nn.Module]]]] = {
             "layernorm": lambda layer: [
                 ("input_layernorm", layer.input_layernorm),
@@ -139,6 +141,8 @@ def apply_recompute(model: Qwen3VLMoeForConditionalGeneration, recompute: Recomp
             ),
             "mlp": lambda layer: [("mlp", layer.mlp)] if isinstance(layer.mlp, Qwen3VLMoeTextMLP) else [],
         }
+        declared = set(accepted(Engine.torch, "recompute.modules") or ())
+        assert {"core_attn", *selectors} == declared, f"engines/support.py declares {sorted(declared)}"
         unknown = [name for name in recompute.modules if name != "core_attn" and name not in selectors]
         if unknown:
             raise ValueError(

@@ -9,6 +9,8 @@ Classes, most specific first (the first that matches wins):
     cancelled  scancel ("CANCELLED AT", state CANCELLED)
     killed     a rank died from SIGKILL without OOM or node evidence (srun "task N: Killed", 137)
     nccl       collective communication error or watchdog timeout (NCCL, or gloo on CPU)
+    stack      the job environment cannot import what the run needs: the sweep's canary failed
+               (its points never start; moe-vlm status records them), or a run's own import did
     python     a Python exception (traceback)
     unknown    none of the above; the log tail says more
 
@@ -94,6 +96,15 @@ CLASSES: tuple[FailureClass, ...] = (
             r"|Gloo connectFullMesh failed|Connection closed by peer|Connection reset by peer",
         ),
         "failed in a collective (NCCL/gloo error or timeout)",
+    ),
+    FailureClass(
+        "stack",
+        frozenset(),
+        re.compile(
+            r"moe_vlm canary: FAILED|the Megatron stack does not import|the run would import \d+ thing"
+            r"|^(ModuleNotFoundError|ImportError): |^OSError: \S+\.so[.\d]*: cannot open shared object file"
+        ),
+        "could not import its software stack in the job environment",
     ),
     FailureClass(
         "python", frozenset(), re.compile(r"Traceback \(most recent call last\)"), "raised a Python exception"

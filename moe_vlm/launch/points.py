@@ -6,6 +6,7 @@
       <point_id>/run.json      written by the run (completed | failed) or the sweeper (rejected)
       <point_id>/attempts/N/   an earlier attempt's records, moved aside before a rerun
       .submitit/<job id>/      submitit's pickles and per-task logs
+      canaries/<cluster>-<image hash>/  the canary's script, canary.json, logs, <job id>.rc
 
 A point's directory is its identity (hash of the resolved config and the code version),
 so rerunning the same sweep finds every earlier result, whatever the order of the grid.
@@ -24,10 +25,13 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
+from moe_vlm.compose import override_key
 from moe_vlm.launch.safety import scrub
 from moe_vlm.record import RUN_JSON, STEPS_JSONL, point_id, write_json_atomic
 
 POINT_JSON = "point.json"
+CANARIES = "canaries"
+CANARY_JSON = "canary.json"
 ATTEMPTS = "attempts"
 TERMINAL = ("completed", "failed", "rejected")
 # Files of one attempt; moved aside together so a rerun starts clean and nothing is lost.
@@ -116,6 +120,23 @@ def iter_points(sweep_dir: Path) -> Iterator[Path]:
             yield child
 
 
+def canary_dir(sweep_dir: Path, cluster: str, container_image: str | None) -> Path:
+    """One canary directory per (cluster, container image) of a sweep."""
+    digest = hashlib.sha256(str(container_image).encode()).hexdigest()[:8]
+    return sweep_dir / CANARIES / f"{cluster}-{digest}"
+
+
+def iter_canaries(sweep_dir: Path) -> Iterator[dict[str, Any]]:
+    """The latest canary submitted for each (cluster, container image) of the sweep."""
+    root = sweep_dir / CANARIES
+    if not root.is_dir():
+        return
+    for child in sorted(root.iterdir()):
+        record = read_json(child / CANARY_JSON)
+        if record and record.get("job_id"):
+            yield record
+
+
 def job_log_dir(point: dict[str, Any]) -> Path | None:
     folder, job_id = point.get("submitit_folder"), point.get("job_id")
     if not folder or not job_id:
@@ -127,7 +148,7 @@ def sweep_name(task_overrides: list[str]) -> str:
     """A stable directory name for a sweep command: readable overrides plus a short hash, so that
     rerunning the same command lands in the same directory (and resumes it)."""
     # dry_run=true plans the same sweep, so it names the same directory.
-    ordered = sorted(str(o) for o in task_overrides if not str(o).lstrip("+~").startswith("dry_run="))
+    ordered = sorted(str(o) for o in task_overrides if override_key(str(o)) != "dry_run")
     digest = hashlib.sha256(json.dumps(ordered).encode()).hexdigest()[:8]
     readable = "_".join(ordered) or "default"
     readable = "".join(c if c.isalnum() or c in "=,.-" else "_" for c in readable)[:60].strip("_")

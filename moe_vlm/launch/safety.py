@@ -18,7 +18,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from moe_vlm.compose import BadInput
+from moe_vlm.errors import BadInput
 
 # Environment variable names that hold secrets.
 SECRET_NAME = re.compile(

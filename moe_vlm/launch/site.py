@@ -18,6 +18,10 @@ launcher presets leave them empty and they come, in order of precedence, from:
          container_image: nvcr.io#nvidia/nemo:25.09
        b200:
          partition: batch_b200
+
+Two top-level keys say where a bare `python train.py ...` goes (moe_vlm/launch/entry.py):
+`cluster` (the default for `cluster=`) and `launcher` (the `hydra/launcher` that submits the
+run from a login node), or `MOE_VLM_CLUSTER` / `MOE_VLM_LAUNCHER`; the command line wins.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ from typing import Any
 
 import yaml
 
-from moe_vlm.compose import BadInput
+from moe_vlm.errors import BadInput
 
 SITE_KEYS = (
     "account",
@@ -43,6 +47,8 @@ SITE_KEYS = (
     "python",
 )
 LIST_KEYS = {"container_mounts", "container_env", "setup"}
+# Top-level only: where a bare command runs (not launcher settings).
+ENTRY_KEYS = ("cluster", "launcher")
 
 
 def site_file() -> Path:
@@ -52,7 +58,7 @@ def site_file() -> Path:
     return Path(os.environ.get("XDG_CONFIG_HOME", "~/.config")).expanduser() / "moe_vlm" / "site.yaml"
 
 
-def load_site_file(path: Path, cluster: str) -> dict[str, Any]:
+def _read(path: Path) -> dict[str, Any]:
     if not path.is_file():
         return {}
     try:
@@ -63,14 +69,37 @@ def load_site_file(path: Path, cluster: str) -> dict[str, Any]:
         ) from exc
     if not isinstance(raw, dict):
         raise BadInput(f"{path}: expected a mapping of site keys. Fix: see `moe_vlm/launch/site.py`.")
+    return raw
+
+
+def load_site_file(path: Path, cluster: str) -> dict[str, Any]:
+    raw = _read(path)
     section = raw.get(cluster) or {}
-    values = {k: v for k, v in raw.items() if not isinstance(v, dict)} | dict(section)
+    values = {k: v for k, v in raw.items() if not isinstance(v, dict) and k not in ENTRY_KEYS}
+    values |= dict(section)
     unknown = sorted(set(values) - set(SITE_KEYS))
     if unknown:
         raise BadInput(
-            f"{path}: unknown key(s) {unknown}. Allowed: {', '.join(SITE_KEYS)}. Fix: correct the spelling."
+            f"{path}: unknown key(s) {unknown}. Allowed: {', '.join(SITE_KEYS)} (and at the top level "
+            f"{', '.join(ENTRY_KEYS)}). Fix: correct the spelling."
         )
     return values
+
+
+def entry_defaults() -> dict[str, str]:
+    """`cluster` and `launcher` for a bare command: MOE_VLM_CLUSTER / MOE_VLM_LAUNCHER, then the
+    site file's top level. Absent keys are left out."""
+    path = site_file()
+    raw = _read(path)
+    found: dict[str, str] = {}
+    for key in ENTRY_KEYS:
+        value = os.environ.get(f"MOE_VLM_{key.upper()}") or raw.get(key)
+        if value in (None, ""):
+            continue
+        if not isinstance(value, str):
+            raise BadInput(f"{path}: {key}: expected a name, got {value!r}. Fix: e.g. {key}: gb200.")
+        found[key] = value
+    return found
 
 
 def from_environment() -> dict[str, Any]:

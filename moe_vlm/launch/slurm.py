@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from moe_vlm.compose import BadInput
+from moe_vlm.errors import BadInput
 from moe_vlm.launch import safety, site
 from moe_vlm.spec import RunSpec
 
@@ -32,6 +32,13 @@ PREVIOUS_REQUEUE_MARKER = "requeue.previous.json"
 ENV_TIME_LIMIT_S = "MOE_VLM_TIME_LIMIT_S"
 ENV_SIGNAL_DELAY_S = "MOE_VLM_SIGNAL_DELAY_S"
 ENV_MAX_REQUEUES = "MOE_VLM_MAX_REQUEUES"
+# Every job (points and canaries) runs offline: huggingface_hub and transformers read these once,
+# at import, and a cluster node that tries the hub either hangs on a firewall or rate-limits.
+OFFLINE_EXPORTS = ("export HF_HUB_OFFLINE=1", "export TRANSFORMERS_OFFLINE=1")
+CANARY_RC_SUFFIX = ".rc"
+# Held points whose canary failed are cancelled by Slurm instead of pending forever
+# (Reason=DependencyNeverSatisfied); `moe-vlm status` accounts for them either way.
+KILL_ON_INVALID_DEP = "kill_on_invalid_dep"
 
 
 @dataclass
@@ -55,6 +62,10 @@ class SlurmSettings:
     segment: str | None = None
     signal_delay_s: int = 120  # USR2 this long before the time limit (NCCL catches USR1)
     max_requeues: int = 2  # requeues after a USR2 (time limit or preemption) before recording a failure
+    # One short one-node job per (cluster, container image) before the points, which depend on it
+    # (afterok): it imports the stack in the job environment and builds the first point's config.
+    canary: bool = True
+    canary_timeout_min: int = 15  # room for a first container image pull; the check itself is ~1 min
     # Site values: null/empty here = from MOE_VLM_* env or ~/.config/moe_vlm/site.yaml (see launch/site.py).
     account: str | None = None
     partition: str | None = None
@@ -159,43 +170,77 @@ def srun_arguments(settings: SlurmSettings) -> list[str]:
     return [*args, *settings.srun_args]
 
 
-def job_parameters(settings: SlurmSettings, spec: RunSpec) -> dict[str, Any]:
-    """Keyword arguments for submitit's SlurmExecutor (and its renderer) for one point."""
-    layout = spec.layout
-    additional: dict[str, Any] = {"requeue": True}
-    segment = segment_nodes(settings, spec)
-    if segment is not None:
-        additional["segment"] = segment
+def _shared_parameters(settings: SlurmSettings, spec: RunSpec) -> dict[str, Any]:
+    """What a point and its canary share: where and how the job runs (partition, node shape,
+    container, setup lines), so that the canary sees the points' environment."""
+    additional: dict[str, Any] = {}
     if settings.reservation:
         additional["reservation"] = settings.reservation
     if settings.mem_gb is not None:
         # Passed verbatim: submitit's mem conversion cannot express --mem=0 (all of the node).
         additional["mem"] = f"{settings.mem_gb}G" if settings.mem_gb else "0"
     additional.update(settings.additional_parameters)
-    params: dict[str, Any] = {
+    return {
         "job_name": settings.name,
-        "time": settings.timeout_min,
-        "nodes": layout.nodes,
-        "ntasks_per_node": layout.ranks_per_node,
         "cpus_per_task": settings.cpus_per_task,
-        "gpus_per_node": layout.ranks_per_node if spec.cluster.is_gpu_cluster else None,
+        "gpus_per_node": spec.layout.ranks_per_node if spec.cluster.is_gpu_cluster else None,
         "exclusive": True if settings.exclusive else None,
         "partition": settings.partition,
         "account": settings.account,
         "qos": settings.qos,
         "constraint": settings.constraint,
-        "signal_delay_s": settings.signal_delay_s,
-        "setup": [
-            *settings.setup,
+        # Ours first: a site that may reach the hub can export HF_HUB_OFFLINE=0 in its setup lines.
+        "setup": [*OFFLINE_EXPORTS, *settings.setup],
+        "srun_args": srun_arguments(settings),
+        "additional_parameters": additional,
+    }
+
+
+def job_parameters(settings: SlurmSettings, spec: RunSpec) -> dict[str, Any]:
+    """Keyword arguments for submitit's SlurmExecutor (and its renderer) for one point."""
+    layout = spec.layout
+    params = _shared_parameters(settings, spec)
+    additional: dict[str, Any] = {"requeue": True}
+    segment = segment_nodes(settings, spec)
+    if segment is not None:
+        additional["segment"] = segment
+    params.update(
+        time=settings.timeout_min,
+        nodes=layout.nodes,
+        ntasks_per_node=layout.ranks_per_node,
+        signal_delay_s=settings.signal_delay_s,
+        additional_parameters={**additional, **params["additional_parameters"]},
+        setup=[
+            *params["setup"],
             # The tasks read these to tell a time-limit signal from a preemption and to cap requeues.
             f"export {ENV_TIME_LIMIT_S}={settings.timeout_min * 60}",
             f"export {ENV_SIGNAL_DELAY_S}={settings.signal_delay_s}",
             f"export {ENV_MAX_REQUEUES}={settings.max_requeues}",
         ],
-        "srun_args": srun_arguments(settings),
-        "additional_parameters": additional,
-    }
+    )
     return safety.scrub({k: v for k, v in params.items() if v is not None})
+
+
+def canary_parameters(settings: SlurmSettings, spec: RunSpec, canary_dir: Path) -> dict[str, Any]:
+    """The canary: one node and one task of the points' node shape, a short time limit, never
+    requeued; the batch script writes srun's exit status next to its logs (outside the
+    container, so even an interpreter that cannot start leaves a verdict)."""
+    params = _shared_parameters(settings, spec)
+    rc_file = shlex.quote(str(canary_dir)) + '/"$SLURM_JOB_ID"' + CANARY_RC_SUFFIX
+    params.update(
+        job_name=f"{settings.name}-canary",
+        time=settings.canary_timeout_min,
+        nodes=1,
+        ntasks_per_node=1,
+        teardown=["moe_vlm_rc=$?", f'echo "$moe_vlm_rc" > {rc_file}', 'exit "$moe_vlm_rc"'],
+    )
+    return safety.scrub({k: v for k, v in params.items() if v is not None})
+
+
+def canary_command(python: str, overrides: Iterable[str]) -> str:
+    """The canary's task: the point's task overrides, each quoted for the shell (one line each)."""
+    quoted = [shlex.quote(safety.check_no_control("canary override", str(o))) for o in overrides]
+    return " ".join([python, "-u -m moe_vlm.launch.canary", *quoted])
 
 
 def prologue(point_dir: Path) -> list[str]:
@@ -229,17 +274,48 @@ def teardown(python: str) -> list[str]:
     ]
 
 
-def point_parameters(params: dict[str, Any], point_dir: Path, python: str) -> dict[str, Any]:
-    """One point's full submission: the shared parameters plus its prologue and teardown."""
-    return {**params, "setup": [*params.get("setup", []), *prologue(point_dir)], "teardown": teardown(python)}
+def point_parameters(
+    params: dict[str, Any], point_dir: Path, python: str, canary_job_id: str | None = None
+) -> dict[str, Any]:
+    """One point's full submission: the shared parameters plus its prologue and teardown, and
+    when a canary guards it, the dependency on the canary's success."""
+    out = {**params, "setup": [*params.get("setup", []), *prologue(point_dir)], "teardown": teardown(python)}
+    if canary_job_id is not None:
+        additional = dict(params.get("additional_parameters", {}))
+        if not any(key.replace("-", "_") == KILL_ON_INVALID_DEP for key in additional):
+            additional[KILL_ON_INVALID_DEP] = "yes"
+        out.update(dependency=f"afterok:{canary_job_id}", additional_parameters=additional)
+    return out
 
 
-def render_sbatch(params: dict[str, Any], folder: str, python: str) -> str:
-    """The sbatch script submitit writes for these parameters (see SlurmExecutor._submit_command)."""
+def render_sbatch(params: dict[str, Any], folder: str, python: str, command: str | None = None) -> str:
+    """The sbatch script submitit writes for these parameters (see SlurmExecutor._submit_command);
+    `command` replaces submitit's job runner (the canary runs its own module)."""
     from submitit.slurm.slurm import _make_sbatch_string
 
-    command = " ".join([python, "-u -m submitit.core._submit", shlex.quote(folder)])
+    if command is None:
+        command = " ".join([python, "-u -m submitit.core._submit", shlex.quote(folder)])
     return _make_sbatch_string(command=command, folder=folder, **params)
+
+
+def submit_script(script: Path) -> str:
+    """`sbatch --parsable SCRIPT` -> the job id; BadInput with sbatch's last line when refused."""
+    try:
+        done = subprocess.run(
+            ["sbatch", "--parsable", str(script)], capture_output=True, text=True, timeout=120
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise BadInput(
+            f"sbatch could not be run ({exc}). Fix: run the sweep where Slurm's sbatch works."
+        ) from exc
+    job_id = done.stdout.strip().split(";")[0]
+    if done.returncode != 0 or not job_id:
+        reason = ((done.stderr or done.stdout).strip().splitlines() or ["no message"])[-1]
+        raise BadInput(
+            f"sbatch refused the canary {script}: {reason}. Fix: check hydra.launcher "
+            "partition/account/qos (or the site file), or hydra.launcher.canary=false."
+        )
+    return job_id
 
 
 def srun_line(script: str) -> str:
@@ -352,7 +428,3 @@ def query_jobs(job_ids: Iterable[str]) -> dict[str, JobState] | None:
         text = _run(["sacct", "-X", "-n", "-P", "-o", "JobID,State,ExitCode", "-j", ",".join(bases)])
         found |= {j: s for j, s in parse_sacct(text or "").items() if j in wanted}
     return found
-
-
-def slurm_available() -> bool:
-    return shutil.which("sbatch") is not None and _run(["scontrol", "ping"]) is not None

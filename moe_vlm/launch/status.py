@@ -6,6 +6,12 @@ per refresh for all jobs (`scontrol show job`, plus one `sacct` where accounting
 controller forgot), never once per job. A job that ended without writing its record (scancel,
 node loss) is classified from Slurm's state and its logs, and the failure is written to the
 point's run.json, so reports see it too.
+
+Each canary (launch/canary.py) is shown above the table: queued, running, passed or failed
+with its last error line. Points held behind a failed canary never start: Slurm cancels them
+(`--kill-on-invalid-dep=yes`) or, where a site keeps them, leaves them PENDING with
+Reason=DependencyNeverSatisfied; either way they are recorded `failed` with class `stack` and
+the canary's evidence.
 """
 
 from __future__ import annotations
@@ -19,11 +25,17 @@ from pathlib import Path
 from typing import Any
 
 from moe_vlm.launch import points, slurm
-from moe_vlm.launch.failures import record_job_failure
+from moe_vlm.launch.canary import OK_PREFIX
+from moe_vlm.launch.failures import Diagnosis, base_from_point, record_job_failure, write_failure
 
 STATES = ("completed", "failed", "rejected", "running", "queued", "planned", "unknown")
 FINISHED = ("completed", "failed", "rejected")
 BAR_WIDTH = 30
+# Slurm's reason for a job whose afterok dependency failed: it can never start.
+NEVER_SATISFIED = "DependencyNeverSatisfied"
+# Lines Slurm itself writes into a job's stderr; the canary's evidence is the job's own last line.
+SLURM_LINE = ("srun: ", "slurmstepd", "srun(")
+CANARY_TAIL_LINES = 15
 
 
 @dataclass
@@ -35,6 +47,96 @@ class PointStatus:
     overrides: list[str]
     detail: str
     point_dir: str
+
+
+@dataclass
+class CanaryStatus:
+    job_id: str
+    cluster: str
+    container_image: str | None
+    state: str  # queued | running | passed | failed | unknown
+    detail: str  # the evidence line when failed
+    point_ids: list[str]
+    directory: str
+
+
+def _canary_lines(directory: Path, job_id: str, stream: str) -> list[str]:
+    path = directory / f"{job_id}_0_log.{stream}"
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return []
+    return [line.strip() for line in text.splitlines() if line.strip()]
+
+
+def canary_evidence(directory: Path, job_id: str) -> str | None:
+    """The canary's last error line (its `moe_vlm canary: FAILED ...` line, or whatever the
+    interpreter or the container runtime said last), not Slurm's own lines."""
+    own = [line for line in _canary_lines(directory, job_id, "err") if not line.startswith(SLURM_LINE)]
+    return own[-1][:300] if own else None
+
+
+def canary_state(directory: Path, job_id: str, states: dict[str, slurm.JobState] | None) -> tuple[str, str]:
+    """(state, detail) of one canary: its exit status file decides; Slurm says the rest."""
+    try:
+        rc: int | None = int((directory / f"{job_id}{slurm.CANARY_RC_SUFFIX}").read_text().strip())
+    except (OSError, ValueError):
+        rc = None
+    evidence = canary_evidence(directory, job_id)
+    if rc == 0:
+        passed = [line for line in _canary_lines(directory, job_id, "out") if line.startswith(OK_PREFIX)]
+        return "passed", passed[-1] if passed else "exit status 0"
+    if rc is not None:
+        return "failed", evidence or f"the canary exited with status {rc}"
+    job = (states or {}).get(job_id)
+    if states is None:
+        return "unknown", "Slurm is not reachable from here"
+    if job is not None and job.state in slurm.PENDING_STATES:
+        return "queued", job.state.lower()
+    if job is not None and job.state in slurm.RUNNING_STATES:
+        return "running", ""
+    if job is not None and job.state == "COMPLETED":
+        return "passed", "Slurm state COMPLETED"
+    if job is not None:
+        ended = f"the canary job ended {job.state}"
+        return "failed", f"{ended}: {evidence}" if evidence else ended
+    return "unknown", "Slurm forgot the canary job and it left no exit status"
+
+
+def collect_canaries(sweep_dir: Path, states: dict[str, slurm.JobState] | None) -> list[CanaryStatus]:
+    out = []
+    for record in points.iter_canaries(sweep_dir):
+        job_id = str(record["job_id"])
+        state, detail = canary_state(Path(str(record["dir"])), job_id, states)
+        out.append(
+            CanaryStatus(
+                job_id=job_id,
+                cluster=str(record.get("cluster")),
+                container_image=record.get("container_image"),
+                state=state,
+                detail=detail,
+                point_ids=list(record.get("point_ids") or []),
+                directory=str(record["dir"]),
+            )
+        )
+    return out
+
+
+def _canary_of(point: dict[str, Any]) -> dict[str, Any] | None:
+    canary = (point.get("submissions") or [{}])[-1].get("canary")
+    return canary if isinstance(canary, dict) and canary.get("job_id") else None
+
+
+def _open_canaries(
+    sweep_dir: Path, info: dict[Path, tuple[dict[str, Any], dict[str, Any] | None]]
+) -> list[str]:
+    """Canary jobs without an exit status yet: the sweep's latest ones and those open points wait on."""
+    wanted = {(str(r["dir"]), str(r["job_id"])) for r in points.iter_canaries(sweep_dir)}
+    for point, run in info.values():
+        canary = _canary_of(point)
+        if canary and (run or {}).get("status") not in points.TERMINAL:
+            wanted.add((str(canary["dir"]), str(canary["job_id"])))
+    return [job for folder, job in wanted if not (Path(folder) / f"{job}{slurm.CANARY_RC_SUFFIX}").exists()]
 
 
 def _overrides(point: dict[str, Any]) -> list[str]:
@@ -62,13 +164,18 @@ def _finished_detail(run: dict[str, Any]) -> str:
 
 def collect(sweep_dir: Path, record: bool = True) -> list[PointStatus]:
     """Every point's state; with `record`, write failed run.json for jobs that died silently."""
+    return snapshot(sweep_dir, record)[0]
+
+
+def snapshot(sweep_dir: Path, record: bool = True) -> tuple[list[PointStatus], list[CanaryStatus]]:
+    """Every point's and every canary's state, from one Slurm query."""
     dirs = list(points.iter_points(sweep_dir))
     info = {d: (points.read_point(d) or {}, points.read_run(d)) for d in dirs}
     open_jobs = [
         str(p.get("job_id"))
         for p, run in info.values()
         if p.get("job_id") and (run or {}).get("status") not in points.TERMINAL
-    ]
+    ] + _open_canaries(sweep_dir, info)
     states = slurm.query_jobs(open_jobs) if open_jobs else {}
     out = []
     for point_dir, (point, run) in info.items():
@@ -88,7 +195,7 @@ def collect(sweep_dir: Path, record: bool = True) -> list[PointStatus]:
                 point_dir=str(point_dir),
             )
         )
-    return out
+    return out, collect_canaries(sweep_dir, states)
 
 
 def _state(
@@ -106,9 +213,21 @@ def _state(
     executor = (point.get("submissions") or [{}])[-1].get("executor", "slurm")
     if executor != "slurm":
         return "unknown", f"{executor} job {job_id} left no record"
+    job = (states or {}).get(job_id)
+    canary = _canary_of(point)
+    if canary is not None:
+        # The canary's exit status file decides even where Slurm cannot be asked: with afterok,
+        # a point whose canary failed never started.
+        canary_id, directory = str(canary["job_id"]), Path(str(canary["dir"]))
+        verdict, evidence = canary_state(directory, canary_id, states)
+        if verdict == "failed" or (job is not None and job.reason == NEVER_SATISFIED):
+            if verdict != "failed":
+                evidence = f"Slurm will never start it ({NEVER_SATISFIED}); canary job {canary_id}: {verdict}"
+            return _held_behind_canary(point_dir, job_id, job, canary_id, directory, evidence, record)
+        if job is not None and job.state in slurm.PENDING_STATES and verdict in ("queued", "running"):
+            return "queued", f"waiting for canary job {canary_id} ({verdict})"
     if states is None:
         return "unknown", "Slurm is not reachable from here"
-    job = states.get(job_id)
     if job is not None and job.state in slurm.PENDING_STATES:
         return "queued", f"{job.state.lower()} ({job.reason})" if job.reason not in (
             "",
@@ -128,6 +247,35 @@ def _state(
     )
     status = str(failed.get("status"))
     return status, _finished_detail(failed)
+
+
+def _held_behind_canary(
+    point_dir: Path,
+    job_id: str,
+    job: slurm.JobState | None,
+    canary_id: str,
+    directory: Path,
+    evidence: str,
+    record: bool,
+) -> tuple[str, str]:
+    """The canary failed, so this point never started: record a `stack` failure with its evidence."""
+    if not record:
+        return "failed", f"stack: {evidence}"
+    diagnosis = Diagnosis(
+        "stack",
+        f"the canary job {canary_id} failed in the job environment, so this point never started. "
+        "Fix the environment (container image, setup lines, interpreter), then rerun the sweep command",
+        evidence,
+    )
+    tail = [f"[canary] {line}" for line in _canary_lines(directory, canary_id, "err")[-CANARY_TAIL_LINES:]]
+    launch = {
+        "slurm_job_id": job_id,
+        "slurm_state": job.state if job else None,
+        "slurm_reason": job.reason if job else None,
+        "canary_job_id": canary_id,
+    }
+    failed = write_failure(point_dir, diagnosis, tail, base_from_point(point_dir), launch)
+    return str(failed.get("status")), _finished_detail(failed)
 
 
 def progress_bar(statuses: list[PointStatus]) -> str:
@@ -158,9 +306,23 @@ def table(statuses: list[PointStatus]) -> str:
     )
 
 
-def render(sweep_dir: Path, statuses: list[PointStatus]) -> str:
+def canary_lines(canaries: list[CanaryStatus]) -> list[str]:
+    return [
+        f"canary job {c.job_id} (cluster={c.cluster}, image {c.container_image or '(none)'}): {c.state}"
+        + (f": {c.detail}" if c.detail else "")
+        for c in canaries
+    ]
+
+
+def render(sweep_dir: Path, statuses: list[PointStatus], canaries: list[CanaryStatus] | None = None) -> str:
     return "\n".join(
-        [f"sweep {sweep_dir}: {len(statuses)} point(s)", progress_bar(statuses), "", table(statuses)]
+        [
+            f"sweep {sweep_dir}: {len(statuses)} point(s)",
+            *canary_lines(canaries or []),
+            progress_bar(statuses),
+            "",
+            table(statuses),
+        ]
     )
 
 
@@ -189,13 +351,16 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 2
     while True:
-        statuses = collect(args.sweep_dir)
+        statuses, canaries = snapshot(args.sweep_dir)
         if args.json:
+            for c in canaries:
+                print(json.dumps({"canary": asdict(c)}, sort_keys=True))
             for s in statuses:
                 print(json.dumps(asdict(s), sort_keys=True))
         else:
-            print(render(args.sweep_dir, statuses))
-        active = any(s.state in ("queued", "running") for s in statuses)
+            print(render(args.sweep_dir, statuses, canaries))
+        states = [s.state for s in statuses] + [c.state for c in canaries]
+        active = any(state in ("queued", "running") for state in states)
         if not args.watch or not active:
             return 0
         sys.stdout.flush()

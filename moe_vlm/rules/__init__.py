@@ -7,7 +7,7 @@ involved and a fix. Codes are grouped by concern:
     C  config values          L  layout arithmetic       F  FSDP
     D  MoE dispatcher         G  CUDA graphs             R  recompute
     E  engine support         A  data                    W  field-guide warnings
-    M  memory (moe_vlm/memory.py's per-GPU estimate against cluster.gpu_memory_gib)
+    M  memory (moe_vlm/memory's per-GPU estimate against cluster.gpu_memory_gib)
 
 Engine rules cite where Megatron enforces them (MLM = Megatron-LM, MB = Megatron-Bridge).
 One module per code group; importing it registers its rules, so SECTIONS fixes the

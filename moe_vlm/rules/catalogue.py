@@ -96,7 +96,6 @@ SELECTIVE_RECOMPUTE_MODULES = (
     "gdn_norm_out",
 )
 CUDA_GRAPH_SCOPES = ("attn", "mlp", "moe", "moe_router", "moe_preprocess", "mamba")
-PARALLEL_FAMILIES = ("fsdp", "3d")
 
 
 def _uses_graphs(spec: RunSpec) -> bool:

@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from moe_vlm.rules.catalogue import (
-    PARALLEL_FAMILIES,
     Level,
     Violation,
     rule,
@@ -40,14 +39,8 @@ def _positive_sizes(spec: RunSpec) -> Iterator[Violation]:
         yield Violation(("warmup_steps",), "warmup_steps must be >= 0.", "set warmup_steps=0 or more.")
 
 
-@rule("C002", Level.error, "parallelism.family must be fsdp or 3d")
-def _family(spec: RunSpec) -> Iterator[Violation]:
-    if spec.family not in PARALLEL_FAMILIES:
-        yield Violation(
-            ("parallelism.family",),
-            f"parallelism.family={spec.family!r} is not one of {list(PARALLEL_FAMILIES)}.",
-            "choose parallelism=fsdp or parallelism=3d.",
-        )
+# C002 (parallelism.family must be fsdp or 3d) is gone: the family is an enum in the schema, so
+# Hydra rejects any other value at composition (one line, exit 2: moe_vlm/compose.py).
 
 
 @rule("C003", Level.error, "warm-up must leave a steady window")

@@ -6,6 +6,7 @@ import math
 from collections.abc import Iterator
 from pathlib import Path
 
+from moe_vlm.data.stats import MOCK_SPEEDUP_NOTE
 from moe_vlm.rules.catalogue import (
     Level,
     Violation,
@@ -49,7 +50,13 @@ def _synthetic_ranges(spec: RunSpec) -> Iterator[Violation]:
 def _packing_mbs(spec: RunSpec) -> Iterator[Violation]:
     # Bridge packs the sequences of one micro-batch together (enable_in_batch_packing): with one
     # sequence per micro-batch there is nothing to pack, and ConfigContainer.validate rejects it.
-    if spec.engine == "megatron" and spec.data.pack_sequences and spec.mbs < 2:
+    # Only Energon's config carries the field (data=real); A008 rejects packing on this engine anyway.
+    if (
+        spec.engine == "megatron"
+        and spec.data.kind is DataKind.real
+        and spec.data.pack_sequences
+        and spec.mbs < 2
+    ):
         yield Violation(
             ("data.pack_sequences", "mbs"),
             f"data.pack_sequences=true packs the sequences of one micro-batch; mbs={spec.mbs} has nothing "
@@ -63,8 +70,7 @@ def _mock_data(spec: RunSpec) -> Iterator[Violation]:
     if spec.data.kind is DataKind.mock:
         yield Violation(
             ("data",),
-            "image-free mock data ran about 2x faster than real multimodal input; its throughput is "
-            "labelled mock and never ranked with real results.",
+            f"{MOCK_SPEEDUP_NOTE}; its throughput is labelled mock and never ranked with real results.",
             "use data=synthetic or data=real before drawing throughput conclusions.",
         )
 
@@ -131,4 +137,33 @@ def _largest_sample_fits(spec: RunSpec) -> Iterator[Violation]:
             f"tokens, more than seq_length={spec.seq_length}: such samples are skipped (counted in "
             "run.json data.stats.skipped_samples), which skews the image-size distribution.",
             f"raise seq_length to {needed}, or lower data.max_images / data.max_pixels.",
+        )
+
+
+@rule("A008", Level.error, "the Megatron engine does not pack sequences")
+def _no_packing_on_megatron(spec: RunSpec) -> Iterator[Violation]:
+    # Qwen3-VL defers packing to its step (defer_in_batch_packing_to_step), so the collate packs
+    # nothing (data/builders/energon.py:203, data/datasets/direct_sft.py:91) and the step builds one
+    # cu_seqlens segment per padded row (models/qwen_vl/qwen3_vl_step.py:192-197): rows never hold
+    # two samples and no padding is saved, yet the batch turns THD with variable_seq_lengths.
+    if spec.engine == "megatron" and spec.data.pack_sequences:
+        yield Violation(
+            ("data.pack_sequences",),
+            "data.pack_sequences=true never packs on the Megatron engine: Bridge's Qwen3-VL step keeps one "
+            "sample per row (models/qwen_vl/qwen3_vl_step.py:192-197) and only switches the batch to "
+            "variable-length THD, which changes the workload without saving padding.",
+            "set data.pack_sequences=false (engine=torch packs for real).",
+        )
+
+
+@rule("A009", Level.warning, "Megatron data loading runs outside the timed step")
+def _loader_on_training_thread(spec: RunSpec) -> Iterator[Violation]:
+    # Bridge's DataLoader with num_workers=0 builds each batch inside next(data_iterator), which
+    # qwen3_vl_step calls inside the step (models/qwen_vl/qwen3_vl_step.py:60, 240-250).
+    if spec.engine == "megatron" and spec.data.num_workers == 0:
+        yield Violation(
+            ("data.num_workers",),
+            "data.num_workers=0: the Qwen image processor and the collate run on the training thread inside "
+            "every step, so step times measure data preparation too (data_wait_s records how much).",
+            "leave data.num_workers unset (null: from the CPUs per rank) or set it to 1 or more.",
         )

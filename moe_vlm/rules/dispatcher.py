@@ -19,7 +19,9 @@ from moe_vlm.spec import RunSpec, hybridep_topology
 
 
 def _deepep_supported(gpu: str, capability: float) -> bool:
-    # MB training/flex_dispatcher_backend.py: capability 8/9, or a B200/B300 device name.
+    # megatron/bridge/training/flex_dispatcher_backend.py:62 (apply: falls back to alltoall) and
+    # :108 (validate: ValueError): capability major 8/9, or a device name starting "NVIDIA B200" /
+    # "NVIDIA B300". So GB200 and GB300 (major 10, names "NVIDIA GB...") are out; B300 is in.
     return int(capability) in (8, 9) or gpu.startswith(("NVIDIA B200", "NVIDIA B300"))
 
 
@@ -34,12 +36,14 @@ def _deepep_gpu(spec: RunSpec) -> Iterator[Violation]:
         yield Violation(
             ("dispatcher", "cluster"),
             f"DeepEP is rejected on {cluster.gpu} (Megatron Bridge allows Ampere, Hopper, B200/B300).",
-            "use dispatcher=hybridep on GB200, or dispatcher=alltoall.",
+            "use dispatcher=hybridep (the GB200/GB300 default), or dispatcher=alltoall.",
         )
 
 
 @rule("D002", Level.error, "HybridEP only on compute capability 8/9/10 (MB flex_dispatcher_backend)")
 def _hybridep_gpu(spec: RunSpec) -> Iterator[Violation]:
+    # flex_dispatcher_backend.py:72 (apply) and :116 (validate) read the capability major only:
+    # GB300/B300 (10.3) pass like GB200/B200 (10.0).
     cluster = spec.cluster
     if (
         spec.dispatcher.backend is FlexBackend.hybridep
@@ -118,7 +122,9 @@ def _ep_overlap(spec: RunSpec) -> Iterator[Violation]:
         yield Violation(
             ("dispatcher.overlap_moe_expert_parallel_comm",),
             f"overlap_moe_expert_parallel_comm needs {', '.join(missing)}.",
-            "set dispatcher.overlap_moe_expert_parallel_comm=false or meet the prerequisites.",
+            # Meeting them is no way out on this engine: Qwen3VLModel cannot run the overlapped
+            # schedule (D008), and VP > 1 is itself rejected for Qwen3-VL-MoE (L014).
+            "set dispatcher.overlap_moe_expert_parallel_comm=false.",
         )
 
 
@@ -146,4 +152,34 @@ def _hybridep_topology(spec: RunSpec) -> Iterator[Violation]:
             ("dispatcher.hybridep_use_mnnvl",),
             f"USE_MNNVL=1 but {spec.cluster.name} has no multi-node NVLink.",
             "set dispatcher.hybridep_use_mnnvl=false.",
+        )
+
+
+@rule("D008", Level.error, "EP overlap needs build_schedule_plan; Qwen3VLModel has none (MLM)")
+def _ep_overlap_qwen3vl(spec: RunSpec) -> Iterator[Violation]:
+    # The overlapped 1F1B schedule (megatron/core/pipeline_parallel/schedules.py:751-752, 1458-1459)
+    # looks up build_schedule_plan on the unwrapped model (combined_1f1b.py:381-383); only
+    # GPTModel has it (megatron/core/models/gpt/gpt_model.py:798), and get_attr_wrapped_model
+    # raises when it is missing (megatron/core/utils.py:664-666). Both providers build Qwen3VLModel
+    # (qwen3_vl_provider.py:322, qwen35_vl_provider.py:428), a MegatronModule without it: step 1 crashes.
+    if spec.engine == "megatron" and spec.dispatcher.overlap_moe_expert_parallel_comm:
+        yield Violation(
+            ("dispatcher.overlap_moe_expert_parallel_comm",),
+            "the EP-overlap schedule calls build_schedule_plan on the model, which Qwen3VLModel (every "
+            f"model this engine builds, {spec.model.name} included) does not have: step 1 would crash.",
+            "set dispatcher.overlap_moe_expert_parallel_comm=false.",
+        )
+
+
+@rule("D009", Level.warning, "forced load balancing ignores the data (MCore: benchmark only)")
+def _forced_balance(spec: RunSpec) -> Iterator[Violation]:
+    # megatron/core/transformer/moe/router.py:856-858 replaces the router's logits with random ones;
+    # transformer_config.py:812-814 calls it "only for benchmark". Experts are perfectly balanced
+    # whatever the images and text, so dispatcher and EP results measure an ideal load.
+    if spec.router.force_load_balancing:
+        yield Violation(
+            ("router",),
+            "router=forced_balance routes tokens to random experts (perfectly balanced, whatever the data); "
+            "its throughput is labelled forced-balance and never ranked with real-routing results.",
+            "use router=real (the default) to measure real routing.",
         )

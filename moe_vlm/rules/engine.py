@@ -1,32 +1,38 @@
-"""Engine support rules (E...)."""
+"""Engine support rules (E...): what an engine does not honour, rejected before anything runs.
+
+Which values each engine honours is declared once, in moe_vlm/engines/support.py; these rules
+read it and say what to do instead.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 
+from moe_vlm.arch import profile
+from moe_vlm.engines.support import TORCH_SELECTIVE_RECOMPUTE, accepts
 from moe_vlm.rules.catalogue import (
     SELECTIVE_RECOMPUTE_MODULES,
     Level,
     Violation,
-    _uses_graphs,
     rule,
 )
 from moe_vlm.schema import (
+    Engine,
     RecomputeGranularity,
     RecomputeMethod,
-    ShardingStrategy,
-    TokenDispatcher,
 )
 from moe_vlm.spec import RunSpec
 
+TORCH = Engine.torch
+
 
 def _torch_only(spec: RunSpec) -> bool:
-    return spec.engine == "torch"
+    return Engine(spec.engine) is TORCH
 
 
 @rule("E001", Level.error, "the torch engine runs FSDP only")
 def _torch_family(spec: RunSpec) -> Iterator[Violation]:
-    if _torch_only(spec) and spec.family != "fsdp":
+    if _torch_only(spec) and not accepts(TORCH, "parallelism.family", spec.family):
         yield Violation(
             ("parallelism", "engine"),
             "parallelism=3d needs the Megatron engine; the embedded torch engine runs FSDP2 only.",
@@ -40,14 +46,15 @@ def _torch_model_parallel(spec: RunSpec) -> Iterator[Violation]:
     if not _torch_only(spec):
         return
     sizes = {"tp": lay.tp, "pp": lay.pp, "vp": lay.vp, "cp": lay.cp, "ep": lay.ep, "etp": lay.etp}
-    over = [f"{key}={value}" for key, value in sizes.items() if value > 1]
+    # A size below 1 is C001's to report.
+    over = [f"{key}={value}" for key, value in sizes.items() if value >= 1 and not accepts(TORCH, key, value)]
     if over:
         yield Violation(
             tuple(item.split("=")[0] for item in over),
             f"{', '.join(over)} need the Megatron engine; the torch engine is data-parallel only.",
             "set them to 1, or engine=megatron on a GPU cluster.",
         )
-    if spec.parallelism.sequence_parallel:
+    if not accepts(TORCH, "parallelism.sequence_parallel", spec.parallelism.sequence_parallel):
         yield Violation(
             ("parallelism.sequence_parallel",),
             "sequence parallelism needs the Megatron engine.",
@@ -57,7 +64,9 @@ def _torch_model_parallel(spec: RunSpec) -> Iterator[Violation]:
 
 @rule("E003", Level.error, "the torch engine routes tokens itself")
 def _torch_dispatcher(spec: RunSpec) -> Iterator[Violation]:
-    if _torch_only(spec) and spec.dispatcher.token_dispatcher is not TokenDispatcher.alltoall:
+    if _torch_only(spec) and not accepts(
+        TORCH, "dispatcher.token_dispatcher", spec.dispatcher.token_dispatcher
+    ):
         yield Violation(
             ("dispatcher", "engine"),
             f"dispatcher={spec.dispatcher.name} needs the Megatron engine; the torch engine keeps every expert "
@@ -68,7 +77,7 @@ def _torch_dispatcher(spec: RunSpec) -> Iterator[Violation]:
 
 @rule("E004", Level.error, "the torch engine has no CUDA graphs")
 def _torch_graphs(spec: RunSpec) -> Iterator[Violation]:
-    if _torch_only(spec) and _uses_graphs(spec):
+    if _torch_only(spec) and not accepts(TORCH, "cuda_graph.impl", spec.cuda_graph.impl):
         yield Violation(
             ("cuda_graph", "engine"),
             f"cuda_graph={spec.cuda_graph.name} needs the Megatron engine.",
@@ -78,7 +87,7 @@ def _torch_graphs(spec: RunSpec) -> Iterator[Violation]:
 
 @rule("E005", Level.error, "the torch engine builds Qwen3-VL-MoE models")
 def _torch_arch(spec: RunSpec) -> Iterator[Violation]:
-    if _torch_only(spec) and spec.model.arch != "qwen3_vl_moe":
+    if _torch_only(spec) and not accepts(TORCH, "model.arch", spec.model.arch):
         yield Violation(
             ("model", "engine"),
             f"{spec.model.name} ({spec.model.arch}) is not built by the torch engine (Qwen3-VL-MoE only).",
@@ -91,15 +100,17 @@ def _torch_sharding(spec: RunSpec) -> Iterator[Violation]:
     par = spec.parallelism
     if not _torch_only(spec) or spec.family != "fsdp":
         return
-    if par.sharding_strategy is ShardingStrategy.optim:
+    if not accepts(TORCH, "parallelism.sharding_strategy", par.sharding_strategy):
         yield Violation(
             ("parallelism.sharding_strategy",),
             "sharding_strategy=optim has no torch FSDP2 equivalent.",
             "use optim_grads_params (full shard), optim_grads (no reshard after forward) or no_shard.",
         )
-    extras = [name for name in ("fsdp_double_buffer", "nccl_ub") if getattr(par, name)]
-    if par.fsdp_version != 1:
-        extras.append("fsdp_version")
+    extras = [
+        name
+        for name in ("fsdp_double_buffer", "nccl_ub", "fsdp_version")
+        if not accepts(TORCH, f"parallelism.{name}", getattr(par, name))
+    ]
     if extras:
         yield Violation(
             tuple(f"parallelism.{name}" for name in extras),
@@ -118,10 +129,6 @@ def _megatron_needs_gpu(spec: RunSpec) -> Iterator[Violation]:
         )
 
 
-# What the torch engine's activation checkpointing can recompute (engines/torch_model.py).
-TORCH_SELECTIVE_RECOMPUTE = ("core_attn", "layernorm", "moe", "mlp")
-
-
 @rule("E008", Level.error, "the torch engine recomputes only what it can checkpoint")
 def _torch_recompute(spec: RunSpec) -> Iterator[Violation]:
     r = spec.recompute
@@ -129,7 +136,7 @@ def _torch_recompute(spec: RunSpec) -> Iterator[Violation]:
         return
     if r.granularity is RecomputeGranularity.selective:
         known = [m for m in r.modules if m in SELECTIVE_RECOMPUTE_MODULES]  # R001 reports unknown names
-        unsupported = [m for m in known if m not in TORCH_SELECTIVE_RECOMPUTE]
+        unsupported = [m for m in known if not accepts(TORCH, "recompute.modules", [m])]
         if unsupported:
             yield Violation(
                 ("recompute.modules", "engine"),
@@ -156,7 +163,12 @@ def _torch_recompute(spec: RunSpec) -> Iterator[Violation]:
 
 @rule("E009", Level.error, "the torch engine's Qwen3-VL-MoE has no shared experts")
 def _torch_shared_experts(spec: RunSpec) -> Iterator[Violation]:
-    if _torch_only(spec) and spec.model.arch == "qwen3_vl_moe" and spec.model.num_shared_experts > 0:
+    shared = spec.model.num_shared_experts
+    if (
+        _torch_only(spec)
+        and not profile(spec.model.arch).hf_shared_experts
+        and not accepts(TORCH, "model.num_shared_experts", shared)
+    ):
         yield Violation(
             ("model.num_shared_experts", "engine"),
             f"num_shared_experts={spec.model.num_shared_experts}: transformers' Qwen3-VL-MoE has no shared "
@@ -167,10 +179,21 @@ def _torch_shared_experts(spec: RunSpec) -> Iterator[Violation]:
 
 @rule("E010", Level.error, "the torch engine has no dataloader workers")
 def _torch_num_workers(spec: RunSpec) -> Iterator[Violation]:
-    if _torch_only(spec) and spec.data.num_workers > 0:
+    if _torch_only(spec) and not accepts(TORCH, "data.num_workers", spec.data.num_workers):
         yield Violation(
             ("data.num_workers",),
             "data.num_workers sets Megatron's dataloader workers; the torch engine builds batches in its "
             "training loop (its data wait is recorded per step as data_wait_s).",
             "set data.num_workers=0, or engine=megatron.",
+        )
+
+
+@rule("E011", Level.error, "the torch engine routes tokens for real")
+def _torch_forced_balance(spec: RunSpec) -> Iterator[Violation]:
+    if _torch_only(spec) and not accepts(TORCH, "router.force_load_balancing", spec.router.force_load_balancing):
+        yield Violation(
+            ("router.force_load_balancing", "router", "engine"),
+            "router=forced_balance replaces the router's logits with random ones (Megatron's "
+            "moe_router_force_load_balancing); the torch engine always routes with its own router.",
+            "use router=real, or engine=megatron.",
         )

@@ -11,6 +11,7 @@ from moe_vlm.rules.catalogue import (
     rule,
 )
 from moe_vlm.schema import (
+    CudaGraphImpl,
     ShardingStrategy,
 )
 from moe_vlm.spec import RunSpec
@@ -75,4 +76,27 @@ def _fsdp_tp_cp(spec: RunSpec) -> Iterator[Violation]:
             ("tp", "cp"),
             "parallelism=fsdp is the TP=CP=PP=1 bring-up family; TP/CP > 1 leaves it.",
             "keep tp=1 cp=1 with FSDP, or move to parallelism=3d.",
+        )
+
+
+@rule("F005", Level.error, "Megatron FSDP hooks the layers TE CUDA graphs capture (TE graph.py)")
+def _fsdp_te_graphs(spec: RunSpec) -> Iterator[Violation]:
+    # Megatron FSDP registers forward (pre-)hooks on every TransformerLayer it shards
+    # (megatron/core/distributed/fsdp/src/megatron_fsdp/megatron_fsdp.py:1017-1028, 1062-1075,
+    # 1090-1097); Bridge takes forward pre-hooks off before capture only without Megatron FSDP
+    # (megatron/bridge/training/train.py:255-259, 436-441, 1111-1131), and Transformer Engine
+    # refuses a hooked module (transformer_engine/pytorch/graph.py:386-400): capture fails at
+    # step cuda_graph.warmup_steps. With no_shard no hook lands on a layer.
+    if (
+        spec.engine == "megatron"
+        and spec.family == "fsdp"
+        and spec.parallelism.sharding_strategy is not ShardingStrategy.no_shard
+        and spec.cuda_graph.impl is CudaGraphImpl.transformer_engine
+    ):
+        yield Violation(
+            ("parallelism", "cuda_graph"),
+            "Megatron FSDP keeps forward hooks on every TransformerLayer, and Transformer Engine refuses to "
+            f"capture a hooked module: cuda_graph={spec.cuda_graph.name} would crash at step "
+            f"{spec.cuda_graph.warmup_steps + 1}.",
+            "use parallelism=3d for TE CUDA graphs, or cuda_graph=none with parallelism=fsdp.",
         )

@@ -144,3 +144,21 @@ def _graph_scope_without_impl(spec: RunSpec) -> Iterator[Violation]:
             "cuda_graph.scope is set but cuda_graph.impl=none, so it would be ignored.",
             "choose cuda_graph=te_moe (or another preset), or clear the scope.",
         )
+
+
+@rule("G012", Level.error, "full-iteration graphs cannot capture the Qwen3-VL step (MLM, MB)")
+def _graph_full_iteration_qwen3vl(spec: RunSpec) -> Iterator[Violation]:
+    # FullCudaGraphWrapper captures the whole forward/backward (megatron/core/full_cuda_graph.py:
+    # 226-233), but the Qwen3-VL step syncs with the host inside it
+    # (megatron/bridge/models/qwen_vl/qwen3_vl_step.py:198 `.max().item()`; the vision model at
+    # modelling_qwen3_vl/vision_model.py:191, 195, 372), which a capturing stream forbids. Had it
+    # captured, replays skip Python (full_cuda_graph.py:241) and read the data before the forward
+    # step (:203), so our counting forward step would record 0 tokens on every steady step.
+    # Every model this engine builds goes through that step.
+    if spec.engine == "megatron" and spec.cuda_graph.impl is CudaGraphImpl.full_iteration:
+        yield Violation(
+            ("cuda_graph",),
+            "full-iteration CUDA graphs cannot be captured around the Qwen3-VL forward step (it reads "
+            "sequence lengths and image grids back to the host), and replays would bypass the token count.",
+            "use cuda_graph=te_moe with parallelism=3d, or cuda_graph=none.",
+        )

@@ -12,19 +12,28 @@ from moe_vlm.rules.catalogue import (
 from moe_vlm.schema import (
     FlexBackend,
 )
-from moe_vlm.spec import RunSpec
+from moe_vlm.spec import Layout, RunSpec
+
+
+def etp_replaceable_by_ep(layout: Layout, num_experts: int) -> int | None:
+    """The EP that could replace EP x ETP (ETP > 1): it divides the experts and, with TP, stays
+    inside the NVLink domain. None when ETP is 1 or EP alone would not fit. The advisor uses it too."""
+    wider_ep = layout.ep * layout.etp
+    if (
+        layout.etp > 1
+        and wider_ep > 0
+        and num_experts % wider_ep == 0
+        and wider_ep * layout.tp <= layout.nvlink_domain_gpus
+    ):
+        return wider_ep
+    return None
 
 
 @rule("W001", Level.warning, "ETP > 1 where EP alone would fit")
 def _etp_not_needed(spec: RunSpec) -> Iterator[Violation]:
     lay = spec.layout
-    wider_ep = lay.ep * lay.etp
-    if (
-        lay.etp > 1
-        and wider_ep > 0
-        and spec.model.num_experts % wider_ep == 0
-        and wider_ep * lay.tp <= lay.nvlink_domain_gpus
-    ):
+    wider_ep = etp_replaceable_by_ep(lay, spec.model.num_experts)
+    if wider_ep is not None:
         yield Violation(
             ("etp", "ep"),
             f"ETP={lay.etp} adds communication and tuning surface, and EP={wider_ep} alone would fit.",

@@ -5,12 +5,12 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 
-from moe_vlm.engines.bridge_fields import effective_sequence_parallel
 from moe_vlm.rules.catalogue import (
     Level,
     Violation,
     rule,
 )
+from moe_vlm.schema import Engine
 from moe_vlm.spec import RunSpec
 
 
@@ -52,21 +52,19 @@ def _experts_ep(spec: RunSpec) -> Iterator[Violation]:
 
 @rule("L004", Level.error, "decoder layers split evenly over PP x VP stages")
 def _layers_pp_vp(spec: RunSpec) -> Iterator[Violation]:
-    lay = spec.layout
-    par = spec.parallelism
-    first, last = par.first_stage_layers, par.last_stage_layers
-    middle_stages = lay.pp - (first > 0) - (last > 0)
-    middle_layers = spec.model.num_layers - first - last
+    lay, split = spec.layout, spec.pipeline
+    first, last = split.first, split.last
+    middle_stages, middle_layers = split.middle_stages, split.middle_layers
     if lay.pp < 1 or lay.vp < 1:
         return
-    if middle_stages < 0 or (middle_stages == 0 and middle_layers != 0) or middle_layers < 0:
+    if not split.fits:
         yield Violation(
             ("parallelism.first_stage_layers", "parallelism.last_stage_layers", "pp"),
             f"first/last stage layers ({first}/{last}) do not fit {spec.model.num_layers} layers over PP={lay.pp}.",
             "lower first_stage_layers/last_stage_layers or raise pp.",
         )
         return
-    if middle_stages > 0 and middle_layers % (middle_stages * lay.vp):
+    if not split.even:
         uneven = " (after the first/last stage layers)" if first or last else ""
         yield Violation(
             ("pp", "vp"),
@@ -114,7 +112,7 @@ def _seq_cp(spec: RunSpec) -> Iterator[Violation]:
     if lay.cp < 1 or lay.tp < 1:
         return
     multiple = 2 * lay.cp if lay.cp > 1 else 1
-    if spec.engine == "megatron" and lay.tp > 1 and effective_sequence_parallel(spec):
+    if spec.engine is Engine.megatron and spec.sequence_parallel:
         multiple = math.lcm(multiple, lay.tp * lay.cp)
     if multiple > 1 and spec.seq_length % multiple:
         yield Violation(
@@ -136,11 +134,15 @@ def _vp_needs_pp(spec: RunSpec) -> Iterator[Violation]:
 def _ep_tp_sp(spec: RunSpec) -> Iterator[Violation]:
     lay = spec.layout
     if lay.ep > 1 and lay.tp > 1 and not spec.parallelism.sequence_parallel:
-        forced = spec.model.arch == "qwen3_vl_moe"
+        arch = spec.arch_profile
         yield Violation(
             ("parallelism.sequence_parallel", "tp", "ep"),
             "Megatron says sequence parallelism must be used when expert and tensor parallelism are combined"
-            + (" (the Qwen3-VL-MoE provider turns it on for TP > 1)." if forced else " (it only warns)."),
+            + (
+                f" (the {arch.title} provider turns it on for TP > 1)."
+                if arch.provider_forces_sp
+                else " (it only warns)."
+            ),
             "set parallelism.sequence_parallel=true.",
         )
 
@@ -169,7 +171,7 @@ def _ranks_per_gpu(spec: RunSpec) -> Iterator[Violation]:
 
 @rule("L012", Level.warning, "sequence parallelism without TP does nothing (MB TransformerConfig.finalize)")
 def _sp_without_tp(spec: RunSpec) -> Iterator[Violation]:
-    if spec.parallelism.sequence_parallel and spec.layout.tp == 1 and spec.engine == "megatron":
+    if spec.parallelism.sequence_parallel and spec.layout.tp == 1 and spec.engine is Engine.megatron:
         yield Violation(
             ("parallelism.sequence_parallel",),
             "sequence_parallel=true with TP=1 has no effect (Megatron Bridge turns it off).",
@@ -180,12 +182,15 @@ def _sp_without_tp(spec: RunSpec) -> Iterator[Violation]:
 @rule("L013", Level.error, "Qwen3-VL deepstack layers sit on the first pipeline stage (MB Qwen3VLModel)")
 def _deepstack_first_stage(spec: RunSpec) -> Iterator[Violation]:
     # Qwen3VLModel asserts, when it builds the first stage, that the first model chunk holds at
-    # least as many decoder layers as there are deepstack feature levels.
+    # least as many decoder layers as there are deepstack feature levels
+    # (megatron/bridge/models/qwen_vl/modelling_qwen3_vl/model.py:359-362).
     lay, model = spec.layout, spec.model
     deepstack = len(model.vision_deepstack_layers)
-    if spec.engine != "megatron" or model.arch != "qwen3_vl_moe" or not deepstack or lay.pp < 1 or lay.vp < 1:
+    if spec.engine is not Engine.megatron or not spec.arch_profile.deepstack or not deepstack:
         return
-    first_stage = spec.parallelism.first_stage_layers or model.num_layers // lay.pp
+    if lay.pp < 1 or lay.vp < 1 or not spec.pipeline.fits:  # L004 says why the split is broken
+        return
+    first_stage = spec.stage_layer_counts[0]
     first_chunk = first_stage // lay.vp
     if first_chunk < deepstack:
         yield Violation(
@@ -194,4 +199,21 @@ def _deepstack_first_stage(spec: RunSpec) -> Iterator[Violation]:
             f"levels {model.name} injects there.",
             f"give the first stage at least {deepstack * lay.vp} layers (parallelism.first_stage_layers) or "
             "lower pp/vp.",
+        )
+
+
+@rule("L014", Level.error, "Qwen3-VL-MoE builds no interleaved pipeline stages (MB provider)")
+def _vp_qwen3vl_moe(spec: RunSpec) -> Iterator[Violation]:
+    # Qwen3VLMoEModelProvider.provide never passes vp_stage to Qwen3VLModel
+    # (megatron/bridge/models/qwen_vl/qwen3_vl_provider.py:322-331), and with VP set Megatron Core
+    # asserts "vp_stage must be provided" while building the layers
+    # (megatron/core/transformer/transformer_layer.py:116-119, 189-192). The Qwen3.5 provider
+    # passes it (qwen35_vl_provider.py:428-437).
+    lay = spec.layout
+    if spec.engine is Engine.megatron and spec.model.arch == "qwen3_vl_moe" and lay.pp > 1 and lay.vp > 1:
+        yield Violation(
+            ("vp",),
+            f"vp={lay.vp}: Megatron Bridge's Qwen3-VL-MoE provider does not pass the virtual pipeline stage "
+            f"to the model, so building {spec.model.name} with VP > 1 fails at start-up.",
+            "set vp=1 (more pp, or parallelism.first_stage_layers / last_stage_layers, balance the stages).",
         )

@@ -7,6 +7,7 @@ from collections.abc import Iterator
 from moe_vlm.memory import (
     GPU_ESTIMATE_UNCERTAINTY,
     THIN_HEADROOM_FRACTION,
+    Fit,
     MemoryEstimate,
     estimate,
     fits_after,
@@ -43,14 +44,20 @@ def _over_capacity(found: MemoryEstimate) -> float:
     return found.total_gib / found.capacity_gib - 1
 
 
+def describe_fit(fit: Fit) -> str:
+    """A memory change as the fix says it: its overrides and the peak predicted after it."""
+    found = fit.estimate
+    return f"{fit.variant.overrides} (predicted {found.total_gib:.1f} GiB of {found.capacity_gib:.1f})"
+
+
 def _does_not_fit(spec: RunSpec, found: MemoryEstimate, hedge: str) -> Violation:
-    change = fits_after(spec)
+    fit = fits_after(spec)
     return Violation(
         ("mbs", "recompute", "nodes"),
         f"predicted peak {found.total_gib:.1f} GiB per GPU > GPU memory {found.capacity_gib:.1f} GiB on "
         f"{spec.cluster.name}{hedge} (largest: {_largest_terms(found)} GiB; see the memory section of "
         "dry_run=true).",
-        f"{change}." if change else "add nodes (more FSDP/EP sharding), raise pp, or lower seq_length.",
+        f"{describe_fit(fit)}." if fit else "add nodes (more FSDP/EP sharding), raise pp, or lower seq_length.",
     )
 
 

@@ -15,7 +15,10 @@ the real ConfigContainer the engine would run and let the engine judge it:
 Then: a configuration we accept is never rejected by the engine, and a configuration one of our
 engine rules rejects is rejected by it. Rules that are ours alone (measurement hygiene, the torch
 engine's limits, knobs the engine would ignore) may reject what the engine accepts: they are
-counted and listed as "stricter than the engine", never as agreement.
+counted and listed as "stricter than the engine", never as agreement. Rules that reject what the
+engine's pre-flight accepts but its run crashes on (graph capture, model build, the first step)
+are counted on a line of their own, with where the run would crash; tests/megatron/
+test_first_contact.py runs the library code behind each on CPU.
 """
 
 from __future__ import annotations
@@ -64,6 +67,7 @@ class Documented:
     module: str  # importable module whose source holds `text`
     text: str
     rejects: Callable[[Any], bool]  # the documented condition, read off the engine's config
+    crashes_at: str = ""  # run-time rules: where the run would crash
 
 
 def _model(cfg: Any) -> Any:
@@ -167,6 +171,56 @@ ON_DEVICE = {
     ),
 }
 
+
+def _builds_qwen3vl_model(cfg: Any) -> bool:
+    """Both MoE providers build Qwen3VLModel (test_first_contact checks their provide())."""
+    return type(cfg.model).__name__ in ("Qwen3VLMoEModelProvider", "Qwen35VLMoEModelProvider")
+
+
+def _te_graphs_capture_layers(cfg: Any) -> bool:
+    """TE per-layer graphs with a scope that selects MoE or attention layers (cuda_graphs.py _layer_is_graphable)."""
+    modules = _graph_modules(cfg)
+    return cfg.model.cuda_graph_impl == "transformer_engine" and (
+        not modules or bool(modules & {"attn", "moe", "moe_router", "moe_preprocess"})
+    )
+
+
+# Rules the engine's pre-flight cannot see: the configuration builds and validates, then the run
+# crashes. Each condition is read off the engine's config; the text is where the library says why.
+RUN_TIME = {
+    "F005": Documented(
+        "megatron.bridge.training.train",
+        "return not use_megatron_fsdp and use_distributed_optimizer and overlap_param_gather",
+        lambda cfg: (
+            bool(cfg.ddp.use_megatron_fsdp)
+            and cfg.ddp.data_parallel_sharding_strategy != "no_shard"
+            and _te_graphs_capture_layers(cfg)
+        ),
+        "CUDA-graph capture (TE refuses the layers Megatron FSDP hooks)",
+    ),
+    "G012": Documented(
+        "megatron.bridge.models.qwen_vl.qwen3_vl_step",
+        "max_seqlen_in_batch = seqlens_in_batch.max().item()",
+        lambda cfg: cfg.model.cuda_graph_impl == "full_iteration" and _builds_qwen3vl_model(cfg),
+        "full-iteration graph capture (host syncs in the Qwen3-VL step)",
+    ),
+    "D008": Documented(
+        "megatron.core.pipeline_parallel.combined_1f1b",
+        '"build_schedule_plan", return_model_obj=True',
+        lambda cfg: bool(cfg.model.overlap_moe_expert_parallel_comm) and _builds_qwen3vl_model(cfg),
+        "step 1 (Qwen3VLModel has no build_schedule_plan)",
+    ),
+    "L014": Documented(
+        "megatron.core.transformer.transformer_layer",
+        "vp_stage must be provided if virtual pipeline model parallel size is set",
+        lambda cfg: (
+            type(cfg.model).__name__ == "Qwen3VLMoEModelProvider"
+            and cfg.model.virtual_pipeline_model_parallel_size is not None
+        ),
+        "model build (the Qwen3-VL-MoE provider drops vp_stage)",
+    ),
+}
+
 # Engine edge cases beyond the rule cases: layouts, packing, graphs, and their combinations.
 GB = ("engine=megatron", "dry_run=true", "cluster=gb200", "model=qwen3_vl_30b_a3b")
 B2 = ("engine=megatron", "dry_run=true", "cluster=b200", "model=qwen3_vl_30b_a3b")
@@ -202,6 +256,16 @@ EXTRA: list[tuple[str, ...]] = [
     ("engine=megatron", "dry_run=true", "cluster=h100", "model=qwen3_vl_30b_a3b", "nodes=2", "parallelism=3d",
      "pp=2", "vp=12", "ep=8"),
     ("engine=megatron", "dry_run=true", "cluster=h200", "model=qwen3_vl_30b_a3b", "dispatcher=deepep"),
+    # Run-time crashes and their boundaries.
+    (*B2, "parallelism=3d", "cuda_graph=te_moe"),
+    (*B2, "parallelism.sharding_strategy=no_shard", "cuda_graph=te_moe"),
+    (*B2, "parallelism.sharding_strategy=optim", "cuda_graph=te_moe"),
+    (*B2, "parallelism=3d", "cuda_graph=full_iteration"),
+    (*B35, "parallelism=3d", "cuda_graph=te_moe"),
+    (*B35, "nodes=2", "parallelism=3d", "pp=2", "vp=2"),
+    (*B35, "dispatcher.overlap_moe_expert_parallel_comm=true"),
+    ("engine=megatron", "dry_run=true", "cluster=gb200", "model=qwen3_vl_235b_a22b", "nodes=16", "parallelism=3d",
+     "pp=4", "vp=2", "dispatcher=hybridep"),
 ]  # fmt: skip
 
 
@@ -242,7 +306,12 @@ class Verdict:
 
     @property
     def ours_engine(self) -> set[str]:
-        return self.ours & (set(ENGINE_CPU) | set(ON_DEVICE))
+        return self.ours & (set(ENGINE_CPU) | set(ON_DEVICE) | set(RUN_TIME))
+
+    @property
+    def crashes_only(self) -> bool:
+        """The engine's pre-flight and build checks pass; the run would crash later (RUN_TIME)."""
+        return self.engine_cpu is None and bool(self.engine_device) and self.engine_device <= set(RUN_TIME)
 
     def disagreement(self) -> str | None:
         if not self.ours and self.engine_rejects:
@@ -272,7 +341,11 @@ def judge(
             runtime_config_update(cfg)
     except Exception as exc:  # the engine's verdict: any error its pre-flight raises
         engine_cpu = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
-    device = set() if engine_cpu else {code for code, rule in ON_DEVICE.items() if rule.rejects(cfg)}
+    device = (
+        set()
+        if engine_cpu
+        else {code for code, rule in {**ON_DEVICE, **RUN_TIME}.items() if rule.rejects(cfg)}
+    )
     # What the engine will actually run: the table's values must survive its own finalisation.
     rewritten = [] if engine_cpu else check_overrides(cfg, spec)
     return Verdict(name, overrides, ours, engine_cpu, device, rewritten)
@@ -280,7 +353,7 @@ def judge(
 
 @needs_stack
 def test_device_rules_are_stated_where_we_cite_them() -> None:
-    for code, rule in ON_DEVICE.items():
+    for code, rule in {**ON_DEVICE, **RUN_TIME}.items():
         spec = importlib.util.find_spec(rule.module)
         if spec is None or spec.origin is None:
             pytest.skip(f"{rule.module} not installed")
@@ -291,7 +364,8 @@ def test_device_rules_are_stated_where_we_cite_them() -> None:
 
 def test_classified_codes_exist() -> None:
     codes = {r.code for r in CATALOGUE}
-    assert set(ENGINE_CPU) <= codes and set(ON_DEVICE) <= codes
+    assert set(ENGINE_CPU) <= codes and set(ON_DEVICE) <= codes and set(RUN_TIME) <= codes
+    assert all(rule.crashes_at for rule in RUN_TIME.values())
 
 
 @needs_stack
@@ -303,9 +377,10 @@ def test_catalogue_agrees_with_the_engine(recipes: RecipeCache, engine_environme
     verdicts = [judge(recipes, engine_environment, *case) for case in megatron]
     disagreements = [(v, v.disagreement()) for v in verdicts if v.disagreement()]
     accepted = sum(1 for v in verdicts if not v.ours and not v.engine_rejects)
-    rejected = sum(1 for v in verdicts if v.ours_engine and v.engine_rejects)
+    crashes = [v for v in verdicts if v.ours_engine and v.crashes_only]
+    rejected = sum(1 for v in verdicts if v.ours_engine and v.engine_rejects) - len(crashes)
     stricter = [v for v in verdicts if v.ours and not v.ours_engine and not v.engine_rejects]
-    both_other = len(verdicts) - accepted - rejected - len(stricter) - len(disagreements)
+    both_other = len(verdicts) - accepted - rejected - len(crashes) - len(stricter) - len(disagreements)
     torch_runs = len(specs) - len(verdicts)
     REPORT.append(
         f"agreement: {len(verdicts) - len(disagreements)}/{len(verdicts)} engine=megatron configurations "
@@ -313,9 +388,16 @@ def test_catalogue_agrees_with_the_engine(recipes: RecipeCache, engine_environme
     )
     REPORT.append(
         f"  {accepted} accepted by both; {rejected} rejected by our engine rules and by the engine; "
+        f"{len(crashes)} rejected by our rules where the engine would start and crash at run time; "
         f"{both_other} rejected by our own rules and by the engine; {len(stricter)} rejected only by our "
         "own rules (stricter by design)"
     )
+    crash_codes = sorted({code for v in crashes for code in v.engine_device})
+    for code in crash_codes:
+        count = sum(1 for v in crashes if code in v.engine_device)
+        REPORT.append(
+            f"rejected: the run would crash at {RUN_TIME[code].crashes_at}: {code}, {count} configurations"
+        )
     both_other_codes = sorted(
         {code for v in verdicts if not v.ours_engine and v.ours and v.engine_rejects for code in v.ours}
     )
@@ -332,4 +414,6 @@ def test_catalogue_agrees_with_the_engine(recipes: RecipeCache, engine_environme
     assert not disagreements, f"{len(disagreements)} disagreement(s):\n{detail}"
     assert not rewrites, "the engine's pre-flight changed table values:\n" + "\n".join(rewrites)
     # Every engine rule was exercised by at least one configuration the engine rejects.
-    assert set(ENGINE_CPU) | set(ON_DEVICE) <= set(engine_codes_seen)
+    assert set(ENGINE_CPU) | set(ON_DEVICE) | set(RUN_TIME) <= set(engine_codes_seen)
+    # Every run-time rule met a configuration that only the crash would have rejected.
+    assert set(RUN_TIME) <= set(crash_codes)

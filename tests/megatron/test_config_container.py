@@ -112,6 +112,9 @@ def test_every_table_field_exists(recipes: RecipeCache) -> None:
             in (
                 "dataset.path",
                 "dataset.micro_batch_size",
+                "dataset.enable_in_batch_packing",
+                "dataset.defer_in_batch_packing_to_step",
+                "dataset.pad_to_max_length",
             )
             else cfg
         )

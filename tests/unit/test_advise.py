@@ -133,3 +133,92 @@ def test_bad_input_is_one_line_exit_2(
 def test_cli_dispatches_advise(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli_main(["advise", "goal=nope"]) == 2
     assert "goal=nope" in capsys.readouterr().err
+
+
+# --- the per-platform playbooks (moe_vlm/advise/playbook.py) -------------------------------------
+
+
+def playbook_section(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
+    code, out, _ = advise(capsys, *argv)
+    assert code == 0
+    return out.split("platform playbook:", 1)[1]
+
+
+def sweep_points(line: str) -> list[list[str]]:
+    """Every point of a printed command (`-m` with `key=a,b` axes, or one run)."""
+    args = shlex.split(line)[2:]
+    points: list[list[str]] = [[]]
+    for arg in args:
+        if arg == "-m":
+            continue
+        key, value = arg.split("=", 1)
+        values = value.split(",") if "," in value and not value.startswith("[") else [value]
+        points = [[*p, f"{key}={v}"] for p in points for v in values]
+    return points
+
+
+@pytest.mark.parametrize(
+    ("cluster", "model", "goal"),
+    [
+        ("gb300", "qwen3_vl_235b_a22b", "bring-up"),
+        ("gb200", "qwen35_vl_35b_a3b", "bring-up"),
+        ("b300", "qwen3_vl_30b_a3b", "peak-throughput"),
+        ("b200", "qwen3_vl_30b_a3b", "bring-up"),
+        ("h100", "qwen3_vl_30b_a3b", "bring-up"),
+        ("h200", "qwen35_vl_35b_a3b", "peak-throughput"),
+    ],
+)
+def test_playbook_commands_compose_and_validate(
+    capsys: pytest.CaptureFixture[str], cluster: str, model: str, goal: str
+) -> None:
+    nodes = "16" if model == "qwen3_vl_235b_a22b" else "2"
+    section = playbook_section(
+        capsys, f"model={model}", f"cluster={cluster}", f"nodes={nodes}", f"goal={goal}"
+    )
+    lines = [line.strip() for line in section.splitlines()]
+    found = [line for line in lines if line.startswith("python train.py ")]
+    assert found, section
+    for line in found:
+        for point in sweep_points(line):
+            spec = compose_spec(point)
+            assert spec.cluster.name == cluster
+            assert not errors(validate(spec)), (point, [f.line() for f in errors(validate(spec))])
+        assert "precision" not in line, "precision is advice in words: no such knob"
+    # Every piece of advice and every variable names its source.
+    advice = [line for line in section.splitlines() if line.startswith("  [")]
+    topics = {a.split("]")[0] + "]" for a in advice}
+    assert {"  [dispatcher]", "  [precision]", "  [CUDA graphs]", "  [environment]"} <= topics
+    for line in advice:
+        assert line.rstrip().endswith((")", ":")), line
+    for line in section.splitlines():
+        if line.startswith("    ") and "=" in line.split()[0] and not line.strip().startswith("python"):
+            assert line.rstrip().endswith(")"), f"a variable without its source: {line}"
+
+
+def test_gb300_playbook_never_offers_deepep_and_b300_does(capsys: pytest.CaptureFixture[str]) -> None:
+    gb300 = playbook_section(capsys, "model=qwen3_vl_30b_a3b", "cluster=gb300", "nodes=2", "goal=bring-up")
+    assert "DeepEP cannot run on GB200/GB300" in gb300 and "rule D001" in gb300
+    assert not any("deepep" in line for line in commands(gb300))
+    assert "set by Bridge's perf recipe qwen3_vl_30b_a3b_pretrain_8gpu_gb300_bf16_config" in gb300
+    assert "NUM_OF_HYBRID_EP_RANKS_PER_NVLINK_DOMAIN=8 " in gb300 and "NVLINK_DOMAIN_SIZE=72 " in gb300
+    b300 = playbook_section(capsys, "model=qwen3_vl_30b_a3b", "cluster=b300", "nodes=2", "goal=bring-up")
+    assert "B300: no playbook of its own" in b300
+    ab = [line for line in commands(b300) if "dispatcher=alltoall,deepep,hybridep" in line]
+    assert ab and ab[0].startswith("python train.py -m ")
+    # Qwen3-VL on B300 starts from the general recipe: the perf recipes' variables are the user's.
+    assert "Bridge's general recipe sets none: put them in the site file's setup lines" in b300
+    assert "NCCL_IGNORE_CPU_AFFINITY=1" in b300
+
+
+def test_graph_advice_on_fsdp_points_to_the_3d_candidate(capsys: pytest.CaptureFixture[str]) -> None:
+    section = playbook_section(
+        capsys, "model=qwen3_vl_235b_a22b", "cluster=gb200", "nodes=16", "goal=bring-up"
+    )
+    graphs = section.split("[CUDA graphs] Qwen3-VL", 1)[1].splitlines()[1]
+    # Megatron FSDP and TE graphs do not mix (F005): the command comes from the 3D candidate.
+    assert "cuda_graph=te_moe" in graphs or "the 3D candidate already has" in graphs, graphs
+
+
+def test_no_playbook_on_the_local_cpu(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = advise(capsys, "goal=bring-up")
+    assert code == 0 and "platform playbook" not in out

@@ -93,6 +93,7 @@ BAD_INPUT = {
     "unknown nested key": (["model.hidden=3"], ["model.hidden", "hidden_size"]),
     "wrong type": (["mbs=abc"], ["mbs", "Integer"]),
     "bad enum": (["engine=gpu"], ["engine", "auto, torch, megatron"]),
+    "bad family": (["parallelism.family=2d"], ["parallelism.family", "fsdp, 3d"]),  # was rule C002
     "bad sweep value": (["-m", "mbs=1,x"], ["mbs", "Integer"]),
     "added key": (["+foo=1"], ["foo", "unknown key"]),
     "zero size": (["mbs=0"], ["C001", "mbs"]),

@@ -90,7 +90,8 @@ def _check_batch_consistency(batch: Batch, spec: RunSpec) -> None:
     assert s.image_tokens == int((batch.input_ids == IMAGE).sum()) == int(batch.mm_token_type_ids.sum())
     assert s.images == int((batch.input_ids == START).sum()) == int((batch.input_ids == END).sum())
     assert s.vision_marker_tokens == 2 * s.images
-    assert s.loss_tokens == int((batch.labels != IGNORE_INDEX).sum())
+    # HF and Megatron predict labels[t] from position t - 1: a row's first label never carries loss.
+    assert s.loss_tokens == int((batch.labels[:, 1:] != IGNORE_INDEX).sum())
     assert (batch.labels[batch.mm_token_type_ids == 1] == IGNORE_INDEX).all()
     assert (batch.input_ids[batch.attention_mask == 0] == PAD).all()
     assert (batch.labels[batch.attention_mask == 0] == IGNORE_INDEX).all()
@@ -194,7 +195,8 @@ def test_packing_shares_rows_and_masks_the_boundary(tiny: RunSpec) -> None:
     assert batch.stats.sequences == 2 and batch.stats.samples == 3
     assert batch.stats.real_tokens == 120 and batch.stats.padded_tokens == 200
     assert batch.labels[0, 30] == IGNORE_INDEX  # the second packed sample is not predicted from the first
-    assert batch.stats.loss_tokens == 120 - 1
+    # 120 real tokens, less the masked boundary label and each row's first label (rows 0 and 1).
+    assert batch.stats.loss_tokens == 120 - 1 - 2
     assert batch.stats.sum_seq_len_squared == 70**2 + 50**2  # the torch engine attends over the whole row
 
 

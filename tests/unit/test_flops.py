@@ -11,6 +11,7 @@ from functools import cache
 
 import pytest
 
+from moe_vlm.arch import is_full_attention
 from moe_vlm.flops import (
     Workload,
     attention_projection_flops_per_token,
@@ -23,6 +24,7 @@ from moe_vlm.flops import (
     step_flops,
     vision_encoder_forward,
 )
+from moe_vlm.memory import param_counts
 from moe_vlm.spec import RunSpec
 from tests.conftest import make_spec
 
@@ -249,3 +251,35 @@ def test_qwen35_hybrid_layers() -> None:
     one = decoder_forward(model, text_only([1], 1), model.vocab_size)
     assert one.moe_routed + one.moe_shared == 40 * 56_623_104
     assert one.gdn_weight == 30 * 67_436_544
+
+
+@pytest.mark.parametrize(
+    "name", ["tiny_moe_vlm", "qwen3_vl_30b_a3b", "qwen3_vl_235b_a22b", "qwen35_vl_35b_a3b"]
+)
+def test_flops_and_parameter_counts_agree_on_the_shape(name: str) -> None:
+    """A token's weight FLOPs are 2 per active matmul weight the memory estimate counts.
+
+    Active matmul weights per layer = the layer's parameters minus what does no matmul (2 RMSNorms,
+    q/k norms or the Gated DeltaNet's A_log, dt_bias and gated norm, the router and the shared
+    expert gate, which Megatron's FLOP formula leaves out), with top_k of the routed experts.
+    """
+    model = spec(f"model={name}").model
+    counts = param_counts(model)
+    h = model.hidden_size
+    active = 0.0
+    for index, layer in enumerate(counts.layers):
+        if is_full_attention(model, index):
+            mixer_extra = 2 * model.head_dim
+        else:
+            mixer_extra = 2 * model.linear_num_value_heads + model.linear_value_head_dim
+        moe_extra = (
+            0
+            if index < model.num_dense_layers
+            else model.num_experts * h + (h if model.num_shared_experts else 0)
+        )
+        routed = layer.experts * model.moe_top_k / model.num_experts if layer.experts else 0
+        active += layer.dense - 2 * h - mixer_extra - moe_extra + routed
+    forward = decoder_forward(model, text_only([1], 1), model.vocab_size)
+    weight = forward.as_forward().weight - forward.logits
+    assert weight == pytest.approx(2 * active, rel=1e-12)
+    assert forward.logits == 2 * counts.lm_head or counts.lm_head == 0

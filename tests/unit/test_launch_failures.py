@@ -73,6 +73,20 @@ CASES = {
         134,
         6,
     ),
+    # The job environment lacks a module: the canary's line, or a run's own import.
+    "stack": (
+        TRACEBACK.replace("ValueError: bad", "ModuleNotFoundError: No module named 'deep_ep'"),
+        None,
+        1,
+        None,
+    ),
+    "stack-canary": ("moe_vlm canary: FAILED: CanaryFailed: engine=megatron: ...", None, 1, None),
+    "stack-engine": (
+        "moe_vlm: error: engine=megatron: the run would import 1 thing(s) that fail here: from deep_ep ...",
+        None,
+        2,
+        None,
+    ),
     "python": (TRACEBACK, None, 1, None),
     "unknown": ("all good until it was not", None, 3, None),
 }

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -117,3 +118,79 @@ def test_parse_scontrol_covers_plain_jobs_and_array_ranges() -> None:
 def test_parse_sacct() -> None:
     states = slurm.parse_sacct("12|TIMEOUT|0:0\n12.batch|CANCELLED|0:15\n13|CANCELLED by 0|0:9\n")
     assert states["12"].state == "TIMEOUT" and states["13"].state == "CANCELLED" and "12.batch" not in states
+
+
+def test_every_job_runs_offline_and_a_site_setup_line_may_say_otherwise() -> None:
+    settings = slurm.SlurmSettings(setup=["export HF_HUB_OFFLINE=0"])
+    spec = make_spec("cluster=local")
+    resolved = slurm.checked(settings, spec)
+    point = slurm.point_parameters(slurm.job_parameters(resolved, spec), Path("/s/p"), "python3")
+    canary = slurm.canary_parameters(resolved, spec, Path("/s/canaries/c"))
+    for script in (
+        slurm.render_sbatch(point, "/s/.submitit/%j", "python3"),
+        slurm.render_sbatch(canary, "/s/canaries/c", "python3", slurm.canary_command("python3", [])),
+    ):
+        lines = script.splitlines()
+        srun = next(i for i, line in enumerate(lines) if line.startswith("srun "))
+        hub, transformers, site_line = (
+            lines.index("export HF_HUB_OFFLINE=1"),
+            lines.index("export TRANSFORMERS_OFFLINE=1"),
+            lines.index("export HF_HUB_OFFLINE=0"),
+        )
+        # Exported before srun (the tasks inherit them), and before the site's own lines.
+        assert hub < transformers < site_line < srun
+
+
+def test_points_wait_on_their_canary_and_slurm_cancels_them_when_it_fails() -> None:
+    p = params(slurm.SlurmSettings(), "cluster=local")
+    script = slurm.render_sbatch(slurm.point_parameters(p, Path("/s/p"), "python3", "42"), "/s/x", "python3")
+    assert "#SBATCH --dependency=afterok:42" in script and "#SBATCH --kill-on-invalid-dep=yes" in script
+    unguarded = slurm.render_sbatch(slurm.point_parameters(p, Path("/s/p"), "python3"), "/s/x", "python3")
+    assert "--dependency" not in unguarded and "--kill-on-invalid-dep" not in unguarded
+    # A site that wants held points kept (to re-point their dependency by hand) says so once.
+    kept = params(slurm.SlurmSettings(additional_parameters={"kill-on-invalid-dep": "no"}), "cluster=local")
+    script = slurm.render_sbatch(
+        slurm.point_parameters(kept, Path("/s/p"), "python3", "42"), "/s/x", "python3"
+    )
+    assert script.count("--kill-on-invalid-dep") == 1 and "#SBATCH --kill-on-invalid-dep=no" in script
+
+
+def test_the_canary_runs_one_short_task_in_the_points_environment() -> None:
+    spec = make_spec("cluster=gb200", "model=qwen3_vl_30b_a3b", "nodes=4")
+    settings = slurm.checked(
+        dataclasses.replace(
+            GB200,
+            container_image="nvcr.io#nvidia/nemo:25.09",
+            container_mounts=["/lustre:/lustre"],
+            partition="batch",
+            account="acct",
+            setup=["module load nccl"],
+            canary_timeout_min=7,
+        ),
+        spec,
+    )
+    point = slurm.render_sbatch(
+        slurm.point_parameters(slurm.job_parameters(settings, spec), Path("/s/p"), "python"), "/s/x", "python"
+    )
+    command = slurm.canary_command("python", ["model=qwen3_vl_30b_a3b", "data.path=/a b"])
+    canary = slurm.render_sbatch(
+        slurm.canary_parameters(settings, spec, Path("/s/canaries/c")), "/s/canaries/c", "python", command
+    )
+    # Same partition, account, node shape and container as the points ...
+    for line in (
+        "#SBATCH --partition=batch",
+        "#SBATCH --account=acct",
+        "#SBATCH --exclusive",
+        "#SBATCH --gpus-per-node=4",
+        "module load nccl",
+    ):
+        assert line in point and line in canary, line
+    point_srun, canary_srun = slurm.srun_line(point), slurm.srun_line(canary)
+    for arg in ("--container-image=nvcr.io#nvidia/nemo:25.09", "--container-mounts=/lustre:/lustre"):
+        assert arg in point_srun and arg in canary_srun
+    # ... but one node, one task, its own short limit, never requeued, never segmented.
+    assert "#SBATCH --nodes=1" in canary and "#SBATCH --ntasks-per-node=1" in canary
+    assert "#SBATCH --time=7" in canary and "--requeue" not in canary and "--segment" not in canary
+    assert canary_srun.endswith("python -u -m moe_vlm.launch.canary model=qwen3_vl_30b_a3b 'data.path=/a b'")
+    # The batch script, outside the container, leaves the verdict even if python never starts.
+    assert 'echo "$moe_vlm_rc" > /s/canaries/c/"$SLURM_JOB_ID".rc' in canary

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from moe_vlm.launch import points
-from moe_vlm.launch.status import collect, main, progress_bar
+from moe_vlm.launch.status import collect, main, progress_bar, snapshot
 
 
 def point(sweep: Path, name: str, run: dict | None = None, job_id: str | None = None) -> Path:
@@ -81,3 +81,61 @@ def test_slurm_is_asked_once_per_refresh_not_per_job(tmp_path: Path, monkeypatch
     collect(root, record=False)
     assert 1 <= len(calls) <= 2, calls  # scontrol for all jobs, then sacct once for those it forgot
     assert calls[0][:3] == ["scontrol", "--oneliner", "show"]
+
+
+CANARY_ERR = """\
+Traceback (most recent call last):
+  File "/work/moe_vlm/launch/canary.py", line 40, in compose_spec
+ModuleNotFoundError: No module named 'submitit'
+moe_vlm canary: FAILED: ModuleNotFoundError: No module named 'submitit'
+srun: error: localhost: task 0: Exited with exit code 1
+"""
+
+
+def held_sweep(root: Path, rc: str, err: str = "", out: str = "") -> Path:
+    """A sweep whose canary (job 7) ended with exit status `rc` and one point (job 8) held behind it."""
+    canary = root / points.CANARIES / "local-0"
+    canary.mkdir(parents=True)
+    (canary / "7_0_log.err").write_text(err)
+    (canary / "7_0_log.out").write_text(out)
+    (canary / "7.rc").write_text(rc + "\n")
+    record = {
+        "job_id": "7",
+        "cluster": "local",
+        "container_image": None,
+        "point_ids": ["p"],
+        "dir": str(canary),
+    }
+    (canary / points.CANARY_JSON).write_text(json.dumps(record))
+    submission = {"job_id": "8", "executor": "slurm", "canary": {"job_id": "7", "dir": str(canary)}}
+    points.write_point(
+        root / "p", {"point_id": "p", "overrides": ["seed=1"], "submissions": [submission], "job_id": "8"}
+    )
+    return root / "p"
+
+
+def test_a_failed_canary_fails_the_points_it_held_with_class_stack_and_its_last_error_line(
+    sweep: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # No Slurm here (the fixture empties PATH): the canary's exit status file alone decides.
+    point_dir = held_sweep(sweep.parent / "held", "1", CANARY_ERR)
+    statuses, canaries = snapshot(point_dir.parent)
+    evidence = "moe_vlm canary: FAILED: ModuleNotFoundError: No module named 'submitit'"
+    assert [(c.job_id, c.state, c.detail) for c in canaries] == [("7", "failed", evidence)]
+    assert [(s.state, s.detail) for s in statuses] == [("failed", f"stack: {evidence}")]
+    failure = json.loads((point_dir / "run.json").read_text())
+    assert failure["status"] == "failed" and failure["failure"]["class"] == "stack"
+    assert failure["failure"]["evidence"] == evidence and failure["launch"]["canary_job_id"] == "7"
+    assert failure["failure"]["log_tail"][-2] == f"[canary] {evidence}"
+    assert main([str(point_dir.parent)]) == 0
+    assert f"canary job 7 (cluster=local, image (none)): failed: {evidence}" in capsys.readouterr().out
+
+
+def test_a_passed_canary_shows_its_summary_and_leaves_its_points_to_slurm(sweep: Path) -> None:
+    ok = (
+        "moe_vlm canary: ok in 6.7 s: cluster=local engine=torch: torch 2.14.1 and transformers 5.12.1 import"
+    )
+    point_dir = held_sweep(sweep.parent / "passed", "0", out=ok + "\n")
+    statuses, canaries = snapshot(point_dir.parent)
+    assert [(c.state, c.detail) for c in canaries] == [("passed", ok)]
+    assert statuses[0].state == "unknown" and not (point_dir / "run.json").exists()

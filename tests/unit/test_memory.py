@@ -21,7 +21,6 @@ from moe_vlm.memory import (
     SELECTIVE_DEFAULT,
     estimate,
     image_budget,
-    in_flight_micro_batches,
     megatron_stage,
     param_counts,
     patches_for_image,
@@ -128,6 +127,28 @@ def test_decoder_activations_per_token_by_hand() -> None:
     assert terms["pipeline_in_flight"] == terms["decoder_activations"]
 
 
+def test_memory_reads_sequence_parallelism_as_the_engine_runs_it() -> None:
+    """Bridge's Qwen3-VL-MoE provider runs SP whenever TP > 1, so the knob must not change the estimate.
+
+    It did: sequence_parallel=false gave decoder_activations 24.41 GiB (total 129.49), true 22.85
+    (127.85). With SP a layer keeps 124,804 B per token (test_decoder_activations_per_token_by_hand),
+    x 48 layers x 4096 tokens = 24,537,464,832 B = 22.85 GiB, whatever the knob says.
+    """
+    base = ["cluster=b200", "parallelism=3d", "model=qwen3_vl_30b_a3b", "tp=2"]
+    off = estimate(make_spec(*base, "parallelism.sequence_parallel=false"))
+    on = estimate(make_spec(*base, "parallelism.sequence_parallel=true"))
+    assert off.to_dict() == on.to_dict()
+    decoder = on.term("decoder_activations")
+    assert decoder is not None and decoder.bytes == 48 * 4096 * 124_804
+    assert round(decoder.gib, 2) == 22.85 and round(on.total_gib, 2) == 127.85
+    # Where no provider forces it, the knob still decides.
+    q35 = ["cluster=b200", "parallelism=3d", "model=qwen35_vl_35b_a3b", "tp=2"]
+    q35_off = estimate(make_spec(*q35)).gib_of("decoder_activations")
+    assert q35_off > estimate(make_spec(*q35, "parallelism.sequence_parallel=true")).gib_of(
+        "decoder_activations"
+    )
+
+
 def test_framework_overhead_is_constant_plus_fragmentation() -> None:
     terms = stage_terms(THREE_D, 0)
     allocated = sum(
@@ -197,11 +218,11 @@ def test_full_recompute_keeps_layer_inputs_and_one_layer() -> None:
 def test_pipeline_in_flight_micro_batches() -> None:
     big = ["cluster=b200", "model=qwen3_vl_235b_a22b", "nodes=8", "parallelism=3d", "pp=8", "data=mock"]
     split = ["parallelism.first_stage_layers=11", "parallelism.last_stage_layers=11"]
-    assert in_flight_micro_batches(make_spec(*big, *split)) == 8  # 1F1B: PP micro-batches
+    assert make_spec(*big, *split).in_flight_micro_batches == 8  # 1F1B: PP micro-batches
     # Interleaved: x (1 + (PP-1)/(PP x VP)) = 8 x (1 + 7/16) = 11.5 (Megatron theoretical_memory_usage)
-    assert in_flight_micro_batches(make_spec(*big, *split, "vp=2")) == 11.5
+    assert make_spec(*big, *split, "vp=2").in_flight_micro_batches == 11.5
     # GBS 32 = MBS 1 x DP 8 x 4 micro-batches: only 4 can be in flight.
-    assert in_flight_micro_batches(make_spec(*big, *split, "gbs=32")) == 4
+    assert make_spec(*big, *split, "gbs=32").in_flight_micro_batches == 4
 
 
 def test_deepep_buffer_by_hand() -> None:

@@ -255,15 +255,28 @@ def test_cpu_memory_plot_says_there_is_no_gpu_line(tmp_path: Path) -> None:
             ["{sweep}", "--compare", "bogus"],
             "unknown knob 'bogus' for --compare; allowed: model, parallelism",
         ),
-        (["{sweep}", "--baseline", "{empty}/missing.json"], "not a baseline file"),
+        (
+            ["{sweep}", "--baseline", "{empty}/missing.json"],
+            "missing.json: no such file; pass a file written",
+        ),
+        (["{sweep}", "--baseline", "{empty}/garbage.json"], "garbage.json: not a baseline file"),
+        (["{sweep}", "--baseline", "{empty}"], ": a directory; pass a file written by --save-baseline"),
         (["{sweep}", "--tolerance", "1.5"], "--tolerance 1.5: must be a fraction"),
         (["{sweep}", "--nope"], "unrecognized arguments: --nope"),
+        (["{sweep}", "--top", "0"], "argument --top: '0' is not a row count; use a whole number 1 or more"),
+        (["{sweep}", "--top", "ten"], "argument --top: 'ten' is not a row count"),
+        (["{empty}/nowhere"], "PATH {empty}/nowhere: no such file or directory; pass run directories"),
+        (["{sweep}", "{empty}/nowhere"], "PATH {empty}/nowhere: no such file or directory"),
+        (["{empty}/run*"], "PATH '{empty}/run*': the pattern matches nothing; pass run directories"),
+        (["{sweep}", "--out", "{empty}/garbage.json"], "garbage.json: not a directory; pass a directory"),
+        (["{sweep}", "--save-baseline", "{empty}"], "a directory; pass a file path, e.g. --save-baseline"),
     ],
 )
 def test_bad_input_is_one_line_exit_2(
     sweep: Path, tmp_path: Path, argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     before = sorted(p.name for p in sweep.iterdir())
+    (tmp_path / "garbage.json").write_text("not json")
     args = [a.format(empty=tmp_path, sweep=sweep) for a in argv]
     try:
         code = report.main(args)
@@ -273,8 +286,47 @@ def test_bad_input_is_one_line_exit_2(
     assert code == 2
     assert captured.out == ""
     lines = captured.err.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("moe-vlm report: error: ") and message in lines[0]
+    assert len(lines) == 1 and lines[0].startswith("moe-vlm report: error: ")
+    assert message.format(empty=tmp_path) in lines[0]
     assert sorted(p.name for p in sweep.iterdir()) == before  # nothing written
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["garbage.json"]
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (
+            ["--top", "0"],
+            "argument --top: '0' is not a row count; use a whole number 1 or more, e.g. --top 50",
+        ),
+        (["--top", "-3"], "argument --top: '-3' is not a row count; use a whole number 1 or more"),
+        (
+            ["{tmp}/gone"],
+            "PATH {tmp}/gone: no such file or directory; pass run directories, sweep directories",
+        ),
+        (
+            ["--baseline", "{tmp}/gone.json"],
+            "--baseline {tmp}/gone.json: no such file; pass a file written by",
+        ),
+    ],
+)
+def test_impossible_values_exit_2_from_the_console_script(
+    sweep: Path, tmp_path: Path, argv: list[str], message: str
+) -> None:
+    """The installed command, in a fresh process: one line on stderr, nothing on stdout, status 2."""
+    args = [a.format(tmp=tmp_path) for a in argv]
+    done = subprocess.run(
+        [str(REPO / ".venv" / "bin" / "moe-vlm"), "report", str(sweep), *args],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=120,
+    )
+    assert (done.returncode, done.stdout) == (2, "")
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("moe-vlm report: error: "), done.stderr
+    assert message.format(tmp=tmp_path) in lines[0]
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_console_script_reaches_report(tmp_path: Path) -> None:

@@ -18,7 +18,6 @@ BIG_FSDP = ["cluster=gb200", "model=qwen3_vl_235b_a22b", "nodes=16", "dispatcher
 # code -> (overrides that fire it, overrides that do not)
 CASES: dict[str, tuple[list[str], list[str]]] = {
     "C001": (["mbs=0"], []),
-    "C002": (["parallelism.family=2d"], []),
     "C003": (["train_iters=2", "warmup_steps=2"], ["train_iters=3", "warmup_steps=2"]),
     "C004": (
         ["vision_freeze=vision_projector", "vision_freeze.language=true"],
@@ -46,10 +45,17 @@ CASES: dict[str, tuple[list[str], list[str]]] = {
     "L012": ([*MEG, "parallelism.sequence_parallel=true"], MEG),
     # 94 layers over PP=8 with 2 on the first stage: fewer than the 3 deepstack levels.
     "L013": ([*BIG_3D, "parallelism.first_stage_layers=2"], [*BIG_3D, "parallelism.first_stage_layers=11"]),
+    # The Qwen3.5 provider passes vp_stage; the Qwen3-VL-MoE one does not.
+    "L014": (
+        [*MEG, "parallelism=3d", "pp=2", "vp=2"],
+        [*MEG, "parallelism=3d", "pp=2", "vp=2", "model=qwen35_vl_35b_a3b"],
+    ),
     "F001": ([*MEG, "parallelism.fsdp_version=2"], MEG),
     "F002": ([*MEG, "parallelism=3d", "parallelism.sharding_strategy=optim"], [*MEG, "parallelism=3d"]),
     "F003": ([*MEG, "pp=2"], MEG),
     "F004": ([*MEG, "tp=2"], MEG),
+    # Megatron FSDP hooks every TransformerLayer; 3D takes DDP's hooks off before capture.
+    "F005": ([*MEG, TE], [*MEG, "parallelism=3d", TE]),
     "D001": ([*GB200, "dispatcher=deepep"], [*MEG, "dispatcher=deepep"]),
     "D002": ([*MEG, "dispatcher=hybridep", "cluster.compute_capability=12.0"], [*MEG, "dispatcher=hybridep"]),
     "D003": ([*MEG, "dispatcher=deepep", "ep=1"], [*MEG, "dispatcher=deepep"]),
@@ -63,6 +69,8 @@ CASES: dict[str, tuple[list[str], list[str]]] = {
         [*MEG, "dispatcher=hybridep", "dispatcher.hybridep_nvlink_domain_size=72"],
         [*MEG, "dispatcher=hybridep"],
     ),
+    "D008": ([*MEG, "dispatcher.overlap_moe_expert_parallel_comm=true"], MEG),
+    "D009": ([*MEG, "router=forced_balance"], MEG),
     "G001": ([*MEG, TE, "cuda_graph.scope=[moe_router,bogus]"], [*MEG, TE]),
     "G002": ([*MEG, TE, "cuda_graph.impl=local"], [*MEG, "cuda_graph=full_iteration"]),
     "G003": ([*MEG, TE, "cuda_graph.scope=[moe,moe_router]"], [*MEG, TE]),
@@ -74,6 +82,7 @@ CASES: dict[str, tuple[list[str], list[str]]] = {
     "G009": ([*MEG, "cuda_graph=te_attn_moe"], [*MEG, TE]),
     "G010": ([*MEG, TE, "data.pack_sequences=true"], [*MEG, TE]),
     "G011": ([*MEG, "cuda_graph.scope=[attn]"], MEG),
+    "G012": ([*MEG, "cuda_graph=full_iteration"], [*MEG, "parallelism=3d", TE]),
     "R001": ([*MEG, "recompute=selective", "recompute.modules=[bogus]"], [*MEG, "recompute=selective"]),
     "R002": ([*MEG, "recompute=selective", "recompute.modules=[]"], [*MEG, "recompute=selective"]),
     # Full recompute warns only where selective is predicted to fit (30B on 8 x B200 does; the 235B
@@ -92,9 +101,13 @@ CASES: dict[str, tuple[list[str], list[str]]] = {
     ),
     "E009": (["model.num_shared_experts=1", "model.shared_expert_ffn_hidden_size=32"], []),
     "E010": (["data.num_workers=2"], [*MEG, "data.num_workers=2"]),
+    "E011": (["router=forced_balance"], [*MEG, "router=forced_balance"]),
     "A001": (["data=real"], ["data=real", "data.path=/tmp/shards"]),
     "A002": (["data.min_images=3", "data.max_images=1"], []),
-    "A003": ([*MEG, "data.pack_sequences=true"], [*MEG, "data.pack_sequences=true", "mbs=2"]),
+    "A003": (
+        [*MEG, "data=real", "data.path=/tmp/shards", "data.pack_sequences=true"],
+        [*MEG, "data=real", "data.path=/tmp/shards", "data.pack_sequences=true", "mbs=2"],
+    ),
     "A004": (["data=mock"], ["data=synthetic"]),
     # A005's quiet case on a real directory is in tests/unit/test_data_real.py (it needs a built dataset).
     "A005": (["data=real", "data.path=/nonexistent/moe_vlm"], ["data=synthetic", "data.path=/nonexistent"]),
@@ -102,6 +115,8 @@ CASES: dict[str, tuple[list[str], list[str]]] = {
     "A006": (["data=synthetic", "seq_length=32"], ["data=synthetic", "seq_length=64"]),
     # 2 images x (980 + 2) + 1 = 1965 tokens at max_pixels=1003520.
     "A007": (["data=synthetic", "seq_length=1024"], ["data=synthetic", "seq_length=2048"]),
+    "A008": ([*MEG, "data.pack_sequences=true", "mbs=2"], ["data.pack_sequences=true", "mbs=2"]),
+    "A009": ([*MEG, "data.num_workers=0"], [*MEG, "data.num_workers=2"]),
     "W001": ([*MEG, "parallelism=3d", "ep=4", "etp=2"], [*MEG, "parallelism=3d", "ep=8"]),
     "W002": ([*MEG, "nodes=2", "ep=16"], [*MEG, "nodes=2"]),
     "W003": (GB200, [*GB200, "dispatcher=hybridep"]),

@@ -50,6 +50,20 @@ def test_dry_run_prints_each_points_sbatch_and_srun_and_submits_nothing(tmp_path
     assert SECRET not in out + done.stderr and "echo ***" in out
     assert "1 valid, 1 would be rejected; nothing was submitted" in out
     assert not (tmp_path / "sweep").exists()
+    # The canary the valid point waits on: its script and srun line, with the point's overrides.
+    assert "#SBATCH --dependency=afterok:CANARY_JOB_ID" in out and "#SBATCH --kill-on-invalid-dep=yes" in out
+    assert out.count("-- canary srun command --") == 1 and "#SBATCH --job-name=moe_vlm-canary" in out
+    # The point's own overrides, as its job gets them (the variable is resolved in the job).
+    assert "-m moe_vlm.launch.canary nproc=1 tp=1 'data.path=/data/$\\{oc.env\\:MOE_VLM_TEST_TOKEN\\}'" in out
+    assert out.count("export HF_HUB_OFFLINE=1") == out.count("export TRANSFORMERS_OFFLINE=1") == 2
+
+
+@pytest.mark.slow
+def test_canary_false_submits_the_points_without_one(tmp_path: Path) -> None:
+    done = train(tmp_path, "hydra/launcher=slurm", "dry_run=true", "nproc=1", "hydra.launcher.canary=false")
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "-- sbatch script --" in done.stdout and "moe_vlm.launch.canary" not in done.stdout
+    assert "--dependency" not in done.stdout
 
 
 @pytest.mark.slow

@@ -8,7 +8,6 @@ import dataclasses
 import enum
 import importlib
 import importlib.metadata
-import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +17,7 @@ from moe_vlm.engines import EngineUnavailable
 from moe_vlm.engines.bridge_fields import (
     HYBRID_EP_ENV_NAMES,
     KEEP,
+    SEEDED_DATASET,
     BridgeOverride,
     Recipe,
     bridge_overrides,
@@ -44,17 +44,11 @@ def offline_hf(hf_dir: Path) -> Iterator[list[str]]:
         requested.append(str(path))
         return original.__func__(cls, str(hf_dir), *args, **kwargs)
 
-    offline_before = os.environ.get("HF_HUB_OFFLINE")
-    os.environ["HF_HUB_OFFLINE"] = "1"
     AutoBridge.from_hf_pretrained = classmethod(from_local_dir)
     try:
         yield requested
     finally:
         AutoBridge.from_hf_pretrained = original
-        if offline_before is None:
-            os.environ.pop("HF_HUB_OFFLINE", None)
-        else:
-            os.environ["HF_HUB_OFFLINE"] = offline_before
 
 
 # --- config: recipe + THE table -------------------------------------------------------------
@@ -170,8 +164,10 @@ def _config_object(cfg: Any, path: str, class_name: str, spec: RunSpec) -> Any:
             micro_batch_size=spec.mbs,
             task_encoder=builders.QwenVLEnergonTaskEncoderConfig(hf_processor_path=processor),
         )
-    if class_name == "MockVLMSFTDatasetConfig":
-        return builders.MockVLMSFTDatasetConfig(seq_length=spec.seq_length, hf_processor_path=processor)
+    if class_name == SEEDED_DATASET:
+        from moe_vlm.engines.megatron.data import dataset_config
+
+        return dataset_config(spec)
     if class_name == "QwenVLEnergonTaskEncoderConfig":
         return builders.QwenVLEnergonTaskEncoderConfig(hf_processor_path=processor)
     raise ValueError(f"{path}: config class {class_name!r} is not one the engine builds")

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import os
+import shlex
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -12,24 +14,44 @@ from moe_vlm.engines import EngineUnavailable
 from moe_vlm.engines.megatron.config import BuiltConfig, build_config, check_overrides
 from moe_vlm.engines.megatron.recording import StepRecorder, counting_forward_step
 from moe_vlm.engines.megatron.stack import stack_problem, versions
-from moe_vlm.record import RUN_JSON, STEPS_JSONL, base_record, read_steps, write_json_atomic
+from moe_vlm.record import REPO_ROOT, RUN_JSON, STEPS_JSONL, base_record, read_steps, write_json_atomic
 from moe_vlm.spec import RunSpec
 
 
-def _relaunch_with_torchrun(spec: RunSpec, run_dir: Path) -> None:
-    """Single node, not yet one process per GPU: start them with torchrun (same overrides)."""
-    overrides = [arg for arg in sys.argv[1:] if not arg.startswith("hydra.run.dir=")]
-    command = [
+def point_overrides() -> list[str]:
+    """This run's own overrides as Hydra composed it: in a multirun, the point's, not the sweep's."""
+    from hydra.core.hydra_config import HydraConfig
+
+    return [str(override) for override in HydraConfig.get().overrides.task]
+
+
+def torchrun_command(overrides: Sequence[str], run_dir: Path, nproc_per_node: int) -> list[str]:
+    """The command that starts one process per GPU for this run: train.py with its own overrides.
+
+    Not ``sys.argv``: under submitit's local executor that is submitit's own script (whose argument
+    parser rejects Hydra overrides), and under Hydra's basic launcher it still holds ``-m`` and
+    every swept value, so each rank would rerun the whole sweep. The ranks write into this run's
+    directory and leave its ``.hydra/`` record, written once by this process, as it is.
+    """
+    from hydra_plugins.moe_vlm_sweeper.sweeper import quote_override_value
+
+    return [
         sys.executable,
         "-m",
         "torch.distributed.run",
         "--standalone",
-        f"--nproc-per-node={spec.layout.ranks_per_node}",
-        sys.argv[0],
+        f"--nproc-per-node={nproc_per_node}",
+        str(REPO_ROOT / "train.py"),
         *overrides,
-        f"hydra.run.dir={run_dir}",
+        f"hydra.run.dir={quote_override_value(str(run_dir))}",
+        "hydra.output_subdir=null",
     ]
-    print("moe_vlm: starting one process per GPU: " + " ".join(command), file=sys.stderr)
+
+
+def _relaunch_with_torchrun(spec: RunSpec, run_dir: Path) -> None:
+    """Single node, not yet one process per GPU: start them with torchrun (same overrides)."""
+    command = torchrun_command(point_overrides(), run_dir, spec.layout.ranks_per_node)
+    print("moe_vlm: starting one process per GPU: " + shlex.join(command), file=sys.stderr)
     done = subprocess.run(command, check=False)
     if done.returncode != 0:
         raise RuntimeError(f"torchrun exited with status {done.returncode}; see the rank logs above")
@@ -61,7 +83,10 @@ def _distributed_env(spec: RunSpec) -> bool:
 
 
 def _check_processor(cfg: Any) -> None:
-    """Fail before the job starts when the data pipeline's Qwen processor is not on this machine."""
+    """Fail before the job starts when the data pipeline's Qwen processor is not on this machine.
+
+    It loads offline (moe_vlm/__init__.py): from a local directory, or a hub id from the HF cache.
+    """
     task_encoder = getattr(cfg.dataset, "task_encoder", None)
     path = getattr(cfg.dataset, "hf_processor_path", None) or getattr(task_encoder, "hf_processor_path", None)
     if not path:
@@ -73,15 +98,16 @@ def _check_processor(cfg: Any) -> None:
     except Exception as exc:
         raise EngineUnavailable(
             f"engine=megatron: the data pipeline needs the processor files (tokenizer, preprocessor config) "
-            f"of {path} and cannot load them offline ({type(exc).__name__}). Fix: set "
-            "model.hf_model_id=/path/to/a/local/checkpoint/dir, or fill the Hugging Face cache once where "
-            f"the hub is reachable: huggingface-cli download {path} --include '*.json' '*.txt'"
+            f"of {path} and cannot find them on this machine, offline ({type(exc).__name__}). Fix: set "
+            "model.hf_model_id=/path/to/a/local/checkpoint/dir, or fill the Hugging Face cache once where the "
+            f"hub is reachable: HF_HUB_OFFLINE=0 hf download {path} --include '*.json' '*.txt' '*.jinja'"
         ) from None
 
 
 def launch(spec: RunSpec, config: dict[str, Any], run_dir: Path) -> None:
     """Run `spec` on this node's GPUs (one call per rank under torchrun or Slurm)."""
-    problem = stack_problem()
+    # Every module these options import, on every rank, before distributed init and the GPU check.
+    problem = stack_problem(spec)
     if problem:
         raise EngineUnavailable(f"engine=megatron: {problem}")
     import torch
@@ -100,7 +126,6 @@ def launch(spec: RunSpec, config: dict[str, Any], run_dir: Path) -> None:
         _relaunch_with_torchrun(spec, run_dir)
         return
 
-    os.environ["HF_HUB_OFFLINE"] = "1"
     from megatron.bridge.training.pretrain import pretrain
 
     built = build_config(spec, run_dir)

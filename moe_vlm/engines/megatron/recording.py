@@ -1,18 +1,25 @@
 """Per-step records from inside Bridge's training loop: Bridge callbacks, a counting data
-iterator and CUDA-event component timing. GPU-only at run time; unit-tested on CPU with fakes
-of the context Bridge passes."""
+iterator, CUDA-event step and component timing, per-step memory. GPU-only at run time;
+unit-tested on CPU (tests/megatron/test_recording.py) with Bridge's own callback classes, gloo
+ranks under Megatron's parallel_state, a perf_counter clock and a stand-in for torch.cuda's
+memory counters."""
 
 from __future__ import annotations
 
 import dataclasses
+import socket
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from moe_vlm.metrics import MemoryKind
 from moe_vlm.record import STEPS_JSONL, StepWriter
 from moe_vlm.schema import CudaGraphImpl
 from moe_vlm.spec import RunSpec
+
+if TYPE_CHECKING:
+    from moe_vlm.timing import Clock
 
 GIB = 1024**3
 
@@ -31,6 +38,11 @@ class StepStats:
     vision_patches: int = 0
     sum_seq_len_squared: int = 0
     sum_patches_squared: int = 0
+    skipped_samples: int = 0  # samples our seeded data redrew (engines/megatron/data.py)
+    # Host seconds the training loop spent in next(data_iterator): the loader's queue was empty,
+    # or (no workers) the batch was built right there. The GPU may still have been running queued
+    # work meanwhile, so this bounds the input-bound time from above.
+    data_wait_s: float = 0.0
 
     def add_batch(self, batch: dict[str, Any], pad_token_id: int, image_token_id: int) -> None:
         tokens = batch.get("input_ids")
@@ -55,6 +67,9 @@ class StepStats:
         loss_mask = batch.get("loss_mask")
         if loss_mask is not None:
             self.loss += int(loss_mask.sum())
+        skipped = batch.get("skipped_samples")
+        if skipped is not None:
+            self.skipped_samples += int(skipped)
         visual = batch.get("visual_inputs")
         grid = getattr(visual, "image_grid_thw", None) if visual is not None else None
         if grid is not None and grid.numel():
@@ -78,21 +93,41 @@ class CountingIterator:
         return self
 
     def __next__(self) -> Any:
+        started = time.perf_counter()
         batch = next(self.inner)
+        self.stats.data_wait_s += time.perf_counter() - started
         if isinstance(batch, dict):
             self.stats.add_batch(batch, self.pad_token_id, self.image_token_id)
         return batch
 
 
-class ComponentTimer:
-    """Vision encoder / projector / decoder time from CUDA events on the model's submodules.
+class BridgeComponentTimer:
+    """Vision encoder / projector / decoder seconds per step, from CUDA events on Qwen3VLModel's
+    submodules (the torch engine has its own, moe_vlm.timing.ComponentTimer).
 
-    Forward: events around each call of the module's forward. Backward, per forward call (so any
-    pipeline schedule works): from the first gradient reaching that call's outputs to the last
-    gradient reaching its inputs, or, where the inputs need no gradient, the output of its first
-    layer. The projector (patch merger) runs inside the vision model, so encoder = vision model
-    - projector; deepstack mergers count as encoder. A frozen stack whose inputs need no
-    gradient has no backward, and records none.
+    What each figure covers, summed over the step's forward calls and their backward passes:
+      vision_encoder  the vision model (patch embedding, ViT blocks, deepstack mergers) minus the
+                      projector;
+      projector       the patch merger, which runs inside the vision model;
+      decoder         the language model call: decoder layers, final norm, output layer and loss
+                      (the token embedding runs in Qwen3VLModel before it, and is not counted).
+    Forward: events around each call of the module. Backward, per forward call (so any pipeline
+    schedule works): from the first gradient reaching that call's outputs to the last gradient
+    reaching its inputs: for the decoder its decoder_input, or on a later pipeline stage the
+    decoder's input_tensor; for the vision model, whose pixels need no gradient, the output of
+    patch_embed; for the projector, the output of its first child. A frozen stack whose inputs
+    need no gradient has no backward, and records none.
+
+    Module hooks go only on modules that Megatron never hands to CUDA-graph capture: Transformer
+    Engine's make_graphed_callables refuses a module with hooks
+    (transformer_engine/pytorch/graph.py:386-400), and Megatron Core passes it each graphable
+    TransformerLayer of language_model.decoder (megatron/core/transformer/cuda_graphs.py:2166-2178,
+    2732-2734) and, with vision graphs, of vision_model.decoder (cuda_graphs.py:3102-3108). Those
+    layers are GraphableMegatronModules; the containers watched here are not. The backward
+    markers are tensor hooks, which no graph capture sees.
+
+    The events are only recorded during the step; `end_step` hands them over unread, and
+    `seconds_of` reads them at the recorder's next gather, once the device has passed them.
     """
 
     def __init__(self) -> None:
@@ -101,9 +136,11 @@ class ComponentTimer:
         self._current_call: dict[str, int] = {}
         self._backward: dict[tuple[str, int], dict[str, Any]] = {}
         self._calls = 0
+        self._clock: Clock | None = None
         self.attached = False
 
-    def attach(self, model_chunks: list[Any]) -> None:
+    def attach(self, model_chunks: list[Any], clock: Clock) -> None:
+        self._clock = clock
         for chunk in model_chunks:
             for module in chunk.modules():
                 if type(module).__name__ != "Qwen3VLModel":
@@ -116,17 +153,13 @@ class ComponentTimer:
                         self._watch("projector", merger, next(iter(merger.children()), None))
                 language = getattr(module, "language_model", None)
                 if language is not None:
-                    layers = getattr(getattr(language, "decoder", None), "layers", None)
-                    self._watch("decoder", language, layers[0] if layers else None)
+                    decoder = getattr(language, "decoder", None)
+                    self._watch("decoder", language, None, pipeline_input=decoder)
                 self.attached = True
 
-    @staticmethod
-    def _event() -> Any:
-        import torch
-
-        event = torch.cuda.Event(enable_timing=True)
-        event.record()
-        return event
+    def _event(self) -> Any:
+        assert self._clock is not None, "hooks run only after attach()"
+        return self._clock.mark()
 
     @staticmethod
     def _needing_grad(value: Any) -> list[Any]:
@@ -135,9 +168,9 @@ class ComponentTimer:
         if isinstance(value, torch.Tensor):
             return [value] if value.requires_grad else []
         if isinstance(value, list | tuple):
-            return [t for item in value for t in ComponentTimer._needing_grad(item)]
+            return [t for item in value for t in BridgeComponentTimer._needing_grad(item)]
         if isinstance(value, dict):
-            return [t for item in value.values() for t in ComponentTimer._needing_grad(item)]
+            return [t for item in value.values() for t in BridgeComponentTimer._needing_grad(item)]
         return []
 
     def _on_backward_start(self, key: tuple[str, int]) -> Any:
@@ -154,12 +187,19 @@ class ComponentTimer:
 
         return hook
 
-    def _watch(self, name: str, module: Any, first_layer: Any) -> None:
+    def _watch(self, name: str, module: Any, first_layer: Any, pipeline_input: Any = None) -> None:
+        """Time `module`. Its backward ends at the last gradient reaching its inputs, or, where no
+        input needs one, at `first_layer`'s output (a hooked module: never a graphable one), or at
+        `pipeline_input.input_tensor`, what a later pipeline stage receives instead of inputs."""
+
         def pre_forward(_module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
             self._calls += 1
             self._current_call[name] = self._calls
             self._forward_start[name] = self._event()
-            for tensor in self._needing_grad(args) + self._needing_grad(kwargs):
+            inputs = self._needing_grad(args) + self._needing_grad(kwargs)
+            if not inputs and pipeline_input is not None:
+                inputs = self._needing_grad(getattr(pipeline_input, "input_tensor", None))
+            for tensor in inputs:
                 tensor.register_hook(self._on_backward_end((name, self._calls)))
 
         def post_forward(_module: Any, _args: Any, _kwargs: Any, output: Any) -> None:
@@ -176,17 +216,19 @@ class ComponentTimer:
         if first_layer is not None:
             first_layer.register_forward_hook(first_layer_output)
 
-    def step_seconds(self) -> dict[str, float] | None:
-        """Seconds per component for the step just finished (call after a device synchronise)."""
+    def end_step(self) -> dict[str, list[tuple[Any, Any]]] | None:
+        """The step's (start, end) marks per watched module, unread; None when nothing is watched."""
         for (name, _call), state in self._backward.items():
             if "start" in state and "end" in state:
                 self.spans.setdefault(name, []).append((state["start"], state["end"]))
         self._backward.clear()
-        if not self.attached:
-            return None
-        total = {name: sum(start.elapsed_time(end) for start, end in spans) / 1000.0
-                 for name, spans in self.spans.items()}  # fmt: skip
-        self.spans.clear()
+        spans, self.spans = self.spans, {}
+        return spans if self.attached else None
+
+    @staticmethod
+    def seconds_of(spans: dict[str, list[tuple[Any, Any]]], clock: Clock) -> dict[str, float]:
+        total = {name: sum(completed_seconds(clock, start, end) for start, end in pairs)
+                 for name, pairs in spans.items()}  # fmt: skip
         vision, projector = total.get("vision", 0.0), total.get("projector", 0.0)
         return {
             "vision_encoder": max(vision - projector, 0.0),
@@ -195,121 +237,283 @@ class ComponentTimer:
         }
 
 
+def completed_seconds(clock: Clock, start: Any, end: Any) -> float:
+    """Seconds between two marks, read once the device has passed both. Event.synchronize waits
+    only for the work queued before that event, and returns at once when it is done (which it is
+    by the next gather, bar the last step's tail); a perf_counter mark has nothing to wait for."""
+    for mark in (start, end):
+        wait = getattr(mark, "synchronize", None)
+        if wait is not None:
+            wait()
+    return clock.seconds(start, end)
+
+
+@dataclass(frozen=True)
+class MemorySample:
+    """One rank's memory at the end of a step, GiB."""
+
+    peak_allocated_gib: float  # max_memory_allocated since the step's reset_peak_memory_stats
+    reserved_gib: float  # the caching allocator's reserved segments, at the step's end
+    device_used_gib: float  # cudaMemGetInfo total - free, at the same moment (what nvidia-smi shows)
+
+
+class CudaMemory:
+    """The step's memory figures from torch.cuda. The allocator counters are host-side and
+    cudaMemGetInfo is a driver query: none of them waits for queued kernels.
+
+    device_used - reserved is what lives outside the caching allocator: the CUDA context, NCCL
+    buffers, DeepEP/HybridEP buffers and TE userbuffers (cudaMalloc'd directly), so those show
+    next to the allocator's peak. The GPU is one rank's, so other processes rarely add to it."""
+
+    def reset_peak(self) -> None:
+        import torch
+
+        torch.cuda.reset_peak_memory_stats()
+
+    def sample(self) -> MemorySample:
+        import torch
+
+        free, total = torch.cuda.mem_get_info()
+        return MemorySample(
+            peak_allocated_gib=torch.cuda.max_memory_allocated() / GIB,
+            reserved_gib=torch.cuda.memory_reserved() / GIB,
+            device_used_gib=(total - free) / GIB,
+        )
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where this rank sits in Megatron's layout; fixed for the run, so asked once."""
+
+    dp_rank: int
+    feeds_data: bool  # TP0, CP0, first pipeline stage: its batches are the DP rank's batches
+    last_stage: bool  # holds Bridge's loss_dict (train.py:980-1007); empty elsewhere
+    host: str
+
+
+@dataclass
+class PendingStep:
+    """A finished step, kept with its device marks unread until the next gather."""
+
+    step: int
+    time_unix_s: float
+    start: Any
+    end: Any
+    loss: Any  # Bridge's reduced loss tensor, read at the gather (reading it now would sync)
+    grad_norm: float | None
+    lr: float | None
+    skipped: bool
+    stats: StepStats
+    spans: dict[str, list[tuple[Any, Any]]] | None
+    memory: MemorySample
+    flops: float | None = None  # Bridge adds the step's FLOPs after on_train_step_end (train.py:608)
+
+
+# Records travel to rank 0 once per this many steps (and at on_train_end). gather_object is a
+# world-wide rendezvous: each rank waits for the slowest one, and on NCCL the pickled records go
+# through the device, which synchronises it. Doing it every step would cap how far the host runs
+# ahead of the device at every step boundary; every 10th keeps it off 9 in 10, while a run that
+# Bridge ends with sys.exit, without on_train_end (signal or exit_duration_in_mins: train.py:795-805),
+# loses at most this many steps' lines.
+GATHER_EVERY_STEPS = 10
+
+
 @dataclass
 class StepRecorder:
-    """Bridge callbacks that write one steps.jsonl line per optimizer step per data-parallel rank."""
+    """Bridge callbacks that write one steps.jsonl line per optimizer step per data-parallel rank.
+
+    Nothing here waits for the device: the step is bracketed by clock marks (CUDA events on the
+    current stream), its memory read from the allocator's counters, its loss kept as the tensor
+    Bridge reduced. Every `gather_every` steps and at the end, each rank reads the marks of its
+    finished steps and rank 0 gathers them and writes their lines, in step order."""
 
     spec: RunSpec
     run_dir: Path
     stats: StepStats = field(default_factory=StepStats)
-    timer: ComponentTimer = field(default_factory=ComponentTimer)
+    timer: BridgeComponentTimer = field(default_factory=BridgeComponentTimer)
+    # Where time and memory come from; on_train_start picks torch.cuda's when left None.
+    clock: Clock | None = None
+    memory: CudaMemory | None = None
+    gather_every: int = GATHER_EVERY_STEPS
     writer: StepWriter | None = None
-    _started_s: float = 0.0
-    _pending: dict[str, Any] | None = None
+    _placement: Placement | None = None
+    _pending: list[PendingStep] = field(default_factory=list)
+    _started: Any = None
     _flops_before: float = 0.0
 
     # Bridge's Callback protocol: CallbackManager.add() registers methods by these names.
     def on_train_start(self, context: Any) -> None:
         import torch
+        from megatron.core import parallel_state as mpu
 
+        if self.clock is None:
+            from moe_vlm.timing import clock_for
+
+            self.clock = clock_for(torch.device("cuda", torch.cuda.current_device()))
+        if self.memory is None:
+            self.memory = CudaMemory()
         if self.spec.cuda_graph.impl is not CudaGraphImpl.full_iteration:
             # Hooks inside a captured full-iteration graph would record nothing useful.
-            self.timer.attach(context.model)
+            self.timer.attach(context.model, self.clock)
+        self._placement = Placement(
+            dp_rank=mpu.get_data_parallel_rank(),
+            feeds_data=mpu.get_tensor_model_parallel_rank() == 0
+            and mpu.get_context_parallel_rank() == 0
+            and mpu.is_pipeline_first_stage(ignore_virtual=True),
+            last_stage=mpu.is_pipeline_last_stage(ignore_virtual=True),
+            host=socket.gethostname(),
+        )
         if torch.distributed.get_rank() == 0:
             self.writer = StepWriter(self.run_dir / STEPS_JSONL)
         self._flops_before = float(context.state.train_state.floating_point_operations_so_far)
 
     def on_train_step_start(self, context: Any) -> None:
-        import torch
-
-        self._flush(context)  # Bridge adds the previous step's FLOPs after on_train_step_end.
+        assert self.clock is not None and self.memory is not None, "on_train_start comes first"
+        self._take_flops(context)
+        if len(self._pending) >= self.gather_every:
+            self._gather()
         self.stats = StepStats()
-        torch.cuda.synchronize()
-        self._started_s = time.perf_counter()
+        self.memory.reset_peak()
+        self._started = self.clock.mark()
 
     def on_train_step_end(self, context: Any) -> None:
-        import torch
-
-        torch.cuda.synchronize()
-        step_time_s = time.perf_counter() - self._started_s
+        assert self.clock is not None and self.memory is not None, "on_train_start comes first"
+        end = self.clock.mark()
         loss = None
         if context.loss_dict:
             value = next(iter(context.loss_dict.values()))
-            loss = float(value.float().mean()) if hasattr(value, "float") else float(value)
+            loss = value.detach() if hasattr(value, "detach") else value
         try:
             lr = float(context.optimizer.param_groups[0]["lr"])
         except (AttributeError, IndexError, KeyError, TypeError):
             lr = None
-        self._pending = {
-            # Bridge increments train_state.step after this callback: 1-based step = step + 1.
-            "step": int(context.state.train_state.step) + 1,
-            "time_unix_s": time.time(),
-            "step_time_s": step_time_s,
-            "loss": loss,
-            "grad_norm": float(context.grad_norm) if context.grad_norm is not None else None,
-            "lr": lr,
-            "skipped": bool(context.skipped_iter),
-            "stats": dataclasses.asdict(self.stats),
-            "components_s": self.timer.step_seconds(),
-            "peak_memory_gib": torch.cuda.max_memory_allocated() / GIB,
-        }
+        self._pending.append(
+            PendingStep(
+                # Bridge increments train_state.step after this callback: 1-based step = step + 1.
+                step=int(context.state.train_state.step) + 1,
+                time_unix_s=time.time(),
+                start=self._started,
+                end=end,
+                loss=loss,
+                grad_norm=float(context.grad_norm) if context.grad_norm is not None else None,
+                lr=lr,
+                skipped=bool(context.skipped_iter),
+                stats=self.stats,
+                spans=self.timer.end_step(),
+                memory=self.memory.sample(),
+            )
+        )
 
     def on_train_end(self, context: Any) -> None:
-        self._flush(context)
+        self._take_flops(context)
+        if self._pending:
+            self._gather()
         if self.writer is not None:
             self.writer.close()
 
-    def _flush(self, context: Any) -> None:
-        """Gather the finished step from every rank and write its lines (rank 0)."""
-        if self._pending is None:
-            return
-        import torch
-        from megatron.core import parallel_state as mpu
-
+    def _take_flops(self, context: Any) -> None:
+        """Give the last finished step the FLOPs Bridge added after its on_train_step_end."""
         flops_now = float(context.state.train_state.floating_point_operations_so_far)
-        step_flops, self._flops_before = flops_now - self._flops_before, flops_now
-        local = {
-            **self._pending,
-            "dp_rank": mpu.get_data_parallel_rank(),
-            "feeds_data": mpu.get_tensor_model_parallel_rank() == 0
-            and mpu.get_context_parallel_rank() == 0
-            and mpu.is_pipeline_first_stage(ignore_virtual=True),
+        if self._pending and self._pending[-1].flops is None:
+            self._pending[-1].flops = flops_now - self._flops_before
+        self._flops_before = flops_now
+
+    def _local(self, pending: PendingStep) -> dict[str, Any]:
+        """A finished step as plain numbers (reads its marks and its loss: they are complete by now)."""
+        assert self.clock is not None and self._placement is not None
+        loss = pending.loss
+        if loss is not None:
+            loss = float(loss.float().mean()) if hasattr(loss, "float") else float(loss)
+        return {
+            "step": pending.step,
+            "time_unix_s": pending.time_unix_s,
+            "step_time_s": completed_seconds(self.clock, pending.start, pending.end),
+            "loss": loss,
+            "grad_norm": pending.grad_norm,
+            "lr": pending.lr,
+            "skipped": pending.skipped,
+            "stats": dataclasses.asdict(pending.stats),
+            "components_s": None
+            if pending.spans is None
+            else BridgeComponentTimer.seconds_of(pending.spans, self.clock),
+            "memory": dataclasses.asdict(pending.memory),
+            "flops": pending.flops,
+            **dataclasses.asdict(self._placement),
         }
-        self._pending = None
+
+    def _gather(self) -> None:
+        """Every rank's finished steps to rank 0, which writes their lines in step order."""
+        import torch
+
+        local = [self._local(pending) for pending in self._pending]
+        self._pending = []
         is_writer = torch.distributed.get_rank() == 0
         gathered: list[Any] | None = [None] * torch.distributed.get_world_size() if is_writer else None
         torch.distributed.gather_object(local, gathered, dst=0)
         if self.writer is None or gathered is None:
             return  # not rank 0
         world = len(gathered)
-        step_time_max = max(record["step_time_s"] for record in gathered)
-        memory_by_dp: dict[int, float] = {}
-        for record in gathered:
-            memory_by_dp[record["dp_rank"]] = max(
-                memory_by_dp.get(record["dp_rank"], 0.0), record["peak_memory_gib"]
+        by_step: dict[int, list[dict[str, Any]]] = {}
+        for rank_records in gathered:
+            for record in rank_records:
+                by_step.setdefault(record["step"], []).append(record)
+        # Bridge's count for the step as rank 0 saw it (gathered[0] is rank 0's own).
+        flops_by_step = {record["step"]: record["flops"] for record in gathered[0]}
+        for step, records in sorted(by_step.items()):
+            for line in self._lines(records, flops_by_step.get(step), world):
+                self.writer.write(line)
+
+    def _lines(
+        self, records: list[dict[str, Any]], step_flops: float | None, world: int
+    ) -> list[dict[str, Any]]:
+        """One step's lines, one per data-parallel rank, from every rank's record of that step."""
+        step_time_max = max(record["step_time_s"] for record in records)
+        memory_by_dp: dict[int, dict[str, float]] = {}
+        loss_by_dp: dict[int, float] = {}
+        for record in records:
+            peers = memory_by_dp.setdefault(record["dp_rank"], {})
+            for key, gib in record["memory"].items():
+                peers[key] = max(peers.get(key, 0.0), gib)
+            if record["last_stage"] and record["loss"] is not None:
+                loss_by_dp.setdefault(record["dp_rank"], record["loss"])
+        feeding = sorted((r for r in records if r["feeds_data"]), key=lambda r: r["dp_rank"])
+        return [
+            self._line(
+                record,
+                memory_by_dp[record["dp_rank"]],
+                loss_by_dp.get(record["dp_rank"]),
+                step_flops,
+                step_time_max,
+                world,
             )
-        for record in sorted((r for r in gathered if r["feeds_data"]), key=lambda r: r["dp_rank"]):
-            self.writer.write(
-                self._line(record, memory_by_dp[record["dp_rank"]], step_flops, step_time_max, world)
-            )
+            for record in feeding
+        ]
 
     def _line(
         self,
         record: dict[str, Any],
-        peak_memory_gib: float,
-        step_flops: float,
+        memory: dict[str, float],
+        loss: float | None,
+        step_flops: float | None,
         step_time_max: float,
         world: int,
     ) -> dict[str, Any]:
         stats = record["stats"]
-        bridge_tflops = step_flops / step_time_max / world / 1e12 if step_time_max > 0 else None
+        bridge_tflops = (
+            step_flops / step_time_max / world / 1e12
+            if step_flops is not None and step_time_max > 0
+            else None
+        )
         return {
             "step": record["step"],
             "rank": record["dp_rank"],
+            "host": record["host"],  # the straggler view names the node (moe_vlm/stragglers.py)
             "warmup": record["step"] <= self.spec.warmup_steps,
             "time_unix_s": record["time_unix_s"],
             "step_time_s": record["step_time_s"],
-            "loss": record["loss"],
+            # From this DP rank's last pipeline stage: with PP > 1 the line's own (first-stage)
+            # rank has no loss_dict.
+            "loss": loss,
             "grad_norm": record["grad_norm"],
             "lr": record["lr"],
             "micro_batches": stats["micro_batches"],
@@ -325,8 +529,13 @@ class StepRecorder:
             "vision_patches": stats["vision_patches"],
             "sum_seq_len_squared": stats["sum_seq_len_squared"],
             "sum_patches_squared": stats["sum_patches_squared"],
-            "peak_memory_gib": peak_memory_gib,  # max over this DP rank's model-parallel peers
-            "memory_kind": "cuda_max_allocated",
+            "skipped_samples": stats["skipped_samples"],
+            "data_wait_s": stats["data_wait_s"],
+            # Each the max over this DP rank's model-parallel peers (its worst GPU).
+            "peak_memory_gib": memory["peak_allocated_gib"],  # this step's, reset at its start
+            "memory_kind": MemoryKind.cuda_max_allocated.value,
+            "reserved_gib": memory["reserved_gib"],
+            "device_used_gib": memory["device_used_gib"],
             "components_s": record["components_s"],  # first pipeline stage when PP > 1
             # Bridge's own figure for the same step: its FLOP count (padded tokens, frozen modules
             # counted x3) over the slowest rank's step time, per GPU.

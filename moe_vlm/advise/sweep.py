@@ -1,0 +1,346 @@
+"""The advisor after a sweep: what to try next, read from the sweep's run.json records.
+
+Each suggestion is a runnable command line that passes the rules and that the memory estimate
+predicts to fit; a suggestion that restates a rule (W001's ETP check) calls the rule's predicate.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from moe_vlm.advise.start import candidate, command
+from moe_vlm.compose import compose_spec, override_key, set_overrides
+from moe_vlm.data.stats import MOCK_SPEEDUP_NOTE
+from moe_vlm.memory import THIN_HEADROOM_FRACTION, MemoryEstimate, estimate, fits_after
+from moe_vlm.rules import errors
+from moe_vlm.rules.guide import etp_replaceable_by_ep
+from moe_vlm.rules.memory import describe_fit
+from moe_vlm.schema import DataKind, RecomputeGranularity
+from moe_vlm.spec import RunSpec
+
+# A component whose share of the step is at least this "dominates" it.
+VISION_DOMINATES_SHARE = 0.40
+# Throughput counts as still rising with MBS when the largest MBS beats the previous one by this.
+MBS_RISING_MARGIN = 0.03
+
+
+@dataclass(frozen=True)
+class Suggestion:
+    topic: str
+    why: str
+    command: str
+
+
+@dataclass
+class SweepRun:
+    path: Path
+    status: str
+    overrides: list[str]
+    data_kind: str
+    summary: dict[str, Any]
+    failure: dict[str, Any]
+    spec: RunSpec | None
+
+    @property
+    def throughput(self) -> float | None:
+        value = self.summary.get("effective_tokens_per_s_per_gpu")
+        return float(value) if isinstance(value, int | float) else None
+
+    @property
+    def label(self) -> str:
+        return " ".join(self.overrides)
+
+
+def canonical_overrides(config: dict[str, Any]) -> list[str]:
+    """Overrides that rebuild a run from its resolved config (used when .hydra/overrides.yaml is missing)."""
+    out = []
+    groups = {
+        "model": ("model", "name"),
+        "cluster": ("cluster", "name"),
+        "parallelism": ("parallelism", "family"),
+        "dispatcher": ("dispatcher", "name"),
+        "recompute": ("recompute", "name"),
+        "cuda_graph": ("cuda_graph", "name"),
+        "vision_freeze": ("vision_freeze", "name"),
+        "data": ("data", "kind"),
+    }
+    for key, (group, name) in groups.items():
+        value = (config.get(group) or {}).get(name)
+        if value is not None:
+            out.append(f"{key}={value}")
+    if (config.get("data") or {}).get("path"):
+        out.append(f"data.path={config['data']['path']}")
+    for key in ("engine", "nodes", "nproc", "mbs", "gbs", "seq_length", "tp", "pp", "vp", "cp", "ep", "etp"):
+        value = config.get(key)
+        if value is not None and not (key == "engine" and value == "auto"):
+            out.append(f"{key}={value}")
+    return out
+
+
+def load_records(root: Path) -> list[SweepRun]:
+    # The report's reader (imported here: it brings pandas, which planning a first run does not need).
+    from moe_vlm.report import find_run_files, read_run
+
+    records = []
+    for path in find_run_files([str(root)]):
+        try:
+            record = read_run(path)
+        except (OSError, json.JSONDecodeError):
+            continue
+        overrides_file = path.parent / ".hydra" / "overrides.yaml"
+        if overrides_file.is_file():
+            overrides = [str(o) for o in yaml.safe_load(overrides_file.read_text()) or []]
+        else:
+            overrides = canonical_overrides(record.get("config") or {})
+        # Sweep-only keys (presets, launcher) are not part of a single point's command line.
+        overrides = [o for o in overrides if not override_key(o).startswith(("hydra", "sweep"))]
+        try:
+            spec: RunSpec | None = compose_spec(overrides)
+        except Exception:  # a record from an older schema: no memory-based suggestions for it
+            spec = None
+        records.append(
+            SweepRun(
+                path=path,
+                status=str(record.get("status", "unknown")),
+                overrides=overrides,
+                data_kind=str((record.get("data") or {}).get("kind", "unknown")),
+                summary=record.get("summary") or {},
+                failure=record.get("failure") or {},
+                spec=spec,
+            )
+        )
+    return records
+
+
+def _validated(overrides: list[str]) -> tuple[RunSpec, MemoryEstimate] | None:
+    found = candidate(overrides)
+    if found is None or errors(found[1]):
+        return None
+    return found[0], found[2]
+
+
+def suggest_mock(records: list[SweepRun]) -> list[Suggestion]:
+    mocks = [r for r in records if r.status == "completed" and r.data_kind == DataKind.mock.value]
+    if not mocks:
+        return []
+    best = max(mocks, key=lambda r: r.throughput or 0.0)
+    return [
+        Suggestion(
+            "mock data used as evidence",
+            f"{len(mocks)} completed run(s) used data=mock: {MOCK_SPEEDUP_NOTE}, so their throughput "
+            "says little about the VLM; rerun the best one on realistic images (mock and real results "
+            "are never ranked together)",
+            command(set_overrides(best.overrides, "data=synthetic")),
+        )
+    ]
+
+
+def suggest_oom(records: list[SweepRun]) -> list[Suggestion]:
+    out = []
+    for r in records:
+        if r.status != "failed" or r.failure.get("class") != "oom" or r.spec is None:
+            continue
+        fit = fits_after(r.spec)
+        if fit is None:
+            continue
+        out.append(
+            Suggestion(
+                "out of memory",
+                f"`{r.label}` ran out of memory; the estimate's first change that fits: {describe_fit(fit)}",
+                command(set_overrides(r.overrides, *shlex.split(fit.variant.overrides))),
+            )
+        )
+    return out
+
+
+def suggest_vision(records: list[SweepRun]) -> list[Suggestion]:
+    dominated = [
+        r
+        for r in records
+        if r.status == "completed"
+        and r.data_kind != DataKind.mock.value
+        and float((r.summary.get("components") or {}).get("vision_encoder") or 0.0) >= VISION_DOMINATES_SHARE
+    ]
+    if not dominated:
+        return []
+    r = max(dominated, key=lambda rec: rec.throughput or 0.0)
+    share = float(r.summary["components"]["vision_encoder"])
+    out = []
+    why = (
+        f"the vision encoder takes {share:.0%} of the step in `{r.label}`: profile encoder, projector and "
+        "decoder separately before blaming the dispatcher (run.json summary.components has the split)"
+    )
+    if r.spec is not None and not r.spec.freeze.vision:
+        out.append(
+            Suggestion(
+                "vision encoder dominates the step",
+                why + "; for decoder-focused tuning freeze the vision stack (less compute and memory)",
+                command(set_overrides(r.overrides, "vision_freeze=vision")),
+            )
+        )
+    if r.spec is not None:
+        bigger = set_overrides(r.overrides, f"mbs={r.spec.mbs * 2}")
+        if _validated(bigger) is not None:
+            out.append(
+                Suggestion(
+                    "vision encoder dominates the step",
+                    f"raise MBS carefully: MBS {r.spec.mbs * 2} is predicted to fit, but the vision "
+                    "path grows with it; compare effective tokens/s, not step time",
+                    command(bigger),
+                )
+            )
+    return out
+
+
+def suggest_selective(records: list[SweepRun]) -> list[Suggestion]:
+    out: list[Suggestion] = []
+    full = [
+        r
+        for r in records
+        if r.status == "completed"
+        and r.data_kind != DataKind.mock.value
+        and r.spec is not None
+        and r.spec.recompute.granularity is RecomputeGranularity.full
+        and isinstance(r.summary.get("peak_memory_gib"), int | float)
+        and r.spec.cluster.is_gpu_cluster
+        and r.spec.cluster.gpu_memory_gib > 0
+    ]
+    seen: set[tuple[str, ...]] = set()
+    for r in sorted(full, key=lambda rec: rec.throughput or 0.0, reverse=True):
+        assert r.spec is not None
+        relaxed = set_overrides(r.overrides, "recompute=selective")
+        if r.spec.cuda_graph.impl.value == "full_iteration":
+            continue
+        key = tuple(sorted(o for o in relaxed if override_key(o) != "mbs"))
+        if key in seen:
+            continue
+        checked = _validated(relaxed)
+        if checked is None:
+            continue
+        seen.add(key)
+        relaxed_memory = checked[1]
+        kind = str(r.summary.get("memory_kind") or "cuda_max_allocated")
+        # The measured peak plus what the estimate says selective adds, on the quantity that was measured.
+        delta = relaxed_memory.comparable_gib(kind) - estimate(r.spec).comparable_gib(kind)
+        outside = relaxed_memory.total_gib - relaxed_memory.allocated_gib
+        predicted = float(r.summary["peak_memory_gib"]) + delta + outside
+        capacity = r.spec.cluster.gpu_memory_gib
+        if predicted <= capacity * (1 - THIN_HEADROOM_FRACTION):
+            out.append(
+                Suggestion(
+                    "full recompute with headroom",
+                    f"`{r.label}` peaked at {r.summary['peak_memory_gib']:.1f} GiB ({kind}) of "
+                    f"{capacity:.0f} GiB "
+                    f"with full recompute; selective is predicted at {predicted:.1f} GiB: relax to "
+                    "selective, "
+                    "the usual faster steady state",
+                    command(relaxed),
+                )
+            )
+    return out[:2]
+
+
+def suggest_etp(records: list[SweepRun]) -> list[Suggestion]:
+    out = []
+    seen: set[tuple[str, ...]] = set()
+    for r in records:
+        if r.spec is None:
+            continue
+        lay = r.spec.layout
+        wider = etp_replaceable_by_ep(lay, r.spec.model.num_experts)  # W001's predicate
+        if wider is None:
+            continue
+        changed = set_overrides(r.overrides, f"ep={wider}", "etp=1")
+        if tuple(changed) in seen or _validated(changed) is None:
+            continue
+        seen.add(tuple(changed))
+        out.append(
+            Suggestion(
+                "ETP in use where EP alone fits",
+                f"`{r.label}` uses ETP={lay.etp}; EP={wider} alone fits in memory and inside the "
+                "NVLink domain. ETP adds communication and tuning surface: use it only when EP alone is not enough",
+                command(changed),
+            )
+        )
+    return out
+
+
+def suggest_mbs(records: list[SweepRun]) -> list[Suggestion]:
+    groups: dict[tuple[str, ...], list[SweepRun]] = {}
+    for r in records:
+        if (
+            r.status != "completed"
+            or r.data_kind == DataKind.mock.value
+            or r.spec is None
+            or r.throughput is None
+        ):
+            continue
+        key = tuple(sorted(o for o in r.overrides if override_key(o) not in ("mbs", "gbs")))
+        groups.setdefault(key, []).append(r)
+    out = []
+    for runs in groups.values():
+        by_mbs = {r.spec.mbs: r for r in runs if r.spec is not None}
+        if len(by_mbs) < 2:
+            continue
+        top, previous = sorted(by_mbs)[-1], sorted(by_mbs)[-2]
+        rate_top, rate_prev = by_mbs[top].throughput or 0.0, by_mbs[previous].throughput or 0.0
+        if rate_top <= rate_prev * (1 + MBS_RISING_MARGIN):
+            continue
+        curve = ", ".join(f"MBS {m}: {by_mbs[m].throughput:,.0f}" for m in sorted(by_mbs))
+        nxt = set_overrides(by_mbs[top].overrides, f"mbs={top * 2}")
+        why = (
+            f"effective tokens/s/GPU is still rising with MBS ({curve}; "
+            f"+{rate_top / rate_prev - 1:.0%} at the last step): VLMs are MBS-sensitive, sweep further"
+        )
+        if _validated(nxt) is not None:
+            out.append(
+                Suggestion("MBS still rising", why + f"; MBS {top * 2} is predicted to fit", command(nxt))
+            )
+        else:
+            spec = compose_spec(nxt)
+            fit = fits_after(spec)
+            if fit is not None:
+                extra = shlex.split(fit.variant.overrides)
+                out.append(
+                    Suggestion(
+                        "MBS still rising",
+                        why + f"; MBS {top * 2} needs more memory: {describe_fit(fit)}",
+                        command(set_overrides(nxt, *extra)),
+                    )
+                )
+    return out
+
+
+def after_sweep(sweep: Path, goal: str) -> list[str]:
+    records = load_records(sweep)
+    counts: dict[str, int] = {}
+    for r in records:
+        counts[r.status] = counts.get(r.status, 0) + 1
+    suggestions = [
+        *suggest_mock(records),
+        *suggest_oom(records),
+        *suggest_vision(records),
+        *suggest_selective(records),
+        *suggest_etp(records),
+        *suggest_mbs(records),
+    ]
+    status = ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
+    out = [
+        f"== moe-vlm advise: sweep={sweep} ({len(records)} runs: {status}) goal={goal} ==",
+        "",
+    ]
+    if not suggestions:
+        out.append(
+            "nothing to flag: no mock evidence, no OOM, no dominant vision encoder, no recompute or "
+            "ETP to relax,"
+        )
+        out.append("and MBS is no longer rising. Compare the ranked results: moe-vlm report " + str(sweep))
+    for number, s in enumerate(suggestions, 1):
+        out += [f"{number}. [{s.topic}] {s.why}.", f"   {s.command}", ""]
+    return out

@@ -1,0 +1,142 @@
+"""The Megatron engine's mock and synthetic data: the torch engine's seeded samples, fed to Bridge.
+
+Bridge builds a run's datasets from ``cfg.dataset``: ``get_dataset_provider`` sends its own config
+classes to its own builders and any other ``DatasetProvider`` to that object's
+``build_datasets(context)`` (megatron/bridge/data/utils.py:103-146, data/base.py:85-98).
+MoeVlmDatasetConfig is such a provider. Its dataset is sample i of the project's seeded source
+(data/indexed.py: mock text, or synthetic images drawn from the data group's distribution), encoded
+by the same byte tokenizer and Qwen3-VL image processor as on the torch engine, and nothing else:
+
+- nothing is generated up front: a sample exists while a worker builds its batch, so host memory
+  does not grow with the run (Bridge's MockVLMSFTDataset holds num_base_examples decoded images);
+- Bridge's loader (data/loaders.py:321-337) walks it with MegatronPretrainingSampler and hands
+  ``collate_fn`` to a torch DataLoader with ``num_workers`` workers, so the image processor and the
+  collate run in those workers, not inside the training step;
+- the collate turns the torch engine's batch into the dict Bridge's Qwen3-VL step reads
+  (models/qwen_vl/qwen3_vl_step.py:42-98), with Bridge's label convention (qwen_vl/data/
+  collate_fn.py:341-347): labels shifted left by one, IGNORE_INDEX where loss_mask is 0.
+
+Imports megatron.bridge: only the engine, on a machine with the stack, imports this module.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import torch
+from megatron.bridge.data.base import DatasetBuildContext, DatasetProvider
+from megatron.bridge.training.utils.visual_inputs import GenericVisualInputs
+
+from moe_vlm.data import indexed_samples
+from moe_vlm.data.batch import IGNORE_INDEX, Batch
+from moe_vlm.data.sequence import EncodedSample, assemble
+from moe_vlm.data.workers import data_workers
+from moe_vlm.engines.bridge_fields import SEEDED_DATA_FIELDS, SEEDED_MODEL_FIELDS
+from moe_vlm.schema import DataConfig, DataKind, ModelConfig
+from moe_vlm.spec import RunSpec
+
+
+@dataclass(kw_only=True)
+class MoeVlmDatasetConfig(DatasetProvider):
+    """Declarative: every field is a knob's value (bridge_fields.FIELD_MAP sets and checks them)."""
+
+    kind: str  # mock | synthetic
+    seq_length: int
+    random_seed: int
+    model_name: str
+    # data.*: the synthetic distribution and the image processor's bounds
+    min_images: int
+    max_images: int
+    min_long_side_px: int
+    max_long_side_px: int
+    aspect_ratios: list[float]
+    min_text_tokens: int
+    max_text_tokens: int
+    min_pixels: int
+    max_pixels: int
+    # model.*: what the encoder needs (patching, special token ids)
+    vision_patch_size: int
+    vision_temporal_patch_size: int
+    vision_spatial_merge_size: int
+    image_token_id: int
+    vision_start_token_id: int
+    vision_end_token_id: int
+    pad_token_id: int
+    vocab_size: int
+    dataloader_type: Literal["single"] | None = "single"
+
+    def data_config(self) -> DataConfig:
+        return DataConfig(
+            kind=DataKind(self.kind), **{name: getattr(self, name) for name in SEEDED_DATA_FIELDS}
+        )
+
+    def model_config(self) -> ModelConfig:
+        # The fields the tokenizer and image processor read; the model's sizes do not shape samples.
+        fields = {name: getattr(self, name) for name in SEEDED_MODEL_FIELDS}
+        return ModelConfig(name=self.model_name, **fields)
+
+    def build_datasets(
+        self, context: DatasetBuildContext
+    ) -> tuple[SeededSamples | None, SeededSamples | None, SeededSamples | None]:
+        splits = (context.train_samples, context.valid_samples, context.test_samples)
+        train, valid, test = (SeededSamples(self, n) if n > 0 else None for n in splits)
+        return train, valid, test
+
+
+def dataset_config(spec: RunSpec) -> MoeVlmDatasetConfig:
+    """The config THE table's class row puts at cfg.dataset for data=mock and data=synthetic."""
+    return MoeVlmDatasetConfig(
+        kind=spec.data.kind.value,
+        seq_length=spec.seq_length,
+        random_seed=spec.seed,
+        model_name=spec.model.name,
+        num_workers=data_workers(spec).count,
+        **{name: getattr(spec.data, name) for name in SEEDED_DATA_FIELDS},
+        **{name: getattr(spec.model, name) for name in SEEDED_MODEL_FIELDS},
+    )
+
+
+class SeededSamples(torch.utils.data.Dataset[tuple[EncodedSample, int]]):
+    """Samples 0..length-1 of the seeded source; each one is built when a loader asks for it."""
+
+    def __init__(self, config: MoeVlmDatasetConfig, length: int) -> None:
+        self.length = length
+        self.kind = config.kind
+        self.seq_length = config.seq_length
+        self.pad_token_id = config.pad_token_id
+        self.source = indexed_samples(
+            config.model_config(), config.data_config(), config.random_seed, config.seq_length
+        )
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, index: int) -> tuple[EncodedSample, int]:
+        if not 0 <= index < self.length:
+            raise IndexError(f"sample {index} of {self.length}")
+        return self.source.encoded(index)
+
+    def collate_fn(self, items: list[tuple[EncodedSample, int]]) -> dict[str, Any]:
+        """One sample per row, padded to seq_length: the torch engine's batch, in Bridge's form."""
+        batch = assemble([[sample] for sample, _ in items], self.seq_length, self.pad_token_id, self.kind)
+        batch.stats.skipped_samples = sum(skipped for _, skipped in items)
+        return bridge_batch(batch)
+
+
+def bridge_batch(batch: Batch) -> dict[str, Any]:
+    """The keys Bridge's Qwen3-VL step reads; `skipped_samples` is ours (the step ignores it)."""
+    rows, seq = batch.input_ids.shape
+    # Megatron predicts labels[t] at position t; ours (as HF's) hold the token at t.
+    labels = torch.cat([batch.labels[:, 1:], torch.full((rows, 1), IGNORE_INDEX, dtype=torch.long)], dim=1)
+    return {
+        "input_ids": batch.input_ids,
+        "attention_mask": batch.attention_mask,
+        "position_ids": torch.arange(seq).unsqueeze(0).expand(rows, -1).contiguous(),
+        "labels": labels,
+        "loss_mask": (labels != IGNORE_INDEX).float(),
+        "visual_inputs": GenericVisualInputs(
+            pixel_values=batch.pixel_values, image_grid_thw=batch.image_grid_thw
+        ),
+        "skipped_samples": torch.tensor(batch.stats.skipped_samples),
+    }

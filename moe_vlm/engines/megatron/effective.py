@@ -1,0 +1,337 @@
+"""The effective configuration: Bridge's ConfigContainer as its own runtime update leaves it, as
+the fields that differ from the library's defaults, grouped by section.
+
+THE table (bridge_fields.FIELD_MAP) says what the engine sets; this says what Bridge then runs
+with: the recipe's own tuning (fusions, router, overlaps, precision, environment), what
+``runtime_config_update`` derives from it (megatron/bridge/training/config.py:1853-1888: the
+recipe's env_vars by setdefault, mixed precision, comm-overlap setup, then ``validate()``, which
+finalises the model and the other sections), all of it. The update runs on a copy, so the engine's
+config is untouched, and the process environment is restored afterwards.
+
+Planned (``dry_run=true``), it runs on CPU as one rank of the job would on the cluster: the world
+size from the layout, the GPU the cluster profile declares answering Bridge's device query
+(flex-dispatcher check), the recipe's env_vars not shadowed by this shell's. In a run it uses the
+rank's real environment and device, so a variable the launcher set shows with its value.
+
+`dry_run=true` prints it (moe_vlm/plan.py), the Megatron engine records it in run.json
+(``bridge.effective``), and ``moe-vlm report --diff`` sets two runs' side by side.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import dataclasses
+import enum
+import functools
+import io
+import logging
+import math
+import os
+import warnings
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+from moe_vlm.spec import RunSpec
+
+# The sections the issue names first (what a performance engineer reads first), then every other
+# ConfigContainer section in declaration order.
+LEADING_SECTIONS = ("model", "ddp", "optimizer", "comm_overlap", "mixed_precision", "scheduler", "env_vars")
+RUN_DIR = "<run_dir>"  # stands for this run's directory in values (the materialised HF config's path)
+NO_DEFAULT = "<required>"  # a field the library gives no default
+ABSENT = "<not a field>"  # an attribute the recipe set that the section's class does not declare
+_DEPTH = 4  # nested configs deeper than this print as their class name
+
+
+@dataclass
+class Effective:
+    """section -> dotted field -> value (JSON-safe), for the fields that differ from the defaults."""
+
+    sections: dict[str, dict[str, Any]]
+    defaults: dict[str, dict[str, Any]] = field(default_factory=dict)  # the library's, same keys
+    error: str | None = None  # Bridge's runtime update rejected the config (then: the values before it)
+    # env_vars names this process already had: setdefault kept its value, not the recipe's
+    env_from_process: dict[str, str] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)  # what Bridge printed or logged while updating
+
+    def to_record(self) -> dict[str, Any]:
+        """run.json's ``bridge.effective``."""
+        return {
+            "sections": self.sections,
+            "error": self.error,
+            "env_from_process": self.env_from_process,
+            "notes": self.notes,
+        }
+
+    def flat(self) -> dict[str, Any]:
+        """section.field -> value."""
+        return {
+            _dotted(s, name): value for s, fields in self.sections.items() for name, value in fields.items()
+        }
+
+    def lines(self) -> list[str]:
+        out = []
+        if self.error:
+            out.append(f"Bridge's runtime update REJECTS this config: {self.error}")
+            out.append("(values below: the config before the update)")
+        out += [f"Bridge: {note}" for note in self.notes]
+        for section, fields in self.sections.items():
+            out.append(f"{section}: {len(fields)} field(s)")
+            defaults = self.defaults.get(section, {})
+            for name, value in fields.items():
+                default = defaults.get(name)
+                library = "" if section == "env_vars" else f"   (library: {show(default)})"
+                launcher = " (this process's, not the recipe's)" if name in self.env_from_process else ""
+                out.append(f"  {name:<48} = {show(value)}{library}{launcher}")
+        return out
+
+
+def _dotted(section: str, name: str) -> str:
+    return f"{section}.{name}" if name else section
+
+
+def show(value: Any) -> str:
+    text = repr(value) if value == "" else str(value)
+    return text if len(text) <= 100 else text[:97] + "..."
+
+
+# --- values -----------------------------------------------------------------------------------
+
+
+def _name(obj: Any) -> str:
+    module = getattr(obj, "__module__", None) or ""
+    qualname = getattr(obj, "__qualname__", None) or getattr(obj, "__name__", None) or type(obj).__name__
+    return f"{module}.{qualname}" if module and module != "builtins" else str(qualname)
+
+
+def plain(value: Any, run_dir: str | None = None) -> Any:
+    """A JSON-safe value that names the same thing in every process: enums by name, callables by
+    qualified name (not their address), dtypes as torch spells them, this run's directory as RUN_DIR."""
+    if value is None or isinstance(value, bool | int):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else str(value)
+    if isinstance(value, str):
+        return value.replace(run_dir, RUN_DIR) if run_dir else value
+    if isinstance(value, enum.Enum):
+        return value.name
+    if isinstance(value, Path):
+        return plain(str(value), run_dir)
+    if isinstance(value, list | tuple | set | frozenset):
+        items = sorted(value, key=str) if isinstance(value, set | frozenset) else value
+        return [plain(item, run_dir) for item in items]
+    if isinstance(value, dict):
+        return {str(k): plain(v, run_dir) for k, v in value.items()}
+    if isinstance(value, functools.partial):
+        args = [plain(a, run_dir) for a in value.args]
+        kwargs = [f"{k}={plain(v, run_dir)}" for k, v in value.keywords.items()]
+        return f"partial({', '.join([_name(value.func), *map(str, args), *kwargs])})"
+    if callable(value):
+        return _name(value)
+    if type(value).__module__ == "torch" and type(value).__name__ == "dtype":
+        return str(value)
+    return f"<{_name(type(value))}>"
+
+
+def _hf_config(value: Any) -> bool:
+    return hasattr(value, "to_diff_dict") and hasattr(value, "model_type")
+
+
+def leaves(value: Any, run_dir: str | None = None, depth: int = 0) -> dict[str, Any]:
+    """A nested config as dotted leaves ("" for a value that is a leaf itself).
+
+    Config objects (dataclasses, transformers configs) open up, so a diff names the one nested field
+    that changed; a transformers config shows only what differs from its class's defaults.
+    """
+    if depth < _DEPTH and dataclasses.is_dataclass(value) and not isinstance(value, type):
+        out: dict[str, Any] = {}
+        for f in dataclasses.fields(value):
+            if not f.name.startswith("_"):
+                for key, leaf in leaves(getattr(value, f.name, None), run_dir, depth + 1).items():
+                    out[f"{f.name}.{key}" if key else f.name] = leaf
+        return out
+    if depth < _DEPTH and _hf_config(value):
+        diff = value.to_diff_dict()
+        return {f"{type(value).__name__}.{k}": plain(v, run_dir) for k, v in sorted(diff.items())}
+    return {"": plain(value, run_dir)}
+
+
+def _default_of(f: dataclasses.Field[Any]) -> Any:
+    if f.default is not dataclasses.MISSING:
+        return f.default
+    if f.default_factory is not dataclasses.MISSING:
+        try:
+            return f.default_factory()
+        except Exception:  # a factory that needs the runtime (a process group): no usable default
+            return NO_DEFAULT
+    return NO_DEFAULT
+
+
+def section_diff(
+    obj: Any, default_obj: Any = None, run_dir: str | None = None
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(values, library defaults) of the dotted fields of `obj` that differ from its class's defaults.
+
+    `default_obj`: the section's value when the container's default is not an object (None), e.g. a
+    recipe's comm_overlap against ConfigContainer's comm_overlap=None.
+    """
+    values: dict[str, Any] = {}
+    defaults: dict[str, Any] = {}
+    if obj is None:
+        return values, defaults
+    if not dataclasses.is_dataclass(obj):
+        return (
+            ({"": plain(obj, run_dir)}, {"": plain(default_obj, run_dir)}) if obj != default_obj else ({}, {})
+        )
+    declared = {f.name for f in dataclasses.fields(obj)}
+    for f in dataclasses.fields(obj):
+        if f.name.startswith("_"):
+            continue
+        now = leaves(getattr(obj, f.name, None), run_dir)
+        default = _default_of(f)
+        then = {"": NO_DEFAULT} if default is NO_DEFAULT else leaves(default, run_dir)
+        if "" in now:  # a plain value now: compare it whole
+            value, library = now[""], then.get("", then)
+            if value != library:
+                values[f.name], defaults[f.name] = value, library
+            continue
+        for key in dict.fromkeys([*now, *then]):
+            # A config object where the library has a plain value (None): each of its fields differs.
+            value, library = now.get(key, ABSENT), then.get("", then.get(key, ABSENT))
+            if value != library:
+                values[f"{f.name}.{key}"], defaults[f"{f.name}.{key}"] = value, library
+    # Attributes a recipe set that the class does not declare (nothing in the library reads them).
+    for name, value in sorted(vars(obj).items()):
+        if name not in declared and not name.startswith("_"):
+            values[name], defaults[name] = plain(value, run_dir), ABSENT
+    return values, defaults
+
+
+def diff_against_defaults(cfg: Any, env: Mapping[str, str], run_dir: str | None = None) -> Effective:
+    """Every section of a ConfigContainer, as the fields that differ from the library's defaults."""
+    container_fields = {f.name: f for f in dataclasses.fields(cfg) if not f.name.startswith("_")}
+    order = [*LEADING_SECTIONS, *(name for name in container_fields if name not in LEADING_SECTIONS)]
+    sections: dict[str, dict[str, Any]] = {}
+    defaults: dict[str, dict[str, Any]] = {}
+    for name in order:
+        if name == "env_vars":
+            values = {key: plain(env.get(key, value), run_dir) for key, value in sorted(cfg.env_vars.items())}
+            sections[name], defaults[name] = values, {}
+            continue
+        obj = getattr(cfg, name, None)
+        if obj is None:
+            default = _default_of(container_fields[name])
+            if default is not None and default is not NO_DEFAULT:
+                sections[name], defaults[name] = {"": None}, {"": f"<{_name(type(default))}>"}  # switched off
+            continue
+        values, library = section_diff(obj, run_dir=run_dir)
+        if values:
+            sections[name], defaults[name] = values, library
+    return Effective(sections, defaults)
+
+
+# --- Bridge's runtime update, on a copy -------------------------------------------------------
+
+
+@contextlib.contextmanager
+def _environment(spec: RunSpec, env_names: set[str], planned: bool) -> Iterator[None]:
+    """The process environment Bridge's runtime update reads, restored afterwards.
+
+    Planned: one rank of this job on the cluster (WORLD_SIZE, RANK; the cluster's GPU answers
+    torch.cuda.get_device_properties), with the recipe's env_vars unset here so theirs apply.
+    """
+    import torch
+
+    saved = dict(os.environ)
+    query = torch.cuda.get_device_properties
+    try:
+        if planned:
+            for name in env_names:
+                os.environ.pop(name, None)
+            os.environ.update(WORLD_SIZE=str(spec.layout.world_size), RANK="0", LOCAL_RANK="0")
+            capability = spec.cluster.compute_capability
+            device = SimpleNamespace(
+                name=spec.cluster.gpu, major=int(capability), minor=round(capability % 1 * 10)
+            )
+            torch.cuda.get_device_properties = lambda *_args, **_kwargs: device  # type: ignore[assignment]
+        yield
+    finally:
+        torch.cuda.get_device_properties = query  # type: ignore[assignment]
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+class _Notes(logging.Handler):
+    def __init__(self, notes: list[str]) -> None:
+        super().__init__(logging.INFO)
+        self.notes = notes
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.notes.append(record.getMessage())
+
+
+@contextlib.contextmanager
+def _captured() -> Iterator[list[str]]:
+    """What Bridge prints (print_rank_0) and logs while updating, as notes instead of output:
+    why a value changed ("Disabling tensor parallel communication overlap due to TP size < 2")."""
+    notes: list[str] = []
+    handler = _Notes(notes)
+    root = logging.getLogger()
+    stdout = io.StringIO()
+    root.addHandler(handler)
+    try:
+        with contextlib.redirect_stdout(stdout), warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # deprecation notes; the values say what happened
+            yield notes
+    finally:
+        root.removeHandler(handler)
+        notes.extend(line.strip() for line in stdout.getvalue().splitlines() if line.strip())
+
+
+def effective_config(cfg: Any, spec: RunSpec, run_dir: Path | None = None, *, planned: bool) -> Effective:
+    """Bridge's runtime update applied to a copy of `cfg` (the engine's, after THE table), diffed
+    against the library's defaults. A config the update rejects yields the error and the values
+    before the update, so the plan can print both."""
+    from megatron.bridge.training.config import runtime_config_update
+
+    updated = copy.deepcopy(cfg)
+    names = set(cfg.env_vars)
+    own = {name: os.environ[name] for name in names if name in os.environ} if not planned else {}
+    error = None
+    with _environment(spec, names, planned), _captured() as notes:
+        try:
+            runtime_config_update(updated)
+        except Exception as exc:  # the library's own check: reported, not raised, in a plan
+            error = f"{type(exc).__name__}: {exc}"
+            updated = copy.deepcopy(cfg)
+        env = {name: os.environ.get(name, str(cfg.env_vars[name])) for name in names}
+    result = diff_against_defaults(updated, env, str(run_dir) if run_dir else None)
+    result.error = error
+    result.notes = notes
+    result.env_from_process = {name: value for name, value in own.items() if value != str(cfg.env_vars[name])}
+    return result
+
+
+# --- side by side -----------------------------------------------------------------------------
+
+
+def differing(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[str]:
+    """Dotted names whose values differ between two flat effective configs (absent counts)."""
+    keys = list(dict.fromkeys([*a, *b]))
+    return [k for k in keys if a.get(k, ABSENT) != b.get(k, ABSENT)]
+
+
+def side_by_side(a: Mapping[str, Any], b: Mapping[str, Any], labels: tuple[str, str]) -> list[str]:
+    """One line per differing field: name, A's value, B's value (ABSENT where one lacks it)."""
+    names = differing(a, b)
+    if not names:
+        return ["(no differences)"]
+    width = max(len(n) for n in names)
+    lines = [f"{'field':<{width}}  {labels[0]:<30}  {labels[1]}"]
+    for name in names:
+        left, right = show(a.get(name, "-")), show(b.get(name, "-"))
+        lines.append(f"{name:<{width}}  {left:<30}  {right}")
+    return lines

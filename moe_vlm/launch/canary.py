@@ -1,0 +1,116 @@
+"""The canary: one short job that proves the job environment can run the sweep's points.
+
+    python -m moe_vlm.launch.canary <the first point's task overrides>
+
+Submitted by the Slurm launcher once per (cluster, container image) before the points, through
+the same sbatch/srun lines (partition, container image and mounts, setup lines, interpreter);
+the points wait on it with `--dependency=afterok`. In about a minute it:
+
+1. imports what every point's job imports (submitit, Hydra, the launcher plugin, moe_vlm);
+2. composes the point's config and checks its data can be read here;
+3. imports the point's engine: torch and transformers for engine=torch; for engine=megatron the
+   Megatron stack the run needs, then builds the Bridge ConfigContainer (moe_vlm.engines.megatron
+   .config.build_config) in a scratch directory;
+4. on a GPU cluster, checks that CUDA sees the job's GPUs (driver and container agree).
+
+It exits 0, or prints the traceback and then one last line starting `moe_vlm canary: FAILED`,
+which `moe-vlm status` shows as the evidence of the held points. A container that cannot even
+start Python still fails the canary (its exit status is written by the batch script).
+
+Only the standard library is imported at module level: a missing package is the finding.
+"""
+
+from __future__ import annotations
+
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from moe_vlm.spec import RunSpec
+
+FAILED_PREFIX = "moe_vlm canary: FAILED"
+OK_PREFIX = "moe_vlm canary: ok"
+
+
+class CanaryFailed(RuntimeError):
+    """A check failed for a reason the message says in one line."""
+
+
+def compose_spec(overrides: list[str]) -> RunSpec:
+    import submitit  # noqa: F401  (the points run submitit's job runner)
+
+    import hydra_plugins.moe_vlm_sweeper.launcher  # noqa: F401  (what the points' jobs unpickle)
+    import moe_vlm.schema  # noqa: F401  (registers the config schema)
+    from moe_vlm.compose import compose_config
+    from moe_vlm.spec import RunSpec
+
+    return RunSpec.from_config(compose_config(overrides))
+
+
+def check_engine(spec: RunSpec, workdir: Path) -> str:
+    """Import what the point's engine imports; for Megatron, build its ConfigContainer."""
+    if spec.engine == "megatron":
+        from moe_vlm.engines.megatron.config import build_config, check_overrides
+        from moe_vlm.engines.megatron.stack import stack_problem, versions
+
+        problem = stack_problem(spec)  # every module this run imports: pretrain, TE, deep_ep, fla...
+        if problem:
+            raise CanaryFailed(f"engine=megatron: {problem}")
+        built = build_config(spec, workdir)
+        mismatched = check_overrides(built.cfg, spec)
+        if mismatched:
+            raise CanaryFailed("the Bridge config does not hold the table's values: " + "; ".join(mismatched))
+        found = ", ".join(f"{name} {version}" for name, version in versions().items() if version)
+        return f"Megatron stack imports ({found}); ConfigContainer built from {built.recipe.name}"
+    import torch
+    import transformers
+
+    import moe_vlm.engines.torch_engine  # noqa: F401  (transformers' Qwen3-VL-MoE, FSDP2, the data path)
+
+    return f"torch {torch.__version__} and transformers {transformers.__version__} import"
+
+
+def check_gpus(spec: RunSpec) -> str:
+    if not spec.cluster.is_gpu_cluster:
+        return ""
+    import torch
+
+    if not torch.cuda.is_available() or torch.cuda.device_count() == 0:
+        raise CanaryFailed(
+            f"cluster={spec.cluster.name} but CUDA sees no GPU in the job (torch {torch.__version__}, "
+            f"CUDA {torch.version.cuda}): the container's CUDA and the node's driver disagree, or the "
+            "job got no GPUs"
+        )
+    return f"; {torch.cuda.device_count()} GPU(s): {torch.cuda.get_device_name(0)}"
+
+
+def run(overrides: list[str]) -> str:
+    spec = compose_spec(overrides)
+    from moe_vlm.data import check_data
+
+    check_data(spec)
+    with tempfile.TemporaryDirectory(prefix="moe_vlm_canary_") as scratch:
+        engine = check_engine(spec, Path(scratch))
+    return f"cluster={spec.cluster.name} engine={spec.engine}: {engine}{check_gpus(spec)}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    overrides = list(sys.argv[1:] if argv is None else argv)
+    started = time.monotonic()
+    try:
+        summary = run(overrides)
+    except Exception as exc:  # every failure is the finding; the last line says which
+        traceback.print_exc()
+        message = " ".join(str(exc).split()) or "no message"
+        print(f"{FAILED_PREFIX}: {type(exc).__name__}: {message}", file=sys.stderr)
+        return 1
+    print(f"{OK_PREFIX} in {time.monotonic() - started:.1f} s: {summary}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,95 @@
+"""Single changes that lower memory, and the first of them predicted to fit.
+
+`fits_after` returns the change and its estimate, not prose: the rules word the fix
+(rules/memory.py), the advisor applies `variant.overrides` to a command line.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import NamedTuple
+
+from moe_vlm.memory.estimate import THIN_HEADROOM_FRACTION, MemoryEstimate
+from moe_vlm.memory.predict import estimate
+from moe_vlm.schema import (
+    CudaGraphConfig,
+    CudaGraphImpl,
+    RecomputeConfig,
+    RecomputeGranularity,
+    RecomputeMethod,
+    VisionFreezeConfig,
+)
+from moe_vlm.spec import RunSpec
+
+SELECTIVE_DEFAULT = RecomputeConfig(
+    name="selective", granularity=RecomputeGranularity.selective, modules=["core_attn"]
+)
+# Deeper selective recompute Megatron offers for MoE layers, before whole-layer recompute.
+SELECTIVE_MOE = RecomputeConfig(
+    name="selective",
+    granularity=RecomputeGranularity.selective,
+    modules=["core_attn", "moe_act", "layernorm"],
+)
+FULL_RECOMPUTE = RecomputeConfig(
+    name="full", granularity=RecomputeGranularity.full, method=RecomputeMethod.uniform, num_layers=1
+)
+NO_GRAPHS = CudaGraphConfig(name="none")
+
+
+def with_recompute(spec: RunSpec, recompute: RecomputeConfig) -> RunSpec:
+    return replace(spec, recompute=recompute)
+
+
+@dataclass(frozen=True)
+class Variant:
+    overrides: str  # the command-line overrides that produce it, shell-quoted
+    spec: RunSpec
+
+
+class Fit(NamedTuple):
+    variant: Variant
+    estimate: MemoryEstimate
+
+
+def memory_variants(spec: RunSpec) -> list[Variant]:
+    """Single changes that lower memory, cheapest in throughput first (the order the guide implies)."""
+    variants: list[Variant] = []
+    scoped_graphs = spec.cuda_graph.impl not in (CudaGraphImpl.none, CudaGraphImpl.full_iteration)
+    if spec.recompute.granularity is RecomputeGranularity.none:
+        variants.append(Variant("recompute=selective", with_recompute(spec, SELECTIVE_DEFAULT)))
+    deeper = not set(SELECTIVE_MOE.modules) <= set(spec.recompute.modules)
+    if spec.recompute.granularity is not RecomputeGranularity.full and deeper:
+        variants.append(
+            Variant(
+                "recompute=selective 'recompute.modules=[core_attn,moe_act,layernorm]'",
+                with_recompute(spec, SELECTIVE_MOE),
+            )
+        )
+    if spec.recompute.granularity is not RecomputeGranularity.full:
+        full = with_recompute(spec, FULL_RECOMPUTE)
+        if scoped_graphs:
+            variants.append(Variant("recompute=full cuda_graph=none", replace(full, cuda_graph=NO_GRAPHS)))
+        else:
+            variants.append(Variant("recompute=full", full))
+    if not spec.freeze.vision:
+        frozen = VisionFreezeConfig(
+            name="vision", vision=True, projector=spec.freeze.projector, language=spec.freeze.language
+        )
+        variants.append(Variant("vision_freeze=vision", replace(spec, freeze=frozen)))
+    mbs = spec.mbs
+    while mbs > 1:
+        mbs //= 2
+        variants.append(Variant(f"mbs={mbs}", replace(spec, mbs=mbs)))
+    return variants
+
+
+def fits_after(spec: RunSpec) -> Fit | None:
+    """The first single change (memory_variants order) predicted to fit, with its estimate."""
+    estimates = [Fit(variant, estimate(variant.spec)) for variant in memory_variants(spec)]
+    # Prefer a change that leaves real headroom; a bare fit only when nothing else does.
+    for minimum in (THIN_HEADROOM_FRACTION, 0.0):
+        for fit in estimates:
+            headroom = fit.estimate.headroom_fraction
+            if headroom is not None and headroom >= minimum:
+                return fit
+    return None

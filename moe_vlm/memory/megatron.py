@@ -1,0 +1,451 @@
+"""The Megatron engine's per-GPU estimate: one function per term, `megatron_stage` assembles them.
+
+Megatron Core + Transformer Engine in bf16 with flash attention and no dropout. The saved-tensor
+tables (megatron_saved.py) say what autograd keeps per token in a decoder layer, a ViT block and
+a patch merger; each term function sizes one part of the GPU's memory on one pipeline stage (the
+first stage holds the vision tower, the embedding and the most micro-batches in flight; the last
+stage the logits). The module docstring of moe_vlm.memory lists what each term covers.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from moe_vlm.memory.estimate import (
+    ADAM_STATE_BYTES,
+    BF16,
+    CUDA_GRAPH_POOL_CONSTANT_GIB,
+    DEEPEP_DEFAULT_NUM_SMS,
+    FP32,
+    GIB,
+    MemoryEstimate,
+    Term,
+)
+from moe_vlm.memory.images import ImageBudget
+from moe_vlm.memory.megatron_saved import (
+    bytes_per_token,
+    megatron_layer_saved,
+    megatron_vision_saved,
+    sp_ranks,
+)
+from moe_vlm.memory.shared import (
+    ParamCounts,
+    Training,
+    framework_overhead,
+    full_recompute_layers,
+    param_counts,
+    selective_modules,
+    training_of,
+)
+from moe_vlm.schema import (
+    CudaGraphImpl,
+    Engine,
+    FlexBackend,
+    ParallelismFamily,
+    ShardingStrategy,
+)
+from moe_vlm.spec import RunSpec
+
+
+def _vision_bytes(spec: RunSpec, budget: ImageBudget, training: Training) -> tuple[float, str]:
+    if budget.patches == 0:
+        return 0.0, "no images in the micro-batch"
+    model = spec.model
+    block, merger = megatron_vision_saved(model)
+    vit = bytes_per_token(block, spec, training.vision, training.vision) * model.vision_depth
+    mergers = 1 + len(model.vision_deepstack_layers)
+    proj_input_grad = training.projector or training.projector_input_grad
+    proj = bytes_per_token(merger, spec, training.projector, proj_input_grad) * mergers
+    per_patch = vit + proj
+    detail = (
+        f"{budget.patches} patches x ({vit / 1024:.1f} KiB ViT over {model.vision_depth} blocks"
+        f"{'' if training.vision else ' (frozen: nothing kept)'} + {proj / 1024:.2f} KiB in "
+        f"{mergers} merger(s)"
+        f"{'' if training.projector or training.vision else ' (frozen)'}); {budget.source}"
+    )
+    return per_patch * budget.patches, detail
+
+
+# --- one pipeline stage --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One pipeline rank: the decoder layers and model parts it holds, and what trains."""
+
+    spec: RunSpec
+    index: int
+    budget: ImageBudget
+    counts: ParamCounts
+    training: Training
+
+    @property
+    def pp(self) -> int:
+        return max(self.spec.layout.pp, 1)
+
+    @property
+    def first(self) -> bool:
+        return self.index == 0  # vision tower, projector, embedding, the most micro-batches in flight
+
+    @property
+    def last(self) -> bool:
+        return self.index == self.pp - 1  # final norm, output layer, logits
+
+    @property
+    def layers(self) -> range:
+        return self.spec.stage_layer_indices(self.index)
+
+    @property
+    def tp(self) -> int:
+        return max(self.spec.layout.tp, 1)
+
+    @property
+    def ep_etp(self) -> int:
+        return max(self.spec.layout.ep, 1) * max(self.spec.layout.etp, 1)
+
+    @property
+    def tokens(self) -> float:
+        """Tokens of one micro-batch on this rank: CP splits the sequence."""
+        return self.spec.mbs * self.spec.seq_length / max(self.spec.layout.cp, 1)
+
+    @property
+    def in_flight(self) -> float:
+        return self.spec.in_flight_micro_batches if self.first else 1.0
+
+
+@dataclass(frozen=True)
+class Sharding:
+    """How the distributed optimizer (3D) or Megatron FSDP shards parameters, gradients, optimizer state."""
+
+    strategy: ShardingStrategy
+    fsdp: bool
+    dense_over: int  # DP x CP
+    experts_over: int  # expert DP
+
+    @property
+    def params(self) -> bool:
+        return self.strategy is ShardingStrategy.optim_grads_params
+
+    @property
+    def grads(self) -> bool:
+        return self.strategy in (ShardingStrategy.optim_grads, ShardingStrategy.optim_grads_params)
+
+    @property
+    def optim(self) -> bool:
+        return self.strategy is not ShardingStrategy.no_shard
+
+    @property
+    def label(self) -> str:
+        return f"Megatron FSDP {self.strategy.value}" if self.fsdp else "3D, distributed optimizer"
+
+    def per_gpu(self, dense: float, experts: float, sharded: bool) -> float:
+        return dense / self.dense_over + experts / self.experts_over if sharded else dense + experts
+
+
+def sharding(spec: RunSpec) -> Sharding:
+    fsdp = spec.family is ParallelismFamily.fsdp
+    return Sharding(
+        strategy=spec.parallelism.sharding_strategy if fsdp else ShardingStrategy.optim,
+        fsdp=fsdp,
+        dense_over=max(spec.layout.dp * spec.layout.cp, 1),
+        experts_over=max(spec.layout.expert_dp, 1),
+    )
+
+
+# --- the terms -----------------------------------------------------------------------------------
+
+
+def params_terms(stage: Stage) -> list[Term]:
+    """parameters (bf16), gradients (fp32 main grads) and optimizer_state (fp32 main + Adam m, v)."""
+    counts, training, tp, ep_etp = stage.counts, stage.training, stage.tp, stage.ep_etp
+    first, last = stage.first, stage.last
+    lang_dense = sum(counts.layers[i].dense for i in stage.layers) + (counts.embedding if first else 0)
+    lang_dense += (counts.lm_head + counts.final_norm) if last else 0
+    lang_experts = sum(counts.layers[i].experts for i in stage.layers)
+    vision_params = counts.vision if first else 0
+    projector_params = counts.projector if first else 0
+    dense = (lang_dense + vision_params + projector_params) / tp
+    experts = lang_experts / ep_etp
+    trainable_dense = (
+        (lang_dense if training.language else 0)
+        + (vision_params if training.vision else 0)
+        + (projector_params if training.projector else 0)
+    ) / tp
+    trainable_experts = experts if training.language else 0.0
+    shard = sharding(stage.spec)
+    return [
+        Term(
+            "parameters",
+            BF16 * shard.per_gpu(dense, experts, shard.params),
+            f"bf16: {dense / 1e9:.3f}B dense/TP{tp} + {experts / 1e9:.3f}B routed-expert/"
+            f"(EP x ETP = {ep_etp})"
+            + (
+                f", sharded over {shard.dense_over} / {shard.experts_over} ranks ({shard.label})"
+                if shard.params
+                else f" ({shard.label})"
+            ),
+        ),
+        Term(
+            "gradients",
+            FP32 * shard.per_gpu(trainable_dense, trainable_experts, shard.grads),
+            f"fp32 main grads of {(trainable_dense + trainable_experts) / 1e9:.3f}B trainable on this GPU"
+            + (f", sharded ({shard.label})" if shard.grads else "")
+            + ("" if training.anything else "; nothing trains"),
+        ),
+        Term(
+            "optimizer_state",
+            ADAM_STATE_BYTES * shard.per_gpu(trainable_dense, trainable_experts, shard.optim),
+            f"{ADAM_STATE_BYTES} B/trainable param (fp32 main + Adam m, v)"
+            + (
+                f" / {shard.dense_over} (dense), / {shard.experts_over} (experts)"
+                if shard.optim
+                else ", not sharded"
+            ),
+        ),
+    ]
+
+
+def fsdp_buffers(stage: Stage) -> Term | None:
+    """Megatron FSDP's unsharded working set: 2 units of bf16 parameters + 1 of fp32 gradients."""
+    shard = sharding(stage.spec)
+    if not (shard.fsdp and (shard.params or shard.grads)):
+        return None
+    counts, tp = stage.counts, stage.tp
+    unit = max(
+        [counts.layers[i].dense / tp + counts.layers[i].experts / stage.ep_etp for i in stage.layers]
+        + [counts.embedding / tp if stage.first else 0, counts.lm_head / tp if stage.last else 0]
+    )
+    unsharded_params = 2 * BF16 * unit if shard.params else 0.0
+    return Term(
+        "fsdp_buffers",
+        unsharded_params + FP32 * unit,
+        f"largest FSDP unit {unit / 1e6:.1f}M params: "
+        + ("2 x bf16 all-gathered (current + prefetch) + " if shard.params else "")
+        + "1 x fp32 gradient before reduce-scatter",
+    )
+
+
+def decoder_activations(stage: Stage) -> Term:
+    """What autograd keeps for one micro-batch through this stage's decoder layers."""
+    spec, training, tokens = stage.spec, stage.training, stage.tokens
+    indices = stage.layers
+    sp = sp_ranks(spec)
+    # Gradients cross every layer whenever anything in or before the decoder trains.
+    layer_kept = [
+        bytes_per_token(
+            megatron_layer_saved(spec.model, i, spec.layout.etp),
+            spec,
+            training.language,
+            training.decoder_saves,
+        )
+        for i in indices
+    ]
+    recomputed, rematerialised = full_recompute_layers(spec.recompute, len(indices))
+    if not training.decoder_saves:
+        decoder_bytes, how = 0.0, "language frozen and nothing before it trains: nothing kept"
+    elif recomputed:
+        kept_inputs = BF16 * spec.model.hidden_size / sp * recomputed / max(rematerialised, 1)
+        stored = sum(layer_kept[recomputed:])
+        working = max(layer_kept) * rematerialised
+        decoder_bytes = tokens * (kept_inputs + stored) + tokens * working
+        how = (
+            f"full recompute of {recomputed}/{len(indices)} layers: chunk inputs kept + "
+            f"{rematerialised} layer(s) "
+            f"rematerialised in backward ({max(layer_kept) * tokens / GIB:.2f} GiB)"
+        )
+    else:
+        decoder_bytes = tokens * sum(layer_kept)
+        selective = sorted(selective_modules(spec.recompute))
+        how = f"{sum(layer_kept) / len(indices) / 1024:.1f} KiB/token/layer" + (
+            f", selective recompute of {', '.join(selective)}" if selective else ", no recompute"
+        )
+    return Term(
+        "decoder_activations",
+        decoder_bytes,
+        f"{len(indices)} layer(s) x {tokens:.0f} tokens (MBS {spec.mbs} x seq {spec.seq_length} / CP"
+        f"{' / TP (SP)' if sp > 1 else ''}): {how}",
+    )
+
+
+def vision_activations(stage: Stage) -> Term | None:
+    """The ViT's and patch mergers' saved tensors for one micro-batch (first stage only)."""
+    if not stage.first:
+        return None
+    value, detail = _vision_bytes(stage.spec, stage.budget, stage.training)
+    return Term("vision_activations", value, detail)
+
+
+def pipeline_in_flight(stage: Stage, activations: float) -> Term | None:
+    """1F1B: the first stage holds the activations of more than one micro-batch."""
+    in_flight = stage.in_flight
+    if in_flight <= 1:
+        return None
+    vp = stage.spec.layout.vp
+    return Term(
+        "pipeline_in_flight",
+        (in_flight - 1) * activations,
+        f"{in_flight:.2f} micro-batches in flight on the first stage (1F1B"
+        f"{', interleaved VP' + str(vp) if vp > 1 else ''}): {in_flight - 1:.2f} more x "
+        "(decoder + vision activations)",
+    )
+
+
+def logits(stage: Stage) -> Term | None:
+    """Last stage: bf16 logits + the fp32 softmax the vocab-parallel cross entropy keeps."""
+    if not (stage.last and stage.training.anything):
+        return None
+    tokens, vocab, tp = stage.tokens, stage.spec.model.vocab_size, stage.tp
+    return Term(
+        "logits",
+        tokens * vocab / tp * (BF16 + FP32),
+        f"{tokens:.0f} tokens x {vocab} vocab / TP{tp} x (bf16 logits + fp32 softmax kept by "
+        "the vocab-parallel cross entropy)",
+    )
+
+
+def _deepep_bytes(spec: RunSpec) -> tuple[float, str]:
+    """DeepEP normal-mode buffers: Megatron fused_a2a.get_buffer sizes them with DeepEP's hints.
+
+    DeepEP csrc/config.hpp get_nvl_buffer_size_hint: channels (num_sms/2) x NVLink ranks (<= 8) x
+    recv-chunk tokens x (hidden bytes + top-k index/weight slots + FP8 scale slots + source meta);
+    get_rdma_buffer_size_hint adds the same per RDMA rank (x2: send + receive) past 8 ranks.
+    Recv-chunk tokens come from Buffer.get_dispatch_config (256 for <= 8 ranks, 288 up to 64).
+    """
+    model, lay = spec.model, spec.layout
+    ranks = max(lay.ep * lay.tp, 1)
+    num_sms = spec.dispatcher.num_sms or DEEPEP_DEFAULT_NUM_SMS
+    channels = num_sms // 2
+    nvl_ranks = min(ranks, 8)
+    rdma_ranks = max(ranks // 8, 1)
+    max_topk, max_scales, source_meta = 128, 128, 8
+    per_token = BF16 * model.hidden_size + max_topk * 8 + max_topk * FP32 + max_scales * FP32 + source_meta
+    recv_tokens = 256 if ranks <= 8 else 288 if ranks <= 64 else 560 if ranks <= 128 else 720
+    nvl = channels * nvl_ranks * recv_tokens * per_token
+    rdma = 2 * channels * rdma_ranks * 128 * per_token if ranks > 8 else 0
+    detail = (
+        f"DeepEP: {channels} channels x {nvl_ranks} NVLink ranks x {recv_tokens} tokens x {per_token} B"
+        + (f" + RDMA 2 x {channels} x {rdma_ranks} ranks x 128 tokens x {per_token} B" if rdma else "")
+        + " (DeepEP config.hpp size hints, as Megatron fused_a2a.get_buffer requests them)"
+    )
+    return float(nvl + rdma), detail
+
+
+def _hybridep_bytes(spec: RunSpec) -> tuple[float, str]:
+    """HybridEP buffers: DeepEP hybrid-ep csrc allocate_buffer_for_dispatch / _for_combine.
+
+    Sized for the worst case, every token of every rank in the NVLink domain routed to one
+    rank: max tokens = tokens per rank x ranks per domain x domains. Dispatch and combine each
+    hold a bf16 token buffer of max tokens x hidden and an fp32 prob buffer of max tokens x the
+    domain's experts; dispatch adds fp32 scaling factors (hidden/128 per token); across domains
+    (multi-node NVLink off) three staging buffers of tokens x (domains - 1) x hidden more.
+    """
+    model, lay = spec.model, spec.layout
+    tokens = spec.mbs * spec.seq_length // max(lay.tp * lay.cp, 1)
+    ranks_per_domain = max(min(lay.ep, spec.cluster.nvlink_domain_gpus), 1)
+    domains = max(math.ceil(lay.ep / ranks_per_domain), 1)
+    max_tokens = tokens * ranks_per_domain * domains
+    experts_in_domain = model.num_experts // max(lay.ep, 1) * ranks_per_domain
+    h = model.hidden_size
+    token_buffers = 2 * max_tokens * h * BF16
+    prob_buffers = 2 * max_tokens * experts_in_domain * FP32
+    scaling = max_tokens * (h // 128) * FP32
+    staging = 3 * tokens * (domains - 1) * (h * BF16 + experts_in_domain * FP32)
+    detail = (
+        f"HybridEP worst case {max_tokens} tokens ({tokens}/rank x {ranks_per_domain} ranks x "
+        f"{domains} domain(s)): "
+        f"2 x bf16 token buffers {token_buffers / GIB:.2f} GiB + fp32 probs over {experts_in_domain} experts "
+        f"{prob_buffers / GIB:.2f} GiB + scales"
+        + (f" + inter-domain staging {staging / GIB:.2f} GiB" if staging else "")
+    )
+    return float(token_buffers + prob_buffers + scaling + staging), detail
+
+
+def dispatcher_buffers(spec: RunSpec) -> Term:
+    backend = spec.dispatcher.backend
+    if backend is FlexBackend.deepep:
+        value, detail = _deepep_bytes(spec)
+    elif backend is FlexBackend.hybridep:
+        value, detail = _hybridep_bytes(spec)
+    else:
+        value, detail = (
+            0.0,
+            f"{spec.dispatcher.name}: permute buffers are ordinary activations (counted above)",
+        )
+    return Term("dispatcher_buffers", value, detail, allocator=False)
+
+
+def cuda_graph_pool(stage: Stage, activations: float) -> Term:
+    """Static inputs/outputs of the captured scopes, per layer per micro-batch graph set."""
+    spec = stage.spec
+    graph = spec.cuda_graph
+    if graph.impl is CudaGraphImpl.none:
+        return Term("cuda_graph_pool", 0.0, "no CUDA graphs")
+    if graph.impl is CudaGraphImpl.full_iteration:
+        # Every intermediate of the captured iteration lives in the graph's private pool, which
+        # eager allocations cannot reuse: one more micro-batch of activations, an upper bound.
+        return Term(
+            "cuda_graph_pool",
+            activations + CUDA_GRAPH_POOL_CONSTANT_GIB * GIB,
+            "full-iteration graph: its private pool keeps one micro-batch of activations apart from the "
+            f"eager pool (upper bound) + {CUDA_GRAPH_POOL_CONSTANT_GIB} GiB capture workspace",
+        )
+    model = spec.model
+    hidden = BF16 * model.hidden_size / sp_ranks(spec)
+    per_scope = {
+        "attn": 2 * hidden,  # static input + output hidden states
+        "moe_router": hidden + (FP32 + 1) * model.num_experts,  # input + probs + routing map
+        "moe_preprocess": 8 * model.moe_top_k,  # permutation indices
+        "mlp": 2 * hidden,
+        "moe": 2 * hidden,
+        "mamba": 2 * hidden,
+    }
+    scopes = graph.scope or ["attn", "mlp"]
+    per_token = sum(per_scope.get(s, 2 * hidden) for s in scopes)
+    graph_sets = max(math.ceil(stage.in_flight), 1)
+    layers, tokens = len(stage.layers), stage.tokens
+    static = per_token * tokens * layers * graph_sets
+    return Term(
+        "cuda_graph_pool",
+        static + CUDA_GRAPH_POOL_CONSTANT_GIB * GIB,
+        f"TE graphs of [{', '.join(scopes)}]: static I/O {per_token:.0f} B/token x {tokens:.0f} tokens "
+        f"x {layers} "
+        f"layers x {graph_sets} micro-batch graph set(s) + {CUDA_GRAPH_POOL_CONSTANT_GIB} GiB pool workspace",
+    )
+
+
+# --- assembly ------------------------------------------------------------------------------------
+
+
+def megatron_stage(spec: RunSpec, stage: int, budget: ImageBudget, counts: ParamCounts) -> MemoryEstimate:
+    at = Stage(spec, stage, budget, counts, training_of(spec, budget))
+    terms = params_terms(at)
+    terms += [t for t in (fsdp_buffers(at),) if t]
+    decoder, vision = decoder_activations(at), vision_activations(at)
+    activations = decoder.bytes + (vision.bytes if vision else 0.0)
+    optional = (vision, pipeline_in_flight(at, activations), logits(at))
+    terms += [decoder, *(t for t in optional if t)]
+    terms += [dispatcher_buffers(spec), cuda_graph_pool(at, activations)]
+    terms.append(framework_overhead(terms))
+    return MemoryEstimate(
+        engine=Engine.megatron,
+        device="gpu",
+        measured_as="cuda_max_allocated",
+        capacity_gib=spec.cluster.gpu_memory_gib or None,
+        peak_stage="only" if at.pp == 1 else ("first" if at.first else "last"),
+        terms=tuple(terms),
+        notes=(
+            "GPU terms are analytic and not yet calibrated on a GPU (scripts/calibrate_memory.py measures "
+            "the torch engine on CPU; see docs/readme/memory.md).",
+            "activations assume balanced routing (Bridge perf recipes force it); imbalance adds to the "
+            "expert terms.",
+        ),
+    )
+
+
+def megatron_estimate(spec: RunSpec, budget: ImageBudget) -> MemoryEstimate:
+    """The fuller of the first and last pipeline stages (the only one without PP)."""
+    counts = param_counts(spec.model)
+    pp = max(spec.layout.pp, 1)
+    stages = [megatron_stage(spec, s, budget, counts) for s in sorted({0, pp - 1})]
+    return max(stages, key=lambda e: e.total_gib)
