@@ -15,8 +15,17 @@ from moe_vlm.spec import RunSpec
 
 def _fmt(value: Any) -> str:
     if isinstance(value, dict | list):
-        return json.dumps(value)
+        return json.dumps(value, default=repr)  # a KEEP entry prints as "(recipe's)"
     return str(value)
+
+
+def routing_line(spec: RunSpec) -> str:
+    if spec.router.force_load_balancing:
+        return (
+            "routing        FORCED BALANCE: random router logits, every expert equally loaded whatever the "
+            "data (MCore: benchmark only); reports label it and never rank it with real routing"
+        )
+    return "routing        real: the router's own logits choose the experts"
 
 
 def layout_lines(spec: RunSpec) -> list[str]:
@@ -33,6 +42,7 @@ def layout_lines(spec: RunSpec) -> list[str]:
         f"batch          GBS={spec.gbs}{gbs_note} = MBS {spec.mbs} x DP {lay.dp} x {spec.accumulation_steps} "
         f"accumulation step(s); seq_length={spec.seq_length}",
         f"data workers   {data_workers(spec).describe()}",
+        routing_line(spec),
     ]
 
 
@@ -51,6 +61,7 @@ def megatron_lines(spec: RunSpec) -> list[str]:
     lines = [
         "-- Megatron Bridge --",
         f"recipe         {recipe.name} ({recipe.kind}{note})",
+        f"recipe family  {recipe.family}: the same on every cluster of this model",
         f"hf config      {source}",
         "forward step   megatron.bridge.models.qwen_vl.qwen3_vl_step.forward_step, one process per GPU",
         f"fields         {len(overrides)} rows of moe_vlm/engines/bridge_fields.py (knob -> field = value; "
@@ -82,6 +93,28 @@ def stack_lines(spec: RunSpec) -> list[str]:
     return [*lines, verdict]
 
 
+def effective_lines(spec: RunSpec) -> list[str]:
+    """Bridge's configuration after its own runtime update, on CPU, and what differs across the
+    recipe family (moe_vlm/engines/megatron/effective.py); engine=megatron with the stack installed."""
+    title = (
+        "-- effective configuration: Bridge's runtime_config_update run here as one rank on "
+        f"{spec.cluster.name} would; the fields that differ from the library defaults --"
+    )
+    try:
+        from moe_vlm.engines.megatron.effective import plan_effective
+
+        planned = plan_effective(spec)
+    except Exception as exc:  # no stack here, or a recipe this Bridge lacks: the plan says so and goes on
+        return [title, f"not built here: {type(exc).__name__}: {exc}"]
+    return [
+        title,
+        *planned.effective.lines(),
+        "",
+        f"-- recipe family {planned.recipe.family}: this point on each of its perf recipes --",
+        *planned.family_lines(),
+    ]
+
+
 def memory_lines(spec: RunSpec) -> list[str]:
     """The per-rank memory breakdown and the headroom against the cluster's GPU memory."""
     try:
@@ -94,7 +127,7 @@ def render(spec: RunSpec, findings: list[Finding]) -> str:
     knobs = [
         f"model={spec.model.name} parallelism={spec.family} dispatcher={spec.dispatcher.name} "
         f"recompute={spec.recompute.name} cuda_graph={spec.cuda_graph.name} vision_freeze={spec.freeze.name} "
-        f"data={spec.data.kind.value} cluster={spec.cluster.name}",
+        f"data={spec.data.kind.value} cluster={spec.cluster.name} router={spec.router.name}",
         f"engine={spec.engine} (requested {spec.engine_requested}) nodes={spec.layout.nodes} mbs={spec.mbs} "
         f"gbs={spec.gbs} seq_length={spec.seq_length} train_iters={spec.train_iters} seed={spec.seed}",
     ]
@@ -108,6 +141,8 @@ def render(spec: RunSpec, findings: list[Finding]) -> str:
         # An invalid plan never runs: skip the seconds of importing Megatron to probe its stack.
         stack = stack_lines(spec) if not errors else ["-- stack --", "not checked: the plan is INVALID"]
         out += [*megatron_lines(spec), "", *stack]
+        if not errors:
+            out += ["", *effective_lines(spec)]
     else:
         out += [
             "-- torch engine --",

@@ -183,7 +183,8 @@ def base_record(spec: RunSpec, config: dict[str, Any], status: str) -> dict[str,
                 "etp": layout.etp,
             },
             "engine": spec.engine,
-            "data": {"kind": spec.data.kind.value},
+            # Forced-balance routing is labelled beside the data kind: neither is a real-routing VLM run.
+            "data": {"kind": spec.data.kind.value, "routing": spec.router.name},
             "env": env,
         }
     )

@@ -5,11 +5,13 @@
     moe-vlm report SWEEP --save-baseline baseline.json       # after a good sweep
     moe-vlm report SWEEP --baseline baseline.json --tolerance 0.05
     moe-vlm report BIG_SWEEP --top 20                         # the best 20 rows per ranked table
+    moe-vlm report --diff RUN_A RUN_B                         # why is A faster than B?
 
 Reads completed, failed and rejected runs alike into one pandas table (results.csv and
 results.parquet), writes report.md and the plots next to them in the first PATH (or --out), and
-prints the Markdown report. Completed synthetic/real runs are ranked by effective (real)
-tokens/s/GPU; mock-data runs go to a separate, labelled table and never into that ranking.
+prints the Markdown report. Completed synthetic/real runs with real routing are ranked by
+effective (real) tokens/s/GPU; mock-data runs and forced-balance runs (router=forced_balance) go
+to separate, labelled tables and never into that ranking.
 A ranked table shows the best --top rows (see --help) and one summary line for the rest; each
 plot names at most plots.PLOT_TOP configs and draws the rest as one "+ K more, median X" entry.
 
@@ -37,8 +39,7 @@ import pandas as pd
 
 from moe_vlm import plots, stragglers
 from moe_vlm.errors import EXIT_FAILED, EXIT_INVALID, BadInput
-from moe_vlm.metrics import by_step, steady_window
-from moe_vlm.record import RUN_JSON, STEPS_JSONL, read_steps, write_atomic
+from moe_vlm.record import RUN_JSON, write_atomic
 
 EXIT_OK = 0
 EXIT_REGRESSED = EXIT_FAILED  # the work "failed": --baseline found a regression
@@ -67,6 +68,7 @@ KNOBS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "data": (("data", "kind"), ("config", "data", "kind")),
     "pack_sequences": (("spec", "data", "pack_sequences"), ("config", "data", "pack_sequences")),
     "cluster": (("spec", "cluster", "name"), ("config", "cluster", "name")),
+    "router": (("spec", "router", "name"), ("config", "router", "name")),
     "engine": (("spec", "engine"), ("engine",)),
     "mbs": (("spec", "mbs"), ("config", "mbs")),
     "gbs": (("spec", "gbs"), ("config", "gbs")),
@@ -135,9 +137,13 @@ def row_of(run_file: Path, record: dict[str, Any]) -> dict[str, Any]:
     gbs, seq = row.get("gbs"), row.get("seq_length")
     row["gbs_tokens"] = gbs * seq if isinstance(gbs, int) and isinstance(seq, int) else None
     row["gpu"] = _dig(record, ("spec", "cluster", "gpu")) or _dig(record, ("config", "cluster", "gpu"))
+    forced = _dig(record, ("spec", "router", "force_load_balancing"))
+    row["forced_balance"] = bool(
+        forced if forced is not None else _dig(record, ("config", "router", "force_load_balancing"))
+    )
     row["gpu_memory_gib"] = _dig(record, ("spec", "cluster", "gpu_memory_gib"))
     row["reason"] = _reason(record)
-    view = _stragglers(run_file, record)
+    view = stragglers.of_run(run_file, record)
     row["stragglers"] = view.text() if view else None
     row["straggler_ranks"] = view.ranks if view else None
     row["straggler_hosts"] = view.hosts if view else None
@@ -180,18 +186,6 @@ def row_of(run_file: Path, record: dict[str, Any]) -> dict[str, Any]:
 
 def _steady(steps: Any) -> str | None:
     return f"{steps[0]}-{steps[1]}" if isinstance(steps, list) and len(steps) == 2 else None
-
-
-def _stragglers(run_file: Path, record: dict[str, Any]) -> stragglers.Stragglers | None:
-    """Slow ranks and nodes of a completed run, from summary.per_rank (older records: steps.jsonl)."""
-    if record.get("status") != "completed":
-        return None
-    per_rank = (record.get("summary") or {}).get("per_rank")
-    if per_rank is None:
-        grouped = by_step(read_steps(run_file.parent / STEPS_JSONL))
-        window = steady_window(grouped, int(_dig(record, ("spec", "warmup_steps")) or 0))
-        per_rank = stragglers.rank_medians([grouped[step] for step in window.steps])
-    return stragglers.find(per_rank)
 
 
 def _reason(record: dict[str, Any]) -> str | None:
@@ -238,9 +232,16 @@ def is_mock(table: pd.DataFrame) -> pd.Series:
     return table["data"].astype(str) == "mock"
 
 
-def ranked(table: pd.DataFrame, mock: bool) -> pd.DataFrame:
-    """Completed runs of one data class, best effective tokens/s/GPU first."""
-    done = table[(table["status"] == "completed") & (is_mock(table) == mock)]
+def is_forced_balance(table: pd.DataFrame) -> pd.Series:
+    """Random router logits (router.force_load_balancing): experts balanced whatever the data."""
+    return table["forced_balance"].fillna(False).astype(bool)
+
+
+def ranked(table: pd.DataFrame, mock: bool, forced: bool = False) -> pd.DataFrame:
+    """Completed runs of one class, best effective tokens/s/GPU first: mock data (whatever the
+    routing), forced-balance routing on synthetic/real data, or neither (the ranked class)."""
+    forced_class = is_forced_balance(table) & ~is_mock(table)
+    done = table[(table["status"] == "completed") & (is_mock(table) == mock) & (forced_class == forced)]
     return done.sort_values("effective_tokens_per_s_per_gpu", ascending=False, na_position="last")
 
 
@@ -605,12 +606,18 @@ def build_report(
         "nominal = GBS x seq_length. TFLOP/s/GPU and MFU use our model FLOPs (real tokens, frozen-aware).",
     ]
     made: list[plots.Plot] = []
+    mock_title = "## MOCK data (image-free): NOT a VLM performance proxy, not ranked with synthetic/real"
+    forced_title = (
+        "## FORCED-BALANCE routing (random router logits, MCore: benchmark only): NOT a measure of "
+        "real routing, not ranked with real-routing runs"
+    )
     sections = [
-        (False, "## Ranked: synthetic and real data"),
-        (True, "## MOCK data (image-free): NOT a VLM performance proxy, not ranked with synthetic/real"),
+        (False, False, "## Ranked: synthetic and real data, real routing"),
+        (True, False, mock_title),
+        (False, True, forced_title),
     ]
-    for mock, title in sections:
-        rows = ranked(table, mock)
+    for mock, forced, title in sections:
+        rows = ranked(table, mock, forced)
         if rows.empty:
             continue
         lines += ["", title, "", results_table(rows, knobs, top), ""]
@@ -620,7 +627,7 @@ def build_report(
         lines.append(
             "- vis/proj/dec %: vision encoder / projector / decoder share of measured component time."
         )
-        if not made:  # plots from the ranked class if any, else from mock (labelled), never mixed
+        if not made and not forced:  # from the ranked class if any, else mock (labelled), never mixed
             made = plots.all_plots(rows, knobs, mock, min(top, plots.PLOT_TOP))
 
     lines += stragglers.section(table[table["status"] == "completed"].to_dict("records"), top)
@@ -678,6 +685,12 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--save-baseline", metavar="FILE", help="save this report's throughput as a baseline")
     p.add_argument(
+        "--diff",
+        action="store_true",
+        help="the two PATHs are runs A and B: their time per component and every configuration difference "
+        "(knobs, Bridge's effective config) side by side; why is A faster than B?",
+    )
+    p.add_argument(
         "--top",
         type=_row_count,
         default=DEFAULT_TOP,
@@ -701,8 +714,24 @@ def _row_count(text: str) -> int:
     return value
 
 
+def _diff(paths: list[str]) -> int:
+    from moe_vlm import report_diff  # it imports this module
+
+    try:
+        if len(paths) != 2:
+            raise BadInput(f"--diff takes two runs, RUN_A RUN_B; got {len(paths)} PATH(s)")
+        text = report_diff.render(*paths)
+    except BadInput as exc:
+        print(f"moe-vlm report: error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    print(text, end="")
+    return EXIT_OK
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    if args.diff:
+        return _diff(args.paths)
     try:
         if args.compare and args.compare not in KNOBS:
             raise BadInput(f"unknown knob {args.compare!r} for --compare; allowed: {', '.join(KNOBS)}")

@@ -230,8 +230,29 @@ class ClusterConfig:
     gpu_memory_gib: float = 0.0
     nvlink_domain_gpus: int = 1  # GPUs that share one NVLink domain (NVL72: 72)
     peak_bf16_flops: float = 0.0  # dense BF16 peak per GPU, the MFU denominator
+    # Dense FP8 / FP4 peaks per GPU (0 = none): the precision's own MFU column (precision=fp8cs|fp8mx|nvfp4)
+    peak_fp8_flops: float = 0.0
+    peak_fp4_flops: float = 0.0
     default_dispatcher: str = "alltoall"
     is_gpu_cluster: bool = False
+
+
+# --- precision -------------------------------------------------------------------------------
+
+
+class Precision(StrEnum):
+    """The decoder GEMMs' number format; moe_vlm/precision.py holds one profile per member."""
+
+    bf16 = "bf16"  # BF16 everywhere (the perf recipes' *_bf16_config)
+    fp8cs = "fp8cs"  # FP8 with per-tensor current scaling (*_fp8cs_config): Hopper and Blackwell
+    fp8mx = "fp8mx"  # MXFP8, one E8M0 scale per 32 values (*_fp8mx_config): Blackwell only
+    nvfp4 = "nvfp4"  # NVFP4, one E4M3 scale per 16 values: Blackwell only, no Qwen-VL perf recipe
+
+
+@dataclass
+class PrecisionConfig:
+    name: str = "bf16"
+    format: Precision = Precision.bf16
 
 
 # --- MoE routing -----------------------------------------------------------------------------
@@ -258,6 +279,7 @@ class TrainConfig:
     data: DataConfig = MISSING
     cluster: ClusterConfig = MISSING
     router: RouterConfig = MISSING
+    precision: PrecisionConfig = MISSING
     engine: Engine = Engine.auto
     dry_run: bool = False
     mbs: int = 1

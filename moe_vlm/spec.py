@@ -25,6 +25,7 @@ from moe_vlm.schema import (
     ModelConfig,
     ParallelismConfig,
     ParallelismFamily,
+    PrecisionConfig,
     RecomputeConfig,
     RouterConfig,
     TrainConfig,
@@ -138,6 +139,7 @@ class RunSpec:
     data: DataConfig
     cluster: ClusterConfig
     router: RouterConfig
+    precision: PrecisionConfig
     engine: Engine  # resolved: torch | megatron
     engine_requested: Engine  # as the user set it: auto | torch | megatron
     dry_run: bool
@@ -317,6 +319,7 @@ def build_spec(train: TrainConfig) -> RunSpec:
         data=train.data,
         cluster=cluster,
         router=train.router,
+        precision=train.precision,
         engine=engine,
         engine_requested=train.engine,
         dry_run=train.dry_run,

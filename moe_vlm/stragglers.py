@@ -13,7 +13,8 @@ next collective. A flag is therefore strongest evidence where a rank's time is i
 wait, and a component it computes without a collective. Every rank's medians stay in
 `summary.per_rank` for the reading the flags do not settle.
 
-`metrics.summarize` stores `rank_medians` in run.json (`summary.per_rank`); the report calls `find`.
+`metrics.summarize` stores `rank_medians` in run.json (`summary.per_rank`); the report calls
+`of_run` and `section`.
 Records written before the host was recorded have `host: None`: ranks are still compared, nodes are
 not.
 """
@@ -21,6 +22,7 @@ not.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from statistics import median
 from typing import Any
 
@@ -141,15 +143,15 @@ def find(per_rank: list[dict[str, Any]], threshold: float = THRESHOLD) -> Stragg
 
         slow_nodes: dict[str, float] = {}  # host -> its median, when flagged
         if len(hosts) > 1:
-            for host, entries in sorted(hosts.items()):
+            for name, entries in sorted(hosts.items()):
                 values = [e["median_s"][metric] for e in entries if metric in e["median_s"]]
                 if values and slow(median(values)):
-                    slow_nodes[host] = median(values)
+                    slow_nodes[name] = median(values)
                     label = _ranks_label([int(e["rank"]) for e in entries])
-                    flags.append(Flag(f"node {host} ({label})", host, metric, median(values), job))
+                    flags.append(Flag(f"node {name} ({label})", name, metric, median(values), job))
         for entry in per_rank:
             seconds = entry["median_s"].get(metric)
-            host = entry.get("host")
+            host: str | None = entry.get("host")
             # A rank of a flagged node is listed only when it is slow against its own node too.
             node = slow_nodes.get(str(host)) if host else None
             if seconds is not None and slow(seconds) and (node is None or seconds > threshold * node):
@@ -157,6 +159,23 @@ def find(per_rank: list[dict[str, Any]], threshold: float = THRESHOLD) -> Stragg
                 flags.append(Flag(who, host, metric, seconds, job))
     flags.sort(key=lambda f: (-f.ratio, f.who))
     return Stragglers(len(per_rank), len(hosts), flags)
+
+
+def of_run(run_file: Path, record: dict[str, Any]) -> Stragglers | None:
+    """Slow ranks and nodes of a completed run.json: from summary.per_rank, or (a record written
+    before it existed) from the run's steps.jsonl. None for a run that did not complete."""
+    if record.get("status") != "completed":
+        return None
+    per_rank = (record.get("summary") or {}).get("per_rank")
+    if per_rank is None:
+        # Imported here: moe_vlm.metrics imports this module for summary.per_rank.
+        from moe_vlm.metrics import by_step, steady_window
+        from moe_vlm.record import STEPS_JSONL, read_steps
+
+        grouped = by_step(read_steps(run_file.parent / STEPS_JSONL))
+        warmup = int((record.get("spec") or {}).get("warmup_steps") or 0)
+        per_rank = rank_medians([grouped[step] for step in steady_window(grouped, warmup).steps])
+    return find(per_rank)
 
 
 def _count(value: Any) -> int:

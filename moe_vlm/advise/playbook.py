@@ -59,7 +59,9 @@ class EnvVar:
     value: str
     why: str
     source: str
-    in_recipes: bool = True  # every installed perf recipe of the platform sets it
+    # Whose perf recipes set it: None every installed one (perf_recipes/qwen_vl/*/*.py), else the
+    # GPUs named (frozenset(): none). tests/megatron reads the recipes' env_vars to check it.
+    set_by: frozenset[str] | None = None
 
 
 @dataclass(frozen=True)
@@ -76,8 +78,8 @@ _PRECISION_NOTE = (
     "against the BF16 peak: compare absolute throughput"
 )
 
-# Process settings: `in_recipes` where every installed perf recipe (perf_recipes/qwen_vl/*/*.py)
-# sets it in cfg.env_vars, which Bridge applies on each rank (tests/megatron checks both claims).
+# Process settings the perf recipes put in cfg.env_vars (Bridge applies them on each rank), and
+# one they do not.
 _COMMON_ENV = (
     EnvVar("TORCH_NCCL_HIGH_PRIORITY", "1", "NCCL on its high-priority stream",
            f"{CODE}megatron/bridge/perf_recipes/environment.py:22-26"),
@@ -92,7 +94,7 @@ _COMMON_ENV = (
            "tp-dp-comm-overlap/SKILL.md; perf recipes"),
     EnvVar("NVTE_BWD_LAYERNORM_SM_MARGIN", "20", "", "tp-dp-comm-overlap/SKILL.md; perf recipes"),
     EnvVar("NVTE_ALLOW_NONDETERMINISTIC_ALGO", "1", "", "memory-tuning/SKILL.md; Slurm template",
-           in_recipes=False),
+           set_by=frozenset()),
 )  # fmt: skip
 
 _HOPPER = Playbook(
@@ -158,7 +160,7 @@ PLAYBOOKS: dict[str, Playbook] = {
                 "\"NVIDIA B300\")", f"{CODE}megatron/bridge/perf_recipes/qwen_vl/b300/qwen35_vl.py:72-80")),
         (*_B200.env,
          EnvVar("NCCL_IGNORE_CPU_AFFINITY", "1", "Bridge's B300 recipes' CPU-affinity setting",
-                f"{CODE}megatron/bridge/perf_recipes/qwen_vl/b300/qwen35_vl.py:80")),
+                f"{CODE}megatron/bridge/perf_recipes/qwen_vl/b300/qwen35_vl.py:80", frozenset({"b300"}))),
         "B300: no playbook of its own in the sister skills; B200's (the same 8-GPU NVLink node) with "
         "Bridge's B300 recipe settings",
     ),
@@ -210,7 +212,7 @@ def runnable(base: list[str], changes: tuple[str, ...]) -> tuple[str | None, str
         blocking = errors(validate(spec))
         if blocking:
             first = blocking[0]
-            return None, f"{', '.join(f.code for f in blocking)}: {first.message}"
+            return None, f"{', '.join(f.code for f in blocking)}: {first.message.rstrip('.')}"
     sweep = any("," in o.split("=", 1)[1] and not o.split("=", 1)[1].startswith("[") for o in overrides)
     return ("python train.py " + ("-m " if sweep else "") + " ".join(shlex.quote(o) for o in overrides)), ""
 
@@ -219,7 +221,7 @@ def _advice_lines(advice: Advice, bases: list[tuple[str, list[str]]]) -> list[st
     lines = [f"  [{advice.topic.value}] {advice.text} ({advice.source})"]
     if not advice.changes:
         return lines
-    why_not = ""
+    why_not: list[str] = []
     for label, base in bases:
         if all(change in base for change in advice.changes):
             lines.append(f"    (the {label} already has {' '.join(advice.changes)})")
@@ -228,8 +230,8 @@ def _advice_lines(advice: Advice, bases: list[tuple[str, list[str]]]) -> list[st
         if line is not None:
             lines.append(f"    {line}" + (f"    # from the {label}" if label != bases[0][0] else ""))
             return lines
-        why_not = why_not or reason
-    lines.append(f"    not runnable from the {bases[0][0]}: {why_not}")
+        why_not.append(f"from the {label}: {reason}")
+    lines.append("    not runnable " + "; nor ".join(why_not))
     return lines
 
 
@@ -252,8 +254,9 @@ def _setup_example(env: list[EnvVar]) -> str:
 def _env_lines(playbook: Playbook, spec: RunSpec) -> list[str]:
     """Who sets each recommended variable for this run: the perf recipe, this tool, or the user."""
     recipe = select_recipe(spec)
-    perf = recipe is not None and recipe.kind == "perf"
-    by_recipe = [v for v in playbook.env if v.in_recipes and perf]
+    by_recipe = [
+        v for v in playbook.env if recipe is not None and (v.set_by is None or recipe.gpu in v.set_by)
+    ]
     by_user = [v for v in playbook.env if v not in by_recipe]
     out = _env_block(
         f"set by Bridge's perf recipe {recipe.function if recipe else ''} (cfg.env_vars, applied on each rank "
@@ -270,9 +273,7 @@ def _env_lines(playbook: Playbook, spec: RunSpec) -> list[str]:
             "them; rule D007 checks an override):",
             derived,
         )
-    where = (
-        "set by no recipe" if perf else f"Bridge's {recipe.kind if recipe else 'missing'} recipe sets none"
-    )
+    where = f"not set by {recipe.function}" if recipe else "no recipe sets them"
     out += _env_block(
         f"recommended, {where}: put them in the site file's setup lines ({_setup_example(by_user)}):",
         by_user,

@@ -18,6 +18,7 @@ from typing import Any
 
 from moe_vlm.arch import PROFILES
 from moe_vlm.data.workers import data_workers
+from moe_vlm.precision import profile as precision_profile
 from moe_vlm.schema import (
     ClusterConfig,
     CudaGraphImpl,
@@ -314,6 +315,28 @@ FIELD_MAP: tuple[FieldMap, ...] = (
         lambda s: s.router.force_load_balancing,
         "the perf recipes force it on (random logits, MCore: benchmark only); real routing by default",
     ),
+    # Precision: Bridge's registered mixed-precision recipe by name, which the engine resolves with
+    # Bridge's own get_mixed_precision_config (training/mixed_precision.py:445-461), then adjusted as
+    # _perf_precision adjusts it for every *_bf16/_fp8cs/_fp8mx_config perf recipe
+    # (perf_recipes/_common.py:90-111): the same MixedPrecisionConfig those recipes hold.
+    FieldMap(
+        "precision.format",
+        "mixed_precision",
+        lambda s: precision_profile(s.precision.format).bridge_recipe,
+        "Bridge's recipe by name (engines/megatron/config.py resolves it), adjusted by the two rows below",
+    ),
+    FieldMap(
+        "precision",
+        "mixed_precision.first_last_layers_bf16",
+        lambda s: False,
+        "every decoder layer in the format, as the *_fp8cs_config recipes (perf_recipes/_common.py:103)",
+    ),
+    FieldMap(
+        "precision",
+        "mixed_precision.grad_reduce_in_fp32",
+        lambda s: False,
+        "the perf recipes' value (perf_recipes/_common.py:110); Bridge's named recipes say True",
+    ),
     # Recompute.
     FieldMap("recompute", "model.recompute_granularity", _recompute_granularity),
     FieldMap("recompute.method", "model.recompute_method", _recompute_method),
@@ -500,6 +523,7 @@ class Recipe:
     function: str
     kind: RecipeKind
     family: str  # one per model, whatever the cluster: cross-GPU runs differ in hardware, not recipe
+    model: str  # whose recipe: the run's model, or its architecture's template model
     gpu: str  # whose perf recipe it is: the cluster's own, or the stand-in's
     note: str = ""
 
@@ -536,14 +560,16 @@ def _perf_recipe(model: str, cluster: ClusterConfig) -> tuple[str, int]:
     return gpu, own[gpu]
 
 
-def select_recipe(spec: RunSpec) -> Recipe | None:
-    """The Bridge perf recipe our overrides start from: the model's family on every cluster."""
+def select_recipe(spec: RunSpec, gpu: str | None = None) -> Recipe | None:
+    """The Bridge perf recipe our overrides start from: the model's family on every cluster.
+
+    `gpu`: that GPU's perf recipe of the family instead (family_recipes compares them)."""
     model, cluster = spec.model.name, spec.cluster
     arch = PROFILES.get(spec.model.arch)
     if arch is None:
         return None
     base = model if model in _PERF_GPUS else arch.bridge_template_model
-    gpu, gpus = _perf_recipe(base, cluster)
+    gpu, gpus = (gpu, _PERF_GPUS[base][gpu]) if gpu else _perf_recipe(base, cluster)
     tuned = f"tuned for {gpus}x{gpu.upper()}"
     if base != model:
         kind = RecipeKind.template
@@ -558,6 +584,16 @@ def select_recipe(spec: RunSpec) -> Recipe | None:
         f"{base}_pretrain_{gpus}gpu_{gpu}_bf16_config",
         kind,
         f"{base} perf (perf_recipes/qwen_vl/<gpu>/{arch.bridge_recipe_family}.py, bf16)",
+        base,
         gpu,
         note,
     )
+
+
+def family_recipes(spec: RunSpec) -> list[Recipe]:
+    """Every perf recipe of this run's family, the one it runs first."""
+    own = select_recipe(spec)
+    if own is None:
+        return []
+    others = [select_recipe(spec, gpu) for gpu in _PERF_GPUS[own.model] if gpu != own.gpu]
+    return [own, *(r for r in others if r is not None)]

@@ -28,7 +28,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from moe_vlm.arch import PROFILES
-from moe_vlm.schema import CudaGraphImpl, Engine, ParallelismFamily, ShardingStrategy, TokenDispatcher
+from moe_vlm.schema import (
+    CudaGraphImpl,
+    Engine,
+    ParallelismFamily,
+    Precision,
+    ShardingStrategy,
+    TokenDispatcher,
+)
 
 
 @dataclass(frozen=True)
@@ -76,6 +83,7 @@ NOT_ENGINE_KNOBS: frozenset[str] = frozenset(
         "cuda_graph.name",
         "vision_freeze.name",
         "router.name",
+        "precision.name",
         # A description of the machine, read by the spec (nproc, engine=auto, EP sizing), the
         # rules, the memory estimate and the MFU denominator. (The Megatron engine also picks its
         # perf recipe by cluster.name and derives HybridEP's topology from the NVLink domain.)
@@ -86,6 +94,8 @@ NOT_ENGINE_KNOBS: frozenset[str] = frozenset(
         "cluster.gpu_memory_gib",
         "cluster.nvlink_domain_gpus",
         "cluster.peak_bf16_flops",
+        "cluster.peak_fp8_flops",  # the precision's own MFU column
+        "cluster.peak_fp4_flops",
         "cluster.default_dispatcher",
         "cluster.is_gpu_cluster",
     }
@@ -227,6 +237,12 @@ TORCH: Mapping[str, Support] = {
     "data.max_pixels": Honoured("the image processor's bounds"),
     # transformers' router picks experts from its own logits; random logits are Megatron's (E011).
     "router.force_load_balancing": Honoured("real routing: the router's own logits", (False,)),
+    # No fp32 option: no Bridge perf recipe runs FP32, and the torch engine's FP32 on CPU is the
+    # device's (bf16 matmuls are emulated there), not a setting (P003 rejects FP8/FP4).
+    "precision.format": Honoured(
+        "BF16 parameters with FP32 gradient reduction on GPUs (FSDP2 MixedPrecisionPolicy); FP32 on CPU",
+        (Precision.bf16,),
+    ),
 }
 
 # The leaves FIELD_MAP's group-named rows read: a row named "dispatcher" sets the dispatcher type

@@ -7,6 +7,7 @@ involved and a fix. Codes are grouped by concern:
     C  config values          L  layout arithmetic       F  FSDP
     D  MoE dispatcher         G  CUDA graphs             R  recompute
     E  engine support         A  data                    W  field-guide warnings
+    P  precision (FP8/FP4 number formats)
     M  memory (moe_vlm/memory's per-GPU estimate against cluster.gpu_memory_gib)
 
 Engine rules cite where Megatron enforces them (MLM = Megatron-LM, MB = Megatron-Bridge).
@@ -27,6 +28,7 @@ SECTIONS = (
     "dispatcher",
     "graphs",
     "recompute",
+    "precision",
     "engine",
     "data",
     "guide",

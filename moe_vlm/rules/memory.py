@@ -57,7 +57,9 @@ def _does_not_fit(spec: RunSpec, found: MemoryEstimate, hedge: str) -> Violation
         f"predicted peak {found.total_gib:.1f} GiB per GPU > GPU memory {found.capacity_gib:.1f} GiB on "
         f"{spec.cluster.name}{hedge} (largest: {_largest_terms(found)} GiB; see the memory section of "
         "dry_run=true).",
-        f"{describe_fit(fit)}." if fit else "add nodes (more FSDP/EP sharding), raise pp, or lower seq_length.",
+        f"{describe_fit(fit)}."
+        if fit
+        else "add nodes (more FSDP/EP sharding), raise pp, or lower seq_length.",
     )
 
 

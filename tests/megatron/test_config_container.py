@@ -6,6 +6,7 @@ THE table (moe_vlm/engines/bridge_fields.py) and reads every mapped field back.
 
 from __future__ import annotations
 
+import copy
 import importlib
 import itertools
 from pathlib import Path
@@ -84,7 +85,7 @@ def test_every_recipe_in_the_table_exists() -> None:
     checked = []
     for model, cluster in itertools.product(
         ("qwen3_vl_30b_a3b", "qwen3_vl_235b_a22b", "qwen35_vl_35b_a3b", "tiny_moe_vlm"),
-        ("gb200", "b200", "h100", "h200", "local"),
+        ("gb200", "b200", "gb300", "b300", "h100", "h200", "local"),
     ):
         recipe = select_recipe(
             make_spec("engine=megatron", "dry_run=true", f"model={model}", f"cluster={cluster}")
@@ -144,7 +145,111 @@ def test_hybridep_topology_replaces_the_recipe_s(recipes: RecipeCache) -> None:
     _, cfg = built(recipes, "engine=megatron", "dry_run=true", "model=qwen3_vl_30b_a3b", "cluster=b200",
                    "dispatcher=hybridep")  # fmt: skip
     assert cfg.env_vars["NVLINK_DOMAIN_SIZE"] == "8" and cfg.env_vars["USE_MNNVL"] == "0"
-    assert "NUM_OF_TOKENS_PER_CHUNK_COMBINE_API" not in cfg.env_vars  # the GB200 recipe's tuning is not ours
+    assert "NUM_OF_TOKENS_PER_CHUNK_COMBINE_API" not in cfg.env_vars  # B200's recipe has no HybridEP tuning
     _, cfg = built(recipes, *BASE, "dispatcher=alltoall")
     assert not {"NVLINK_DOMAIN_SIZE", "USE_MNNVL"} & set(cfg.env_vars)
     assert cfg.model.moe_token_dispatcher_type == "alltoall" and cfg.model.moe_flex_dispatcher_backend is None
+
+
+# --- GB300 and B300 (conf/cluster/gb300.yaml, b300.yaml) ----------------------------------------
+
+
+@needs_stack
+@pytest.mark.parametrize(
+    ("overrides", "recipe"),
+    [
+        (("model=qwen3_vl_235b_a22b", "cluster=gb300", "nodes=16"), "qwen3_vl_235b_a22b_pretrain_64gpu_gb300_bf16_config"),
+        (("model=qwen3_vl_30b_a3b", "cluster=gb300", "nodes=2"), "qwen3_vl_30b_a3b_pretrain_8gpu_gb300_bf16_config"),
+        (("model=qwen35_vl_35b_a3b", "cluster=gb300", "nodes=2"), "qwen35_vl_35b_a3b_pretrain_8gpu_gb300_bf16_config"),
+        (("model=qwen35_vl_35b_a3b", "cluster=b300", "nodes=1"), "qwen35_vl_35b_a3b_pretrain_8gpu_b300_bf16_config"),
+    ],
+)  # fmt: skip
+def test_new_clusters_run_their_own_perf_recipe_and_its_topology(
+    recipes: RecipeCache, overrides: tuple[str, ...], recipe: str
+) -> None:
+    """Bridge's GB300/B300 recipe is picked, and its own HybridEP topology is what our cluster derives."""
+    from moe_vlm.spec import hybridep_topology
+
+    spec = make_spec("engine=megatron", "dry_run=true", "dispatcher=hybridep", *overrides)
+    chosen = select_recipe(spec)
+    assert chosen is not None and chosen.function == recipe and chosen.kind == "perf"
+    raw = recipes.config(spec)  # the recipe as Bridge builds it, before our table
+    assert raw.model.moe_flex_dispatcher_backend == "hybridep"
+    assert raw.model.expert_model_parallel_size == spec.layout.ep
+    derived = hybridep_topology(spec)
+    assert {name: int(raw.env_vars[name]) for name in derived} == derived
+    cfg = copy.deepcopy(raw)
+    apply_overrides(cfg, spec)
+    assert check_overrides(cfg, spec) == []
+
+
+@needs_stack
+@pytest.mark.parametrize(
+    ("cluster", "gpu", "deepep_allowed"),
+    [
+        ("gb300", None, False),
+        ("b300", None, True),
+        ("b300", "NVIDIA B300 SXM6 AC", True),  # the name the device reports; Bridge matches the prefix
+        ("gb200", None, False),
+        ("b200", None, True),
+    ],
+)
+def test_bridge_judges_deepep_on_the_declared_device(
+    recipes: RecipeCache,
+    monkeypatch: pytest.MonkeyPatch,
+    cluster: str,
+    gpu: str | None,
+    deepep_allowed: bool,
+) -> None:
+    """Bridge's own flex-dispatcher check on our cluster's device agrees with rules D001 and D002."""
+    import torch
+    from megatron.bridge.training.flex_dispatcher_backend import validate_flex_dispatcher_backend
+
+    from moe_vlm.rules import validate
+    from tests.megatron.conftest import device_properties
+
+    for dispatcher, allowed in (("deepep", deepep_allowed), ("hybridep", True)):
+        extra = (f"cluster.gpu={gpu}",) if gpu else ()
+        spec, cfg = built(recipes, *BASE, f"cluster={cluster}", f"dispatcher={dispatcher}", *extra)
+        monkeypatch.setattr(
+            torch.cuda, "get_device_properties", lambda *_a, _s=spec, **_k: device_properties(_s)
+        )
+        assert (cfg.model.moe_token_dispatcher_type, cfg.model.moe_flex_dispatcher_backend) == (
+            "flex",
+            dispatcher,
+        )
+        ours = {f.code for f in validate(spec)} & {"D001", "D002"}
+        if allowed:
+            validate_flex_dispatcher_backend(cfg.model)
+            assert not ours
+        else:
+            with pytest.raises(ValueError, match="DeepEP is supported for"):
+                validate_flex_dispatcher_backend(cfg.model)
+            assert ours == {"D001"}
+
+
+@needs_stack
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ("model=qwen3_vl_30b_a3b", "cluster=gb300", "nodes=2"),
+        ("model=qwen3_vl_30b_a3b", "cluster=b300", "nodes=1"),  # B200's recipe stands in
+        ("model=qwen35_vl_35b_a3b", "cluster=b300", "nodes=1"),
+        ("model=qwen3_vl_30b_a3b", "cluster=h100", "nodes=2"),
+    ],
+)
+def test_playbook_says_which_variables_the_recipe_sets(
+    recipes: RecipeCache, overrides: tuple[str, ...]
+) -> None:
+    """`moe-vlm advise` prints each variable as set by the recipe, or the user's: the recipe agrees."""
+    from moe_vlm.advise.playbook import PLAYBOOKS
+
+    spec = make_spec("engine=megatron", "dry_run=true", *overrides)
+    chosen = select_recipe(spec)
+    assert chosen is not None
+    env = recipes.config(spec).env_vars
+    for var in PLAYBOOKS[spec.cluster.name].env:
+        claimed = var.set_by is None or chosen.gpu in var.set_by
+        assert (var.name in env) is claimed, (chosen.function, var.name)
+        if claimed:
+            assert str(env[var.name]) == var.value, (chosen.function, var.name, env[var.name])

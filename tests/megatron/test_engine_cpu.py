@@ -37,11 +37,13 @@ def test_a_local_checkpoint_dir_is_used_as_it_is(tmp_path: Path) -> None:
 
     # A user's checkpoint dir: here, the tiny model's config under a directory of its own.
     local = write_hf_config(make_spec("model=tiny_moe_vlm").model, tmp_path / "my-checkpoint")
-    spec = make_spec(*MEG, "model=tiny_moe_vlm", f"model.hf_model_id={local}")
+    spec = make_spec(
+        *MEG, "model=tiny_moe_vlm", f"model.hf_model_id={local}", "data=real", f"data.path={tmp_path}"
+    )
     built = build_config(spec, tmp_path / "work")
     assert built.hf_dir == local.resolve()
     assert built.cfg.model.num_layers == 2
-    assert built.cfg.dataset.hf_processor_path == str(local)
+    assert built.cfg.dataset.task_encoder.hf_processor_path == str(local)  # mock/synthetic need no processor
 
 
 def test_batch_accounting_counts_what_the_model_sees() -> None:

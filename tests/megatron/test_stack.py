@@ -99,3 +99,22 @@ def test_a_run_needing_a_missing_module_stops_in_one_line(tmp_path: Path) -> Non
     assert "fix: no wheel installs it from PyPI" in line and "dispatcher=alltoall" in line
     assert "needs GPUs" not in done.stderr and "Traceback" not in done.stderr
     assert not (run_dir / "steps.jsonl").exists()
+
+
+@pytest.mark.slow
+@needs_stack
+def test_megatron_probe_builds_every_model_on_h200() -> None:
+    """scripts/gpu_check.py's Megatron part where Bridge imports (here): it builds and reads back
+    each model's ConfigContainer (tests/unit/test_gpu_check.py runs it where Bridge cannot)."""
+    sys.path.insert(0, str(REPO / "scripts"))
+    try:
+        import gpu_check
+    finally:
+        sys.path.remove(str(REPO / "scripts"))
+    found = gpu_check.megatron_probe()
+    assert [p["import"] for p in found["imports"] if not p["ok"]] == []
+    for entry in found["models"]:
+        config = entry["config"]
+        assert config["built"], entry
+        assert config["fields_not_held"] == [] and config["fields_applied"] > 0
+        assert "megatron.bridge" in config["recipe"]

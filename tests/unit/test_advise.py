@@ -205,18 +205,32 @@ def test_gb300_playbook_never_offers_deepep_and_b300_does(capsys: pytest.Capture
     assert "B300: no playbook of its own" in b300
     ab = [line for line in commands(b300) if "dispatcher=alltoall,deepep,hybridep" in line]
     assert ab and ab[0].startswith("python train.py -m ")
-    # Qwen3-VL on B300 starts from the general recipe: the perf recipes' variables are the user's.
-    assert "Bridge's general recipe sets none: put them in the site file's setup lines" in b300
-    assert "NCCL_IGNORE_CPU_AFFINITY=1" in b300
+    # Qwen3-VL on B300 runs B200's perf recipe (B300 has none): B300's own affinity setting is the user's.
+    recommended = b300.split("[environment] recommended", 1)[1]
+    assert "not set by qwen3_vl_30b_a3b_pretrain_8gpu_b200_bf16_config" in recommended
+    assert "NCCL_IGNORE_CPU_AFFINITY=1" in recommended
+    assert "CUDA_DEVICE_MAX_CONNECTIONS=32" not in recommended
+    qwen35 = playbook_section(capsys, "model=qwen35_vl_35b_a3b", "cluster=b300", "nodes=2", "goal=bring-up")
+    assert "NCCL_IGNORE_CPU_AFFINITY=1" not in qwen35.split("[environment] recommended", 1)[1]
 
 
-def test_graph_advice_on_fsdp_points_to_the_3d_candidate(capsys: pytest.CaptureFixture[str]) -> None:
+def test_graph_advice_on_fsdp_names_the_rule_or_uses_the_3d_candidate(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # Megatron FSDP and TE graphs do not mix (F005). With a 3D candidate the advice is its own:
+    section = playbook_section(
+        capsys, "model=qwen3_vl_235b_a22b", "cluster=gb300", "nodes=16", "goal=bring-up"
+    )
+    graphs = section.split("[CUDA graphs] Qwen3-VL", 1)[1].splitlines()[1].strip()
+    assert graphs == "(the 3D candidate already has cuda_graph=te_moe recompute=selective)", graphs
+    # On 16 GB200 nodes the 3D candidate fits only with full recompute and no graphs: the rules that
+    # block the advice on each base are named.
     section = playbook_section(
         capsys, "model=qwen3_vl_235b_a22b", "cluster=gb200", "nodes=16", "goal=bring-up"
     )
-    graphs = section.split("[CUDA graphs] Qwen3-VL", 1)[1].splitlines()[1]
-    # Megatron FSDP and TE graphs do not mix (F005): the command comes from the 3D candidate.
-    assert "cuda_graph=te_moe" in graphs or "the 3D candidate already has" in graphs, graphs
+    graphs = section.split("[CUDA graphs] Qwen3-VL", 1)[1].splitlines()[1].strip()
+    assert graphs.startswith("not runnable from the start above: F005:"), graphs
+    assert "; nor from the 3D candidate: M001:" in graphs, graphs
 
 
 def test_no_playbook_on_the_local_cpu(capsys: pytest.CaptureFixture[str]) -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from moe_vlm.engines.bridge_fields import FIELD_MAP, bridge_overrides, select_recipe
+from moe_vlm.engines.bridge_fields import FIELD_MAP, KEEP, bridge_overrides, select_recipe
 from tests.conftest import make_spec
 
 MEG = ["cluster=gb200", "model=qwen3_vl_30b_a3b", "nodes=2"]
@@ -37,6 +37,7 @@ def test_hybridep_topology_comes_from_the_cluster() -> None:
         "NUM_OF_HYBRID_EP_RANKS_PER_NVLINK_DOMAIN": "8",
         "NVLINK_DOMAIN_SIZE": "72",
         "USE_MNNVL": "1",
+        "NUM_OF_TOKENS_PER_CHUNK_COMBINE_API": KEEP,  # tuning: the recipe's unless the knob sets it
     }
     values = fields(*MEG, "dispatcher=hybridep")
     assert values["model.moe_token_dispatcher_type"] == "flex"
@@ -47,6 +48,7 @@ def test_hybridep_topology_comes_from_the_cluster() -> None:
         "NUM_OF_HYBRID_EP_RANKS_PER_NVLINK_DOMAIN": "8",
         "NVLINK_DOMAIN_SIZE": "8",
         "USE_MNNVL": "0",
+        "NUM_OF_TOKENS_PER_CHUNK_COMBINE_API": KEEP,
     }
 
 
@@ -79,5 +81,7 @@ def test_fsdp_fields() -> None:
 def test_recipe_selection() -> None:
     perf = select_recipe(make_spec(*MEG))
     assert perf is not None and perf.kind == "perf" and "gb200" in perf.function
-    general = select_recipe(make_spec("cluster=h200", "model=qwen3_vl_30b_a3b"))
-    assert general is not None and general.kind == "general"
+    # No H200 perf recipe: the H100 one of the same family stands in (never the general recipe).
+    stand_in = select_recipe(make_spec("cluster=h200", "model=qwen3_vl_30b_a3b"))
+    assert stand_in is not None and stand_in.kind == "stand-in" and stand_in.gpu == "h100"
+    assert stand_in.family == perf.family and "perf_recipes" in stand_in.module

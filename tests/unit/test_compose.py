@@ -33,7 +33,7 @@ def test_every_group_option_composes(override: str) -> None:
 def test_every_group_has_its_options() -> None:
     assert options("model") == ["qwen35_vl_35b_a3b", "qwen3_vl_235b_a22b", "qwen3_vl_30b_a3b", "tiny_moe_vlm"]
     assert options("cuda_graph") == ["full_iteration", "none", "te_attn_moe", "te_moe"]
-    assert options("cluster") == ["b200", "gb200", "h100", "h200", "local"]
+    assert options("cluster") == ["b200", "b300", "gb200", "gb300", "h100", "h200", "local"]
     assert options("dispatcher") == ["allgather", "alltoall", "deepep", "hybridep"]
 
 

@@ -95,8 +95,8 @@ def test_environment_variables_override_the_site_file_and_bad_names_say_where_th
     assert command_line([], LOGIN).argv == ["-m", "cluster=b200", "hydra/launcher=slurm_b200"]
     monkeypatch.delenv("MOE_VLM_CLUSTER")
     monkeypatch.delenv("MOE_VLM_LAUNCHER")
-    site.write_text("cluster: gb300\nlauncher: slurm_gb200\n")
-    with pytest.raises(BadInput, match=r"cluster: 'gb300' in the site file .*Allowed: b200, gb200"):
+    site.write_text("cluster: gb900\nlauncher: slurm_gb200\n")
+    with pytest.raises(BadInput, match=r"cluster: 'gb900' in the site file .*Allowed: b200, .*gb200.*local"):
         command_line(BARE, LOGIN)
 
 

@@ -50,6 +50,7 @@ from moe_vlm.spec import RunSpec
 ON = {Engine.torch: ("engine=torch",), Engine.megatron: ("engine=megatron", "dry_run=true")}
 # What puts a knob in play: the group choice it belongs to.
 IN_PLAY = {"recompute.modules": ("recompute=selective",)}
+BRIDGE_HYBRIDEP = ("cluster=b200", "model=qwen3_vl_30b_a3b", "dispatcher=hybridep")
 # ... and, for the Bridge fields a knob reaches, what makes those rows read it.
 BRIDGE_CONTEXT = {
     **IN_PLAY,
@@ -57,10 +58,7 @@ BRIDGE_CONTEXT = {
     # Qwen3-VL-MoE's provider turns sequence parallelism on whenever TP > 1; Qwen3.5's does not.
     "parallelism.sequence_parallel": ("model=qwen35_vl_35b_a3b", "tp=2"),
     # HybridEP's topology on a cluster whose NVLink domain is one node (MNNVL off unless asked).
-    **{
-        leaf: ("cluster=b200", "model=qwen3_vl_30b_a3b", "dispatcher=hybridep")
-        for leaf in FIELD_MAP_GROUP_READS["dispatcher"][2:]
-    },
+    **{leaf: BRIDGE_HYBRIDEP for leaf in FIELD_MAP_GROUP_READS["dispatcher"][2:]},
     **{f"data.{name}": ("data=real", "data.path=/nonexistent") for name in ("min_pixels", "max_pixels")},
     "data.path": ("data=real",),
     **{
@@ -69,6 +67,8 @@ BRIDGE_CONTEXT = {
     },
     "model.hf_model_id": ("data=real", "data.path=/nonexistent"),
     "data.num_workers": ("data.num_workers=2",),  # null resolves from the CPUs here; start from a number
+    # null derives USE_MNNVL from the cluster; start from a forced value
+    "dispatcher.hybridep_use_mnnvl": (*BRIDGE_HYBRIDEP, "dispatcher.hybridep_use_mnnvl=false"),
 }
 # Values to try on list knobs (a list's "other value" is not implied by its type).
 REJECT_WITH: dict[str, list[Any]] = {

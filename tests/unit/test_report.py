@@ -337,3 +337,28 @@ def test_console_script_reaches_report(tmp_path: Path) -> None:
         cwd=REPO,
     )
     assert done.returncode == 2 and "no run.json found under" in done.stderr
+
+
+def test_forced_balance_runs_are_labelled_and_never_ranked_with_real_routing(tmp_path: Path) -> None:
+    # Bridge's perf recipes' random routing (router=forced_balance) is faster here: perfectly balanced
+    # experts. It gets its own labelled table, like mock data, and the ranking keeps real routing.
+    run = (*GB200, "data=synthetic", "recompute=none")
+    work = {"sequences_per_rank": 64, "real_len": 3072}
+    write_run(tmp_path / "real1", (*run, "mbs=1"), 4.0, **work)
+    write_run(tmp_path / "real2", (*run, "mbs=2"), 5.0, **work)
+    write_run(tmp_path / "forced", (*run, "mbs=1", "router=forced_balance"), 3.0, **work)
+    write_run(
+        tmp_path / "mock_forced", (*GB200, "data=mock", "router=forced_balance"), 2.0, sequences_per_rank=64
+    )
+    record = json.loads((tmp_path / "forced" / RUN_JSON).read_text())
+    assert record["spec"]["router"] == {"name": "forced_balance", "force_load_balancing": True}
+    assert record["data"]["routing"] == "forced_balance"
+    code, text = run_report(str(tmp_path))
+    assert code == 0
+    ranked_runs = {row[1] for row in table_rows(section(text, "Ranked"))}
+    assert ranked_runs == {"real1", "real2"}
+    assert {row[1] for row in table_rows(section(text, "FORCED-BALANCE routing"))} == {"forced"}
+    assert {row[1] for row in table_rows(section(text, "MOCK data"))} == {"mock_forced"}  # mock first
+    assert "router" in section(text, "Ranked").splitlines()[2]  # the varying knob is a column
+    table = report.load_table([str(tmp_path)])
+    assert list(report.ranked(table, mock=False)["run"]) == ["real1", "real2"]

@@ -74,9 +74,10 @@ def recipe_function(recipe: Recipe) -> Any:
         ) from None
 
 
-def build_config(spec: RunSpec, workdir: Path) -> BuiltConfig:
-    """The real ConfigContainer: the recipe, built offline, with every table row applied."""
-    recipe = select_recipe(spec)
+def build_config(spec: RunSpec, workdir: Path, recipe: Recipe | None = None) -> BuiltConfig:
+    """The real ConfigContainer: the recipe (select_recipe's unless given), built offline, with
+    every table row applied."""
+    recipe = recipe or select_recipe(spec)
     if recipe is None:
         raise EngineUnavailable(
             f"model={spec.model.name} (arch {spec.model.arch}) has no Megatron Bridge recipe."
@@ -147,6 +148,22 @@ def get_field(cfg: Any, path: str) -> Any:
 
 # Rows whose value names the config class to hold at that path (not a plain value).
 CLASS_ROWS = ("dataset", "dataset.task_encoder")
+# Rows whose value names a Bridge recipe of the config at that path, resolved with Bridge's own
+# lookup (mixed_precision: training/mixed_precision.py:445-461); rows of its fields apply after it.
+NAMED_ROWS = ("mixed_precision",)
+_FIRST = (*CLASS_ROWS, *NAMED_ROWS)
+
+
+def named_config(path: str, name: str, spec: RunSpec | None = None) -> Any:
+    """Bridge's `name` recipe for `path`; with `spec`, as the table's rows of its fields leave it."""
+    from megatron.bridge.training.mixed_precision import get_mixed_precision_config
+
+    assert path in NAMED_ROWS, path
+    config = get_mixed_precision_config(name)
+    for row in bridge_overrides(spec) if spec else ():
+        if row.field.startswith(f"{path}.") and row.value is not KEEP:
+            setattr(config, row.field.removeprefix(f"{path}."), row.value)
+    return config
 
 
 def _config_object(cfg: Any, path: str, class_name: str, spec: RunSpec) -> Any:
@@ -177,18 +194,23 @@ def apply_overrides(cfg: Any, spec: RunSpec) -> list[BridgeOverride]:
     """Apply every row of THE table to `cfg`, dotted path by dotted path; returns the rows set."""
     overrides = bridge_overrides(spec)
     applied: list[BridgeOverride] = []
-    # Class rows come first, outermost first: replacing a config object resets its fields.
-    ordered = sorted(
-        overrides, key=lambda o: CLASS_ROWS.index(o.field) if o.field in CLASS_ROWS else len(CLASS_ROWS)
-    )
+    # Class and named rows come first, outermost first: replacing a config object resets its fields.
+    ordered = sorted(overrides, key=lambda o: _FIRST.index(o.field) if o.field in _FIRST else len(_FIRST))
     for row in ordered:
         if row.value is KEEP:
             continue
         if row.field in CLASS_ROWS:
             set_field(cfg, row.field, _config_object(cfg, row.field, row.value, spec))
+        elif row.field in NAMED_ROWS:
+            set_field(cfg, row.field, named_config(row.field, row.value))
         elif row.field == "env_vars":
-            env = {k: v for k, v in cfg.env_vars.items() if k not in HYBRID_EP_ENV_NAMES}
-            cfg.env_vars = {**env, **row.value}
+            # The recipe's HybridEP variables go, but those the row KEEPs (its tuning) stay.
+            env = {
+                k: v
+                for k, v in cfg.env_vars.items()
+                if k not in HYBRID_EP_ENV_NAMES or row.value.get(k) is KEEP
+            }
+            cfg.env_vars = {**env, **{k: v for k, v in row.value.items() if v is not KEEP}}
         else:
             set_field(cfg, row.field, row.value)
         applied.append(row)
@@ -215,9 +237,12 @@ def check_overrides(cfg: Any, spec: RunSpec) -> list[str]:
         if row.field in CLASS_ROWS:
             actual: Any = type(get_field(cfg, row.field)).__name__
             wanted: Any = row.value
+        elif row.field in NAMED_ROWS:
+            actual, wanted = get_field(cfg, row.field), named_config(row.field, row.value, spec)
         elif row.field == "env_vars":
-            env = {k: str(v) for k, v in cfg.env_vars.items() if k in HYBRID_EP_ENV_NAMES}
-            actual, wanted = env, normalise(row.value)
+            kept = {k for k, v in row.value.items() if v is KEEP}
+            env = {k: str(v) for k, v in cfg.env_vars.items() if k in HYBRID_EP_ENV_NAMES and k not in kept}
+            actual, wanted = env, normalise({k: v for k, v in row.value.items() if k not in kept})
         elif _section_missing(cfg, row.field) and row.value in (None, False):
             continue  # an optional section the recipe left out is off
         else:

@@ -28,6 +28,7 @@ import io
 import logging
 import math
 import os
+import tempfile
 import warnings
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -35,14 +36,17 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+from moe_vlm.engines.bridge_fields import Recipe
 from moe_vlm.spec import RunSpec
 
 # The sections the issue names first (what a performance engineer reads first), then every other
 # ConfigContainer section in declaration order.
 LEADING_SECTIONS = ("model", "ddp", "optimizer", "comm_overlap", "mixed_precision", "scheduler", "env_vars")
+EFFECTIVE_JSON = "bridge_effective.json"  # in the run directory, written before pretrain starts
 RUN_DIR = "<run_dir>"  # stands for this run's directory in values (the materialised HF config's path)
 NO_DEFAULT = "<required>"  # a field the library gives no default
-ABSENT = "<not a field>"  # an attribute the recipe set that the section's class does not declare
+ABSENT = "<absent>"  # a nested key one side lacks
+NOT_A_FIELD = "<not a field>"  # an attribute the recipe set that the section's class does not declare
 _DEPTH = 4  # nested configs deeper than this print as their class name
 
 
@@ -146,6 +150,8 @@ def leaves(value: Any, run_dir: str | None = None, depth: int = 0) -> dict[str, 
     Config objects (dataclasses, transformers configs) open up, so a diff names the one nested field
     that changed; a transformers config shows only what differs from its class's defaults.
     """
+    if depth < _DEPTH and _hf_config(value):  # transformers 5 configs are dataclasses too
+        return {k: plain(v, run_dir) for k, v in sorted(value.to_diff_dict().items())}
     if depth < _DEPTH and dataclasses.is_dataclass(value) and not isinstance(value, type):
         out: dict[str, Any] = {}
         for f in dataclasses.fields(value):
@@ -153,9 +159,6 @@ def leaves(value: Any, run_dir: str | None = None, depth: int = 0) -> dict[str, 
                 for key, leaf in leaves(getattr(value, f.name, None), run_dir, depth + 1).items():
                     out[f"{f.name}.{key}" if key else f.name] = leaf
         return out
-    if depth < _DEPTH and _hf_config(value):
-        diff = value.to_diff_dict()
-        return {f"{type(value).__name__}.{k}": plain(v, run_dir) for k, v in sorted(diff.items())}
     return {"": plain(value, run_dir)}
 
 
@@ -199,6 +202,8 @@ def section_diff(
                 values[f.name], defaults[f.name] = value, library
             continue
         for key in dict.fromkeys([*now, *then]):
+            if not key:
+                continue  # the library's plain value (None) is compared field by field below
             # A config object where the library has a plain value (None): each of its fields differs.
             value, library = now.get(key, ABSENT), then.get("", then.get(key, ABSENT))
             if value != library:
@@ -206,7 +211,7 @@ def section_diff(
     # Attributes a recipe set that the class does not declare (nothing in the library reads them).
     for name, value in sorted(vars(obj).items()):
         if name not in declared and not name.startswith("_"):
-            values[name], defaults[name] = plain(value, run_dir), ABSENT
+            values[name], defaults[name] = plain(value, run_dir), NOT_A_FIELD
     return values, defaults
 
 
@@ -259,7 +264,7 @@ def _environment(spec: RunSpec, env_names: set[str], planned: bool) -> Iterator[
             torch.cuda.get_device_properties = lambda *_args, **_kwargs: device  # type: ignore[assignment]
         yield
     finally:
-        torch.cuda.get_device_properties = query  # type: ignore[assignment]
+        torch.cuda.get_device_properties = query
         os.environ.clear()
         os.environ.update(saved)
 
@@ -281,13 +286,13 @@ def _captured() -> Iterator[list[str]]:
     handler = _Notes(notes)
     root = logging.getLogger()
     stdout = io.StringIO()
-    root.addHandler(handler)
+    handlers, root.handlers = root.handlers, [handler]
     try:
         with contextlib.redirect_stdout(stdout), warnings.catch_warnings():
             warnings.simplefilter("ignore")  # deprecation notes; the values say what happened
             yield notes
     finally:
-        root.removeHandler(handler)
+        root.handlers = handlers
         notes.extend(line.strip() for line in stdout.getvalue().splitlines() if line.strip())
 
 
@@ -318,20 +323,68 @@ def effective_config(cfg: Any, spec: RunSpec, run_dir: Path | None = None, *, pl
 # --- side by side -----------------------------------------------------------------------------
 
 
-def differing(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[str]:
-    """Dotted names whose values differ between two flat effective configs (absent counts)."""
-    keys = list(dict.fromkeys([*a, *b]))
-    return [k for k in keys if a.get(k, ABSENT) != b.get(k, ABSENT)]
+def differing(columns: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """Dotted names whose values are not the same in every flat effective config (absent counts)."""
+    keys = list(dict.fromkeys(k for flat in columns.values() for k in flat))
+    return [k for k in keys if len({repr(flat.get(k, ABSENT)) for flat in columns.values()}) > 1]
 
 
-def side_by_side(a: Mapping[str, Any], b: Mapping[str, Any], labels: tuple[str, str]) -> list[str]:
-    """One line per differing field: name, A's value, B's value (ABSENT where one lacks it)."""
-    names = differing(a, b)
+def side_by_side(columns: Mapping[str, Mapping[str, Any]], width: int = 28) -> list[str]:
+    """One line per differing field: its name, then its value in each column ("-": absent)."""
+    names = differing(columns)
     if not names:
         return ["(no differences)"]
-    width = max(len(n) for n in names)
-    lines = [f"{'field':<{width}}  {labels[0]:<30}  {labels[1]}"]
+    name_width = max(len(n) for n in names)
+
+    def cell(value: Any) -> str:
+        text = show(value)
+        return text if len(text) <= width else text[: width - 3] + "..."
+
+    lines = [f"{'field':<{name_width}}  " + "  ".join(f"{label:<{width}}" for label in columns).rstrip()]
     for name in names:
-        left, right = show(a.get(name, "-")), show(b.get(name, "-"))
-        lines.append(f"{name:<{width}}  {left:<30}  {right}")
+        cells = [cell(flat.get(name, "-")) for flat in columns.values()]
+        lines.append(f"{name:<{name_width}}  " + "  ".join(f"{c:<{width}}" for c in cells).rstrip())
     return lines
+
+
+# --- the plan ---------------------------------------------------------------------------------
+
+
+@dataclass
+class Planned:
+    """This point's effective configuration on its recipe, and on every perf recipe of its family."""
+
+    recipe: Recipe
+    effective: Effective
+    family: dict[str, Effective]  # GPU -> this point on that GPU's perf recipe (its own first)
+
+    def family_lines(self) -> list[str]:
+        """What remains different across the family: the recipes' own tuning, for these knobs."""
+        columns = {
+            f"{gpu}{' (this run)' if gpu == self.recipe.gpu else ''}": e.flat()
+            for gpu, e in self.family.items()
+        }
+        names = differing(columns)
+        head = (
+            f"{len(names)} field(s) differ between the family's perf recipes for this point's knobs "
+            "(the tuning each recipe keeps; the table sets the rest alike):"
+            if names
+            else "none: every perf recipe of the family gives this point the same effective configuration"
+        )
+        return [head, *(side_by_side(columns) if names else [])]
+
+
+def plan_effective(spec: RunSpec) -> Planned:
+    """Build this point's ConfigContainer on each perf recipe of its family, offline in a scratch
+    directory, and run Bridge's runtime update on each as a rank on the cluster would (seconds)."""
+    from moe_vlm.engines.bridge_fields import family_recipes
+    from moe_vlm.engines.megatron.config import build_config
+
+    recipes = family_recipes(spec)
+    family: dict[str, Effective] = {}
+    with tempfile.TemporaryDirectory() as scratch:
+        for recipe in recipes:
+            built = build_config(spec, Path(scratch), recipe)
+            family[recipe.gpu] = effective_config(built.cfg, spec, Path(scratch), planned=True)
+    own = recipes[0]
+    return Planned(own, family[own.gpu], family)

@@ -12,6 +12,7 @@ from typing import Any
 
 from moe_vlm.engines import EngineUnavailable
 from moe_vlm.engines.megatron.config import BuiltConfig, build_config, check_overrides
+from moe_vlm.engines.megatron.effective import EFFECTIVE_JSON, Effective, effective_config
 from moe_vlm.engines.megatron.recording import StepRecorder, counting_forward_step
 from moe_vlm.engines.megatron.stack import stack_problem, versions
 from moe_vlm.record import REPO_ROOT, RUN_JSON, STEPS_JSONL, base_record, read_steps, write_json_atomic
@@ -133,14 +134,21 @@ def launch(spec: RunSpec, config: dict[str, Any], run_dir: Path) -> None:
     problems = check_overrides(built.cfg, spec)
     if problems:
         raise EngineUnavailable("the Bridge config does not hold the table's values: " + "; ".join(problems))
+    effective = None
+    if int(os.environ["RANK"]) == 0:
+        # What Bridge runs with, written before it runs, so a run that fails is explained too.
+        effective = effective_config(built.cfg, spec, run_dir, planned=False)
+        write_json_atomic(run_dir / EFFECTIVE_JSON, effective.to_record())
     recorder = StepRecorder(spec, run_dir)
     pretrain(built.cfg, forward_step_func=counting_forward_step(recorder), callbacks=[recorder])
 
-    if int(os.environ["RANK"]) == 0:
-        _write_run_json(spec, config, run_dir, built)
+    if effective is not None:
+        _write_run_json(spec, config, run_dir, built, effective)
 
 
-def _write_run_json(spec: RunSpec, config: dict[str, Any], run_dir: Path, built: BuiltConfig) -> None:
+def _write_run_json(
+    spec: RunSpec, config: dict[str, Any], run_dir: Path, built: BuiltConfig, effective: Effective
+) -> None:
     from moe_vlm.metrics import summarize
 
     steps = read_steps(run_dir / STEPS_JSONL)
@@ -157,6 +165,10 @@ def _write_run_json(spec: RunSpec, config: dict[str, Any], run_dir: Path, built:
     record["bridge"] = {
         "recipe": built.recipe.name,
         "recipe_kind": built.recipe.kind,
+        "recipe_family": built.recipe.family,
+        "recipe_gpu": built.recipe.gpu,
+        # Bridge's config after its runtime update: the fields that differ from the library defaults.
+        "effective": effective.to_record(),
         "hf_config_dir": str(built.hf_dir),
         "hub_ids_requested": built.hub_ids_requested,
         "versions": versions(),

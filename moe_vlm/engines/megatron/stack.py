@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import importlib
 import importlib.metadata
+import sys
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
@@ -224,23 +225,26 @@ def _import_error(target: str) -> tuple[str, str] | None:
         if name:
             getattr(module, name)
     except ModuleNotFoundError as exc:
-        return f"No module named '{exc.name}'", _where(exc)
+        return f"No module named '{exc.name}'", where_raised(exc)
     # ImportError, AttributeError, and the rest: TE raises FileNotFoundError for a missing torch
     # extension, Megatron Core an AssertionError for a too-old nvidia-resiliency-ext.
     except Exception as exc:
-        return f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}", _where(exc)
+        return f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}", where_raised(exc)
     return None
 
 
-def _where(exc: BaseException) -> str:
+def where_raised(exc: BaseException) -> str:
     """Where the library line that failed is: " at <file>:<line>" (relative to site-packages)."""
     ours = ("<", __file__, str(Path(importlib.__file__).parent))  # this probe and importlib's frames
     frames = [f for f in traceback.extract_tb(exc.__traceback__) if not f.filename.startswith(ours)]
     if not frames:
         return ""
     path = frames[-1].filename
-    for marker in ("site-packages/", "dist-packages/"):
-        path = path.split(marker)[-1]
+    # Relative to the import root it came from (site-packages, or a directory on PYTHONPATH).
+    roots = sorted((str(Path(entry).resolve()) for entry in sys.path if entry), key=len, reverse=True)
+    root = next((r for r in roots if path.startswith(r.rstrip("/") + "/")), None)
+    if root is not None:
+        path = path[len(root.rstrip("/")) + 1 :]
     return f" at {path}:{frames[-1].lineno}"
 
 
