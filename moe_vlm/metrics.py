@@ -12,7 +12,8 @@ Engine-independent: every engine writes the records described in ``moe_vlm.recor
   world compare; sums over the window divided by summed step time (a ratio of totals, not a
   mean of ratios). The ranking metric is effective (real) tokens/s/GPU; nominal sits beside it.
 - FLOPs from ``moe_vlm.flops``: ours (model), Bridge-comparable, hardware. TFLOP/s/GPU and MFU
-  from ours, against the cluster's dense BF16 peak, named in the summary. A cluster without a
+  from ours, against the cluster's dense BF16 peak, named in the summary; beside it the same run's
+  MFU against its precision's own dense peak (``mfu_precision``: FP8 or FP4), named. A cluster without a
   peak (cluster=local) gets no MFU and a reason; an MFU above 100% means the FLOPs or the timing
   are wrong, so it is reported as an error, never as a number.
 - Peak memory per GPU (max over ranks), and the vision encoder / projector / decoder shares of
@@ -32,6 +33,8 @@ from statistics import median
 from typing import Any
 
 from moe_vlm.flops import MODULES, Workload, step_flops
+from moe_vlm.precision import peak_flops
+from moe_vlm.precision import profile as precision_profile
 from moe_vlm.spec import RunSpec
 from moe_vlm.stragglers import rank_medians
 
@@ -132,13 +135,35 @@ def peak_of(spec: RunSpec) -> dict[str, Any]:
     }
 
 
-def mfu_of(model_flops_per_s_per_gpu: float, spec: RunSpec) -> tuple[float | None, str | None]:
-    """(MFU, None), or (None, why there is no MFU). Above 100% is an error, not a number."""
-    peak = peak_of(spec)
+def precision_peak_of(spec: RunSpec) -> dict[str, Any]:
+    """The second MFU denominator: the dense peak of the run's own number format, named.
+
+    BF16 runs repeat the BF16 peak. FP8/FP4 runs quote the FP8/FP4 peak, an upper bound for the
+    whole step: attention, norms, the router, the vision tower and the optimizer stay BF16/FP32.
+    """
+    kind = precision_profile(spec.precision.format).peak
+    flops = peak_flops(spec.cluster, kind)
+    if flops <= 0:
+        return {"name": None, "flops": None, "kind": kind.value}
+    return {
+        "name": f"{spec.cluster.gpu} dense {kind.value.upper()} {flops / TERA:g} TFLOP/s (cluster={spec.cluster.name})",
+        "flops": flops,
+        "kind": kind.value,
+    }
+
+
+def mfu_of(
+    model_flops_per_s_per_gpu: float, spec: RunSpec, peak: dict[str, Any] | None = None
+) -> tuple[float | None, str | None]:
+    """(MFU, None), or (None, why there is no MFU). Above 100% is an error, not a number.
+
+    `peak`: another named denominator (precision_peak_of) instead of the dense BF16 one."""
+    peak = peak or peak_of(spec)
     if peak["flops"] is None:
+        kind = peak.get("kind", "bf16")
         return None, (
-            f"cluster={spec.cluster.name} ({spec.cluster.gpu}) has no dense BF16 peak "
-            "(cluster.peak_bf16_flops=0), so MFU is not defined; a CPU peak would be made up"
+            f"cluster={spec.cluster.name} ({spec.cluster.gpu}) has no dense {kind.upper()} peak "
+            f"(cluster.peak_{kind}_flops=0), so MFU is not defined; a CPU peak would be made up"
         )
     mfu = model_flops_per_s_per_gpu / peak["flops"]
     if mfu > 1.0:
@@ -164,6 +189,7 @@ def summarize(steps: list[dict[str, Any]], spec: RunSpec) -> dict[str, Any]:
         },
         "world_size": world,
         "peak": peak,
+        "precision_peak": precision_peak_of(spec),
         "errors": [],
     }
     memory = [r for records in grouped.values() for r in records if r.get("peak_memory_gib") is not None]
@@ -175,8 +201,8 @@ def summarize(steps: list[dict[str, Any]], spec: RunSpec) -> dict[str, Any]:
             f"no steady steps: {len(grouped)} step(s) recorded, warmup_steps={spec.warmup_steps}; "
             "raise train_iters"
         )
-        summary["mfu"] = None
-        summary["mfu_note"] = "no steady steps"
+        summary["mfu"] = summary["mfu_precision"] = None
+        summary["mfu_note"] = summary["mfu_precision_note"] = "no steady steps"
         return summary
 
     steady = [grouped[n] for n in window.steps]
@@ -225,6 +251,10 @@ def summarize(steps: list[dict[str, Any]], spec: RunSpec) -> dict[str, Any]:
     summary["mfu_note"] = note
     if note and note.startswith("ERROR"):
         summary["errors"].append(note)
+    # The same run against its own format's peak (precision=fp8cs|fp8mx|nvfp4), beside the BF16 one.
+    summary["mfu_precision"], summary["mfu_precision_note"] = mfu_of(
+        model_flops / per_gpu_second, spec, summary["precision_peak"]
+    )
 
     component_seconds = {m: 0.0 for m in MODULES}
     rank_step_seconds = 0.0

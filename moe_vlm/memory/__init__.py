@@ -9,6 +9,9 @@ Megatron engine (GPU; what decides an OOM is the GPU's whole memory)
                         projector and embedding on the first pipeline stage, the output layer on
                         the last), routed experts / (EP x ETP); Megatron FSDP shards both over
                         its data-parallel group (dense: DP x CP, experts: expert DP)
+    quantized_weights   precision=fp8cs|fp8mx|nvfp4: the decoder's GEMM weights as Transformer
+                        Engine keeps them (quantized primary weights + the backward copy), in
+                        place of their bf16 share of `parameters` (bytes: moe_vlm/precision.py)
     gradients           fp32 main gradients of trainable parameters (grad_reduce_in_fp32, as the
                         Bridge recipes set it); frozen modules hold none
     optimizer_state     fp32 main weights + Adam m and v (12 bytes per trainable parameter),

@@ -38,11 +38,13 @@ from moe_vlm.memory.shared import (
     selective_modules,
     training_of,
 )
+from moe_vlm.precision import non_tn_fp8_gemm, profile, quantized, weight_bytes
 from moe_vlm.schema import (
     CudaGraphImpl,
     Engine,
     FlexBackend,
     ParallelismFamily,
+    Precision,
     ShardingStrategy,
 )
 from moe_vlm.spec import RunSpec
@@ -156,8 +158,41 @@ def sharding(spec: RunSpec) -> Sharding:
 # --- the terms -----------------------------------------------------------------------------------
 
 
+def quantized_weights(stage: Stage, dense_gemm: float, experts: float) -> Term | None:
+    """FP8/FP4: the decoder's GEMM weights as Transformer Engine keeps them, in place of bf16.
+
+    The perf recipes' precisions keep the primary weights quantized (fp8_param / fp4_param), built
+    under TE's quantized init (megatron/core/transformer/transformer_block.py:340-347) and held in
+    the DDP buffer as uint8 (megatron/core/distributed/param_and_grad_buffer.py:888-916); each keeps
+    a column-wise copy for the backward GEMMs (bytes per element: moe_vlm/precision.py). The vision
+    tower builds its own config without FP8 (Bridge qwen_vl/modelling_qwen3_vl/transformer_config.py:68)
+    and stays bf16, as do norms, the router, the embedding and the output layer.
+    """
+    spec = stage.spec
+    fmt = spec.precision.format
+    if not quantized(fmt):
+        return None
+    shard = sharding(spec)
+    per_element = weight_bytes(fmt, spec.cluster.compute_capability)
+    return Term(
+        "quantized_weights",
+        per_element * shard.per_gpu(dense_gemm, experts, shard.params),
+        f"{fmt.value}: {(dense_gemm + experts) / 1e9:.3f}B decoder GEMM weights ({dense_gemm / 1e9:.3f}B "
+        f"dense/TP{stage.tp} + {experts / 1e9:.3f}B routed-expert) x {per_element:.4g} B "
+        f"({profile(fmt).label}, forward + backward copy, TE's allocation"
+        + (
+            "; no separate transpose on Blackwell"
+            if fmt is Precision.fp8cs and non_tn_fp8_gemm(spec.cluster.compute_capability)
+            else ""
+        )
+        + ")"
+        + (f", sharded ({shard.label})" if shard.params else ""),
+    )
+
+
 def params_terms(stage: Stage) -> list[Term]:
-    """parameters (bf16), gradients (fp32 main grads) and optimizer_state (fp32 main + Adam m, v)."""
+    """parameters (bf16; FP8/FP4 GEMM weights in quantized_weights), gradients (fp32 main grads) and
+    optimizer_state (fp32 main + Adam m, v)."""
     counts, training, tp, ep_etp = stage.counts, stage.training, stage.tp, stage.ep_etp
     first, last = stage.first, stage.last
     lang_dense = sum(counts.layers[i].dense for i in stage.layers) + (counts.embedding if first else 0)
@@ -167,6 +202,9 @@ def params_terms(stage: Stage) -> list[Term]:
     projector_params = counts.projector if first else 0
     dense = (lang_dense + vision_params + projector_params) / tp
     experts = lang_experts / ep_etp
+    quantizing = quantized(stage.spec.precision.format)
+    dense_gemm = sum(counts.layers[i].dense_gemm for i in stage.layers) / tp if quantizing else 0.0
+    bf16_experts = 0.0 if quantizing else experts
     trainable_dense = (
         (lang_dense if training.language else 0)
         + (vision_params if training.vision else 0)
@@ -174,18 +212,21 @@ def params_terms(stage: Stage) -> list[Term]:
     ) / tp
     trainable_experts = experts if training.language else 0.0
     shard = sharding(stage.spec)
+    quantized_term = quantized_weights(stage, dense_gemm, experts)
     return [
         Term(
             "parameters",
-            BF16 * shard.per_gpu(dense, experts, shard.params),
-            f"bf16: {dense / 1e9:.3f}B dense/TP{tp} + {experts / 1e9:.3f}B routed-expert/"
+            BF16 * shard.per_gpu(dense - dense_gemm, bf16_experts, shard.params),
+            f"bf16: {(dense - dense_gemm) / 1e9:.3f}B dense/TP{tp} + {bf16_experts / 1e9:.3f}B routed-expert/"
             f"(EP x ETP = {ep_etp})"
+            + (" (the decoder GEMM weights are in quantized_weights)" if quantizing else "")
             + (
                 f", sharded over {shard.dense_over} / {shard.experts_over} ranks ({shard.label})"
                 if shard.params
                 else f" ({shard.label})"
             ),
         ),
+        *([quantized_term] if quantized_term else []),
         Term(
             "gradients",
             FP32 * shard.per_gpu(trainable_dense, trainable_experts, shard.grads),
@@ -211,17 +252,33 @@ def fsdp_buffers(stage: Stage) -> Term | None:
     shard = sharding(stage.spec)
     if not (shard.fsdp and (shard.params or shard.grads)):
         return None
-    counts, tp = stage.counts, stage.tp
-    unit = max(
-        [counts.layers[i].dense / tp + counts.layers[i].experts / stage.ep_etp for i in stage.layers]
-        + [counts.embedding / tp if stage.first else 0, counts.lm_head / tp if stage.last else 0]
-    )
-    unsharded_params = 2 * BF16 * unit if shard.params else 0.0
+    counts, tp, spec = stage.counts, stage.tp, stage.spec
+    fmt = spec.precision.format
+    gemm_bytes = weight_bytes(fmt, spec.cluster.compute_capability)  # BF16: 2
+    # (params, gathered bytes) per unit: FP8/FP4 units gather their GEMM weights quantized.
+    units = [
+        (
+            counts.layers[i].dense / tp + counts.layers[i].experts / stage.ep_etp,
+            BF16 * (counts.layers[i].dense - counts.layers[i].dense_gemm) / tp
+            + gemm_bytes * (counts.layers[i].dense_gemm / tp + counts.layers[i].experts / stage.ep_etp),
+        )
+        for i in stage.layers
+    ]
+    units += [
+        (n, BF16 * n)
+        for n in (counts.embedding / tp if stage.first else 0, counts.lm_head / tp if stage.last else 0)
+    ]
+    unit, unit_bytes = max(units, key=lambda u: u[1])
+    unsharded_params = 2 * unit_bytes if shard.params else 0.0
     return Term(
         "fsdp_buffers",
         unsharded_params + FP32 * unit,
         f"largest FSDP unit {unit / 1e6:.1f}M params: "
-        + ("2 x bf16 all-gathered (current + prefetch) + " if shard.params else "")
+        + (
+            f"2 x {f'{unit_bytes / unit:.3g} B/param' if quantized(fmt) else 'bf16'} all-gathered (current + prefetch) + "
+            if shard.params
+            else ""
+        )
         + "1 x fp32 gradient before reduce-scatter",
     )
 

@@ -33,6 +33,10 @@ from moe_vlm.spec import RunSpec
 class LayerParams:
     dense: int  # attention (or Gated DeltaNet), norms, router, shared experts, dense MLP
     experts: int  # routed experts: split over EP x ETP
+    # Of `dense`, the weights of Transformer Engine GEMMs (projections, dense MLP, shared experts):
+    # what FP8/FP4 keeps quantized. Norms, the router and the GDN convolution stay BF16; every
+    # routed-expert weight is a GEMM weight.
+    dense_gemm: int
 
 
 @dataclass(frozen=True)
@@ -72,17 +76,27 @@ def _gated_deltanet_params(model: ModelConfig) -> int:
     )
 
 
+def _mixer_gemm_weights(model: ModelConfig, index: int) -> int:
+    if is_full_attention(model, index):
+        return attention_shape(model).projection_weights
+    shape = gdn_shape(model)
+    return shape.in_projection_weights + shape.out_projection_weights
+
+
 def layer_params(model: ModelConfig, index: int) -> LayerParams:
     h = model.hidden_size
     mixer = _attention_params(model) if is_full_attention(model, index) else _gated_deltanet_params(model)
+    mixer_gemm = _mixer_gemm_weights(model, index)
     norms = 2 * h
     if is_dense(model, index):
-        return LayerParams(dense=mixer + norms + dense_mlp_weights(model), experts=0)
+        mlp = dense_mlp_weights(model)
+        return LayerParams(dense=mixer + norms + mlp, experts=0, dense_gemm=mixer_gemm + mlp)
     moe = moe_shape(model)
     shared_gate = h if model.num_shared_experts else 0
     return LayerParams(
         dense=mixer + norms + moe.router_weights + moe.shared_weights + shared_gate,
         experts=moe.experts * moe.expert_weights,
+        dense_gemm=mixer_gemm + moe.shared_weights,
     )
 
 

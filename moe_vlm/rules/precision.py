@@ -26,7 +26,11 @@ def _format_on_gpu(spec: RunSpec) -> Iterator[Violation]:
         return
     if runs_on(fmt, cluster.compute_capability):
         return
-    fallback = "precision=fp8cs (current scaling runs on Hopper) or " if runs_on(Precision.fp8cs, cluster.compute_capability) else ""
+    fallback = (
+        "precision=fp8cs (current scaling runs on Hopper) or "
+        if runs_on(Precision.fp8cs, cluster.compute_capability)
+        else ""
+    )
     yield Violation(
         ("precision", "cluster"),
         f"precision={fmt.value} ({profile(fmt).label}) needs compute capability {capability_range(fmt)}; "

@@ -1,117 +1,56 @@
 """StepRecorder, the Megatron engine's steps.jsonl writer, driven the way Bridge drives it.
 
 Real parts: Bridge's CallbackManager, CallbackContext and TrainState; the callback order and the
-two updates Bridge makes after on_train_step_end (train.py:454-506, 564, 608); gloo process
-groups under Megatron Core's parallel_state (4 forked ranks for PP=2 x DP=2); torch.distributed's
-gather_object (counted by a spy that calls the real one); the project's perf_counter Clock, which
-stands in only for CUDA events. One stand-in: FakeCudaMemory, for torch.cuda's allocator counters
-and cudaMemGetInfo, which need a GPU. Running at all on this GPU-less machine also shows that
-the recorder makes no other torch.cuda call (torch.cuda.synchronize raises here).
+two updates Bridge makes after on_train_step_end (tests/megatron/recording_ranks.bridge_loop);
+gloo process groups under Megatron Core's parallel_state (4 ranks for PP=2 x DP=2);
+torch.distributed's gather_object (counted by a spy that calls the real one); the project's
+perf_counter Clock, which stands in only for CUDA events. One stand-in: FakeCudaMemory, for
+torch.cuda's allocator counters and cudaMemGetInfo, which need a GPU. Running at all on this
+GPU-less machine also shows the recorder makes no other torch.cuda call (synchronize raises here).
 """
 
 from __future__ import annotations
 
-import socket
+import multiprocessing
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
 import torch
 
-from moe_vlm.engines.megatron.recording import GIB, MemorySample, StepRecorder
 from moe_vlm.metrics import summarize
 from moe_vlm.record import STEPS_JSONL, read_steps
-from moe_vlm.spec import RunSpec
-from moe_vlm.timing import Clock
 from tests.conftest import make_spec
 from tests.megatron.conftest import needs_stack
+from tests.megatron.recording_ranks import (
+    BASE_GIB,
+    OUTSIDE_GIB,
+    STEPS,
+    WORLD,
+    FakeCudaMemory,
+    free_port,
+    join_megatron,
+    leave_megatron,
+    pipeline_rank,
+    recorder_for,
+)
+from tests.megatron.recording_ranks import bridge_loop as plain_loop
 
 MEG = ("engine=megatron", "dry_run=true", "cluster=b200", "model=qwen3_vl_30b_a3b", "warmup_steps=1")
-BASE_GIB = 40.0  # what stays allocated between steps (weights, optimizer state)
-OUTSIDE_GIB = 3.5  # NCCL / DeepEP / TE userbuffers + CUDA context: cudaMalloc'd, not the allocator's
 
 
-class FakeCudaMemory:
-    """Stands in for torch.cuda's caching-allocator counters (reset_peak_memory_stats,
-    max_memory_allocated, memory_reserved) and cudaMemGetInfo. Same rules as torch: a reset
-    sets the peak to what is allocated now; reserved never shrinks (no empty_cache)."""
-
-    def __init__(self, extra_gib: float = 0.0) -> None:
-        self.allocated = (BASE_GIB + extra_gib) * GIB
-        self.peak = self.reserved = self.allocated
-        self.resets = 0
-
-    def transient(self, gib: float) -> None:
-        """A step's activations: allocated, then freed before the step ends."""
-        self.peak = max(self.peak, self.allocated + gib * GIB)
-        self.reserved = max(self.reserved, self.allocated + gib * GIB)
-
-    def reset_peak(self) -> None:
-        self.resets += 1
-        self.peak = self.allocated
-
-    def sample(self) -> MemorySample:
-        return MemorySample(self.peak / GIB, self.reserved / GIB, self.reserved / GIB + OUTSIDE_GIB)
-
-
-def bridge_loop(
-    recorder: StepRecorder,
-    steps: int,
-    *,
-    flops_of: Callable[[int], float] = lambda step: 1e15,
-    loss_of: Callable[[int], float] | None = lambda step: 2.0,
-    during_step: Callable[[int], None] = lambda step: None,
-    at_step_start: Callable[[int], None] = lambda step: None,
-) -> None:
-    """Bridge's train() as the recorder sees it: its callback manager and contexts, in its order."""
+def bridge_loop(recorder: Any, steps: int, **kwargs: Any) -> None:
+    """The loop with Bridge's own callback manager, context and train state."""
     from megatron.bridge.training.callbacks import CallbackContext, CallbackManager
     from megatron.bridge.training.state import TrainState
 
-    state = SimpleNamespace(train_state=TrainState())  # the part of GlobalState the recorder reads
-    optimizer = SimpleNamespace(param_groups=[{"lr": 3e-4}])
     manager = CallbackManager()
     manager.add([recorder])
-    manager.fire("on_train_start", CallbackContext(state=state, model=[], optimizer=optimizer))
-    for index in range(steps):
-        step = index + 1
-        manager.fire("on_train_step_start", CallbackContext(state=state, model=[], optimizer=optimizer))
-        at_step_start(step)
-        during_step(step)
-        # Bridge's loss_dict: the reduced loss on the last pipeline stage, {} elsewhere (train.py:980-1007).
-        loss = {} if loss_of is None else {"lm loss": torch.tensor(loss_of(step))}
-        manager.fire(
-            "on_train_step_end",
-            CallbackContext(state=state, model=[], optimizer=optimizer, loss_dict=loss, grad_norm=1.5,
-                            skipped_iter=False),
-        )  # fmt: skip
-        state.train_state.step += 1  # train.py:564
-        state.train_state.floating_point_operations_so_far += flops_of(step)  # train.py:608
-    manager.fire("on_train_end", CallbackContext(state=state, model=[], optimizer=optimizer))
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
-def join_megatron(rank: int, world: int, port: int, pp: int) -> None:
-    from megatron.core import parallel_state
-
-    torch.distributed.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world
+    plain_loop(
+        recorder, steps, fire=manager.fire, context=CallbackContext, train_state=TrainState(), **kwargs
     )
-    parallel_state.initialize_model_parallel(pipeline_model_parallel_size=pp)
-
-
-def leave_megatron() -> None:
-    from megatron.core import parallel_state
-
-    parallel_state.destroy_model_parallel()
-    torch.distributed.destroy_process_group()
 
 
 @pytest.fixture
@@ -135,10 +74,6 @@ def gathers(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 
     monkeypatch.setattr(torch.distributed, "gather_object", spy)
     return calls
-
-
-def recorder_for(spec: RunSpec, run_dir: Path, memory: FakeCudaMemory, gather_every: int) -> StepRecorder:
-    return StepRecorder(spec, run_dir, clock=Clock(), memory=memory, gather_every=gather_every)
 
 
 @needs_stack
@@ -210,38 +145,20 @@ def test_step_time_comes_from_the_marks_and_flops_stay_with_their_step(
         )
 
 
-# --- PP=2 x DP=2: the loss lives on the last stage, the line on the first ----------------------
-
-PP, WORLD, STEPS, EVERY = 2, 4, 5, 2
-
-
-def pipeline_rank(rank: int, port: int, spec: RunSpec, run_dir: Path) -> None:
-    from megatron.core import parallel_state
-
-    join_megatron(rank, WORLD, port, pp=PP)
-    try:
-        dp = parallel_state.get_data_parallel_rank()
-        last = parallel_state.is_pipeline_last_stage(ignore_virtual=True)
-        memory = FakeCudaMemory(extra_gib=rank)  # each GPU its own figure: a line shows its DP rank's worst
-        bridge_loop(
-            recorder_for(spec, run_dir, memory, EVERY),
-            STEPS,
-            loss_of=(lambda step: 10.0 * dp + step) if last else None,
-        )
-        (run_dir / f"rank{rank}.txt").write_text(f"{dp} {int(last)}")
-    finally:
-        leave_megatron()
-
-
 @pytest.mark.slow
 @needs_stack
 def test_with_pipeline_parallelism_the_loss_reaches_the_line(tmp_path: Path) -> None:
     import torch.multiprocessing as mp
 
-    assert not torch.distributed.is_initialized()  # forked ranks must not inherit a process group
+    # A forkserver, not fork: forking pytest's threaded process can deadlock a rank. It imports
+    # Megatron Core once and forks each rank from there.
+    multiprocessing.get_context("forkserver").set_forkserver_preload(
+        ["megatron.core.parallel_state", "tests.megatron.recording_ranks"]
+    )
     spec = make_spec(*MEG)
-    # fork: the ranks inherit the imported Megatron instead of importing it four times over.
-    mp.start_processes(pipeline_rank, args=(free_port(), spec, tmp_path), nprocs=WORLD, start_method="fork")
+    mp.start_processes(
+        pipeline_rank, args=(free_port(), spec, tmp_path), nprocs=WORLD, start_method="forkserver"
+    )
     placement = {
         rank: tuple(map(int, (tmp_path / f"rank{rank}.txt").read_text().split())) for rank in range(WORLD)
     }

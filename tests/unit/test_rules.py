@@ -102,6 +102,13 @@ CASES: dict[str, tuple[list[str], list[str]]] = {
     "E009": (["model.num_shared_experts=1", "model.shared_expert_ffn_hidden_size=32"], []),
     "E010": (["data.num_workers=2"], [*MEG, "data.num_workers=2"]),
     "E011": (["router=forced_balance"], [*MEG, "router=forced_balance"]),
+    # MXFP8 on Hopper (9.0) vs Blackwell (10.0); NVFP4 likewise; FP8 current scaling runs on Hopper.
+    "P001": (
+        ["cluster=h100", "model=qwen3_vl_30b_a3b", "nodes=2", "precision=fp8mx"],
+        [*MEG, "precision=fp8mx"],
+    ),
+    "P002": ([*MEG, "precision=fp8cs"], MEG),
+    "P003": (["precision=fp8cs"], [*MEG, "precision=fp8cs"]),
     "A001": (["data=real"], ["data=real", "data.path=/tmp/shards"]),
     "A002": (["data.min_images=3", "data.max_images=1"], []),
     "A003": (
