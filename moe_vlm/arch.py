@@ -98,7 +98,8 @@ PROFILES: dict[Arch, ArchProfile] = {
         provider_forces_sp=False,
         bridge_recipe_family="qwen35_vl",
         bridge_template_model="qwen35_vl_35b_a3b",
-        graphs_capture_attention=True,
+        # Also mRoPE: TE capture feeds rotary embeddings only to 'rope' models (G009).
+        graphs_capture_attention=False,
         torch_engine_builds=False,
         hf_shared_experts=True,
     ),

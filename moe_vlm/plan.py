@@ -9,6 +9,8 @@ from moe_vlm.data.workers import data_workers
 from moe_vlm.engines.bridge_fields import bridge_overrides, select_recipe
 from moe_vlm.engines.hf_config import is_local_checkpoint
 from moe_vlm.memory import estimate
+from moe_vlm.metrics import peak_of, precision_peak_of
+from moe_vlm.precision import profile as precision_profile
 from moe_vlm.rules import Finding
 from moe_vlm.spec import RunSpec
 
@@ -28,6 +30,16 @@ def routing_line(spec: RunSpec) -> str:
     return "routing        real: the router's own logits choose the experts"
 
 
+def precision_line(spec: RunSpec) -> str:
+    fmt, profile = spec.precision.format, precision_profile(spec.precision.format)
+    how = (
+        f"Bridge {profile.bridge_recipe}" if spec.engine == "megatron" else "torch: bf16 on GPUs, fp32 on CPU"
+    )
+    peaks = dict.fromkeys(p["name"] for p in (peak_of(spec), precision_peak_of(spec)) if p["name"])
+    mfu = f"MFU vs {' and vs '.join(peaks)}" if peaks else "no MFU: the cluster declares no peak"
+    return f"precision      {fmt.value} ({profile.label}; {how}); {mfu}"
+
+
 def layout_lines(spec: RunSpec) -> list[str]:
     lay = spec.layout
     nvlink = "inside" if lay.ep_tp_inside_nvlink else "OUTSIDE"
@@ -43,6 +55,7 @@ def layout_lines(spec: RunSpec) -> list[str]:
         f"accumulation step(s); seq_length={spec.seq_length}",
         f"data workers   {data_workers(spec).describe()}",
         routing_line(spec),
+        precision_line(spec),
     ]
 
 
@@ -127,7 +140,8 @@ def render(spec: RunSpec, findings: list[Finding]) -> str:
     knobs = [
         f"model={spec.model.name} parallelism={spec.family} dispatcher={spec.dispatcher.name} "
         f"recompute={spec.recompute.name} cuda_graph={spec.cuda_graph.name} vision_freeze={spec.freeze.name} "
-        f"data={spec.data.kind.value} cluster={spec.cluster.name} router={spec.router.name}",
+        f"data={spec.data.kind.value} cluster={spec.cluster.name} router={spec.router.name} "
+        f"precision={spec.precision.format.value}",
         f"engine={spec.engine} (requested {spec.engine_requested}) nodes={spec.layout.nodes} mbs={spec.mbs} "
         f"gbs={spec.gbs} seq_length={spec.seq_length} train_iters={spec.train_iters} seed={spec.seed}",
     ]

@@ -69,6 +69,7 @@ KNOBS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "pack_sequences": (("spec", "data", "pack_sequences"), ("config", "data", "pack_sequences")),
     "cluster": (("spec", "cluster", "name"), ("config", "cluster", "name")),
     "router": (("spec", "router", "name"), ("config", "router", "name")),
+    "precision": (("spec", "precision", "format"), ("config", "precision", "format")),
     "engine": (("spec", "engine"), ("engine",)),
     "mbs": (("spec", "mbs"), ("config", "mbs")),
     "gbs": (("spec", "gbs"), ("config", "gbs")),
@@ -164,6 +165,9 @@ def row_of(run_file: Path, record: dict[str, Any]) -> dict[str, Any]:
         "mfu": summary.get("mfu"),
         "mfu_note": summary.get("mfu_note"),
         "peak_name": peak.get("name"),
+        "mfu_precision": summary.get("mfu_precision"),
+        "mfu_precision_note": summary.get("mfu_precision_note"),
+        "precision_peak_name": (summary.get("precision_peak") or {}).get("name"),
         "step_time_p10_s": step_time.get("p10"),
         "step_time_p50_s": step_time.get("p50"),
         "step_time_p90_s": step_time.get("p90"),
@@ -263,11 +267,11 @@ def _flops(value: Any) -> str:
     return f"{value:,.1f}" if abs(value) >= 1000 else f"{value:.4g}"
 
 
-def _mfu(row: Row) -> str:
-    note = row.get("mfu_note")
+def _mfu(row: Row, column: str = "mfu") -> str:
+    note = row.get(f"{column}_note")
     if isinstance(note, str) and note.startswith("ERROR"):
         return "**ERROR >100%**"
-    mfu = row.get("mfu")
+    mfu = row.get(column)
     if mfu is None or (isinstance(mfu, float) and math.isnan(mfu)):
         return "n/a"
     return f"{mfu:.1%}"
@@ -303,6 +307,7 @@ def results_table(rows: pd.DataFrame, knobs: list[str], top: int | None = None) 
         "nominal tok/s/GPU",
         "TFLOP/s/GPU",
         "MFU",
+        "MFU own peak",  # against the precision's dense peak (FP8/FP4); = MFU for BF16
         "step s p50 (p10-p90)",
         "steady",
         "peak mem GiB",
@@ -321,6 +326,7 @@ def results_table(rows: pd.DataFrame, knobs: list[str], top: int | None = None) 
                 _number(row["nominal_tokens_per_s_per_gpu"]),
                 _flops(row["tflops_per_gpu"]),
                 _mfu(row),
+                _mfu(row, "mfu_precision"),
                 _step_time(row),
                 str(row["steady_steps"] or "-"),
                 _number(row["peak_memory_gib"], 2),
@@ -349,8 +355,11 @@ def rest_line(rows: pd.DataFrame, top: int) -> str | None:
 
 def _peak_lines(rows: pd.DataFrame, top: int = DEFAULT_TOP) -> list[str]:
     lines = []
-    for name in sorted({str(n) for n in rows["peak_name"].dropna()}):
+    bf16_peaks = {str(n) for n in rows["peak_name"].dropna()}
+    for name in sorted(bf16_peaks):
         lines.append(f"MFU = model FLOPs (ours: real tokens, frozen-aware) / peak of {name}.")
+    for name in sorted({str(n) for n in rows["precision_peak_name"].dropna()} - bf16_peaks):
+        lines.append(f"MFU own peak = the same FLOPs / {name} (an upper bound: not every op runs in it).")
     notes = {str(n) for n in rows["mfu_note"].dropna() if not str(n).startswith("ERROR")}
     lines += sorted(f"MFU n/a: {note}." for note in notes)
     failing = rows.dropna(subset=["errors"])

@@ -8,6 +8,7 @@ time is the recorder's own. Three schedules in interleaved blocks (machine noise
     none        the same loop without a recorder (the floor)
     every-step  the recorder gathering every step: the old recorder's schedule
     every-N     the recorder as shipped: gathering every GATHER_EVERY_STEPS steps and at the end
+    end-only    gathering once, at the end: what the callbacks themselves cost per step
 
 It prints the host microseconds per step each schedule adds over `none`, and every-N / every-step.
 
@@ -23,6 +24,7 @@ cudaMemGetInfo and torch.cuda's counters cost, need a GPU to measure.
 from __future__ import annotations
 
 import argparse
+import multiprocessing
 import socket
 import statistics
 import sys
@@ -90,7 +92,7 @@ def rank_main(rank: int, world: int, port: int, spec: RunSpec, args: argparse.Na
         "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world
     )
     parallel_state.initialize_model_parallel()
-    schedules = {"none": None, "every-step": 1, "every-N": GATHER_EVERY_STEPS}
+    schedules = {"none": None, "every-step": 1, "every-N": GATHER_EVERY_STEPS, "end-only": args.steps + 1}
     per_step: dict[str, list[float]] = {name: [] for name in schedules}
     try:
         with tempfile.TemporaryDirectory() as scratch:
@@ -120,6 +122,7 @@ def rank_main(rank: int, world: int, port: int, spec: RunSpec, args: argparse.Na
                 f"  none        {floor * 1e6:9.1f} us/step (the loop itself)",
                 f"  every-step  {added['every-step'] * 1e6:+9.1f} us/step over none (old schedule: gather each step)",
                 f"  every-N     {added['every-N'] * 1e6:+9.1f} us/step over none (gather every {GATHER_EVERY_STEPS})",
+                f"  end-only    {added['end-only'] * 1e6:+9.1f} us/step over none (one gather per block)",
                 f"  every-N / every-step host overhead: {added['every-N'] / added['every-step']:.2f}",
                 "  host side only: device-side effects (synchronise, run-ahead) need a GPU",
             ]
@@ -137,14 +140,19 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--reps", type=int, default=5)
     args = parser.parse_args()
+    multiprocessing.get_context("forkserver").set_forkserver_preload(
+        ["__main__", "megatron.core.parallel_state"]
+    )
     spec = compose_spec(list(OVERRIDES))
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     with tempfile.TemporaryDirectory() as scratch:
         out = Path(scratch) / "result.txt"
+        # forkserver: a forked child of a threaded parent can deadlock; the server imports this
+        # script (and Megatron Core) once and forks each rank from there.
         mp.start_processes(
-            rank_main, args=(args.ranks, port, spec, args, out), nprocs=args.ranks, start_method="fork"
+            rank_main, args=(args.ranks, port, spec, args, out), nprocs=args.ranks, start_method="forkserver"
         )
         print(out.read_text(), end="")
     return 0

@@ -569,14 +569,16 @@ def select_recipe(spec: RunSpec, gpu: str | None = None) -> Recipe | None:
     if arch is None:
         return None
     base = model if model in _PERF_GPUS else arch.bridge_template_model
-    gpu, gpus = (gpu, _PERF_GPUS[base][gpu]) if gpu else _perf_recipe(base, cluster)
+    chosen = gpu is None
+    gpu, gpus = _perf_recipe(base, cluster) if gpu is None else (gpu, _PERF_GPUS[base][gpu])
     tuned = f"tuned for {gpus}x{gpu.upper()}"
     if base != model:
         kind = RecipeKind.template
         note = f"{tuned}; {model} has no Bridge recipe: {base}'s is the template, the architecture is ours"
     elif gpu != cluster.name:
         kind = RecipeKind.stand_in
-        note = f"{tuned}; {cluster.name} has no {model} perf recipe: {gpu.upper()}'s stands in"
+        why = f"{cluster.name} has no {model} perf recipe" if chosen else f"asked for {gpu.upper()}'s"
+        note = f"{tuned}; {why}: {gpu.upper()}'s stands in"
     else:
         kind, note = RecipeKind.perf, tuned
     return Recipe(

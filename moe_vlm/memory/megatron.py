@@ -493,7 +493,7 @@ def megatron_stage(spec: RunSpec, stage: int, budget: ImageBudget, counts: Param
         terms=tuple(terms),
         notes=(
             "GPU terms are analytic and not yet calibrated on a GPU (scripts/calibrate_memory.py measures "
-            "the torch engine on CPU; see docs/readme/memory.md).",
+            "the torch engine on CPU; see docs/memory-and-advisor.md).",
             "activations assume balanced routing (Bridge perf recipes force it); imbalance adds to the "
             "expert terms.",
         ),

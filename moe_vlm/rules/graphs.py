@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+from moe_vlm.arch import profile
 from moe_vlm.rules.catalogue import (
     CUDA_GRAPH_SCOPES,
     Level,
@@ -110,18 +111,23 @@ def _graph_moe_recompute(spec: RunSpec) -> Iterator[Violation]:
         )
 
 
-@rule("G009", Level.error, "attn scope breaks Qwen3-VL graph capture (MB Qwen3-VL perf recipes)")
-def _graph_attn_qwen3vl(spec: RunSpec) -> Iterator[Violation]:
+@rule("G009", Level.error, "attn scope breaks Qwen3-VL / Qwen3.5 graph capture (MLM cuda_graphs, TE graph)")
+def _graph_attn_mrope(spec: RunSpec) -> Iterator[Violation]:
+    # Megatron's TE capture hands rotary embeddings to attention only for position_embedding_type
+    # 'rope' (megatron/core/transformer/cuda_graphs.py:2304-2317); both VL archs use 'mrope', so the
+    # captured attention has none, and TE's replay drops the rotary_pos_emb passed later
+    # (transformer_engine/pytorch/graph.py:1190-1205): attention would silently run without RoPE.
     graph = spec.cuda_graph
     te_graphs = graph.impl is CudaGraphImpl.transformer_engine
     # An empty scope captures the whole layer, attention included. (With impl=none the scope is
     # ignored: G011.)
     captures_attn = te_graphs and ("attn" in graph.scope or not graph.scope)
-    if captures_attn and spec.model.arch == "qwen3_vl_moe" and spec.engine == "megatron":
+    if captures_attn and not profile(spec.model.arch).graphs_capture_attention and spec.engine == "megatron":
         yield Violation(
             ("cuda_graph",),
-            "CUDA graphs that capture attention ('attn' or whole-layer scope) break Qwen3VLModel capture "
-            "(Bridge's Qwen3-VL recipes force moe_router + moe_preprocess).",
+            f"CUDA graphs that capture attention ('attn' or whole-layer scope) would run {spec.model.arch}'s "
+            "mRoPE attention without rotary embeddings (Megatron's TE capture passes them only for 'rope'; "
+            "Bridge's Qwen3-VL recipes force moe_router + moe_preprocess).",
             "use cuda_graph=te_moe.",
         )
 

@@ -148,10 +148,10 @@ ON_DEVICE = {
         ),
     ),
     "G009": Documented(
-        "megatron.bridge.perf_recipes.qwen_vl.common",
-        "attn scope is not compatible with Qwen3VLModel CUDA graph capture",
+        "megatron.core.transformer.cuda_graphs",
+        "transformer_module.position_embedding_type == 'rope'",
         lambda cfg: (
-            type(cfg.model).__name__ == "Qwen3VLMoEModelProvider"
+            cfg.model.position_embedding_type == "mrope"
             and cfg.model.cuda_graph_impl == "transformer_engine"
             and ("attn" in _graph_modules(cfg) or not _graph_modules(cfg))
         ),

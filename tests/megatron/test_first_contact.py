@@ -476,6 +476,29 @@ def test_qwen35_graphs_fail_only_with_variable_sequence_lengths(recipes: RecipeC
             )
 
 
+@needs_stack
+def test_te_attention_capture_gets_rotary_embeddings_only_for_rope(recipes: RecipeCache) -> None:
+    # Megatron's TE capture passes rotary embeddings to a layer's attention only when the model's
+    # position_embedding_type is 'rope' (cuda_graphs.py:2304-2317). Both VL models are 'mrope',
+    # so a graph that captures attention is captured without RoPE, and TE's replay only feeds the
+    # kwargs it was captured with (transformer_engine/pytorch/graph.py:1190-1205): G009 rejects
+    # attention capture on both, not only on Qwen3-VL.
+    import inspect
+
+    from megatron.core.transformer import cuda_graphs
+
+    source = inspect.getsource(cuda_graphs.TECudaGraphHelper)
+    assert "transformer_module.position_embedding_type == 'rope'" in source
+    for model in ("qwen3_vl_30b_a3b", "qwen35_vl_35b_a3b"):
+        overrides = (*MEG[:2], "cluster=b200", f"model={model}", "parallelism=3d", "cuda_graph=te_attn_moe")
+        spec = make_spec(*overrides)
+        cfg = recipes.config(spec)
+        apply_overrides(cfg, spec)
+        assert cfg.model.position_embedding_type == "mrope"
+        assert "G009" in codes(*overrides)
+        assert "G009" not in codes(*overrides[:-1], "cuda_graph=te_moe")
+
+
 # --- 7. Hard constraints the table guarantees (sister skills 2.1), on the real ConfigContainer ------
 
 

@@ -393,3 +393,31 @@ def test_dry_run_plan_prints_breakdown_and_headroom() -> None:
     assert "of 185.0 GiB GPU memory: headroom" in section and "FITS" in section
     cpu = render(make_spec("dry_run=true"), [])
     assert "runtime_baseline" in cpu and "process_peak_rss" in cpu
+
+
+# A 30B decoder layer's Transformer Engine GEMM weights: the attention projections, 18,874,624 - 256
+# (q/k norms) = q 2048x4096 + k,v 2x2048x512 + o 4096x2048 = 18,874,368; norms and the router stay bf16.
+ATTENTION_GEMM = 18_874_368
+
+
+@pytest.mark.parametrize(
+    ("cluster", "precision", "per_weight"),
+    [
+        ("b200", "fp8cs", 1.0),  # Blackwell: one FP8 buffer serves both GEMM layouts
+        ("h100", "fp8cs", 2.0),  # Hopper: + its transpose
+        ("b200", "fp8mx", 2.0625),  # row- and column-wise: 2 x (1 B + one E8M0 byte per 32)
+        ("b200", "nvfp4", 1.125),  # row- and column-wise: 2 x (1/2 B + one E4M3 byte per 16)
+    ],
+)
+def test_quantized_gemm_weights_replace_their_bf16_share(cluster: str, precision: str, per_weight: float) -> None:
+    overrides = [*THREE_D, f"cluster={cluster}"]
+    bf16, quantized = stage_terms(overrides, 0), stage_terms([*overrides, f"precision={precision}"], 0)
+    # First stage of THREE_D: 24 layers; dense parts / TP2, experts / (EP4 x ETP1).
+    dense = (24 * DENSE_LAYER + EMBEDDING + VISION + PROJECTOR) / 2
+    gemm, experts = 24 * ATTENTION_GEMM / 2, 24 * EXPERT_LAYER / 4
+    assert bf16["parameters"] == 2 * (dense + experts) and "quantized_weights" not in bf16
+    assert quantized["parameters"] == 2 * (dense - gemm)  # vision, embedding, norms, router: bf16
+    assert quantized["quantized_weights"] == per_weight * (gemm + experts)
+    # FP32 main gradients and Adam state do not change with the compute format.
+    assert quantized["gradients"] == bf16["gradients"]
+    assert quantized["optimizer_state"] == bf16["optimizer_state"]

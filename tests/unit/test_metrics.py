@@ -176,3 +176,34 @@ def test_no_steady_steps_is_reported_not_divided_by_zero() -> None:
     summary = summarize(step_records(s, [1.0, 1.0]), s)
     assert summary["steady_steps"] is None
     assert "no steady steps" in summary["errors"][0]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "own_peak", "own_mfu"),
+    [
+        (("precision=bf16",), "NVIDIA GB200 dense BF16 2500 TFLOP/s (cluster=gb200)", 0.2412383487),
+        (("precision=fp8mx",), "NVIDIA GB200 dense FP8 5000 TFLOP/s (cluster=gb200)", 0.1206191744),
+        (("precision=nvfp4",), "NVIDIA GB200 dense FP4 10000 TFLOP/s (cluster=gb200)", 0.0603095872),
+    ],
+)
+def test_mfu_against_the_precisions_own_peak_beside_the_bf16_one(
+    overrides: tuple[str, ...], own_peak: str, own_mfu: float
+) -> None:
+    """The run above (603.1 TFLOP/s/GPU): MFU stays against the dense BF16 peak whatever the
+    precision; beside it, the same FLOPs against the format's dense peak: 603.1e12 / 5e15 (FP8) =
+    12.06%, / 1e16 (FP4) = 6.03%."""
+    s = spec(*GB200_30B, *overrides)
+    summary = summarize(step_records(s, [10.0] * 8, sequences_per_rank=64), s)
+    assert summary["mfu"] == pytest.approx(0.2412383487, rel=1e-9)
+    assert summary["peak"]["name"] == "NVIDIA GB200 dense BF16 2500 TFLOP/s (cluster=gb200)"
+    assert summary["precision_peak"]["name"] == own_peak
+    assert summary["mfu_precision"] == pytest.approx(own_mfu, rel=1e-9)
+    assert summary["mfu_precision_note"] is None
+
+
+def test_a_cluster_without_the_formats_peak_says_so() -> None:
+    # H100 has no FP4 tensor cores (peak_fp4_flops 0): no second MFU, and the reason names the field.
+    s = spec("model=qwen3_vl_30b_a3b", "cluster=h100", "nodes=1", "train_iters=8", "precision=nvfp4")
+    summary = summarize(step_records(s, [10.0] * 8, sequences_per_rank=64), s)
+    assert summary["mfu"] is not None and summary["mfu_precision"] is None
+    assert "no dense FP4 peak (cluster.peak_fp4_flops=0)" in summary["mfu_precision_note"]

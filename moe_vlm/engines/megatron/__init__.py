@@ -2,8 +2,8 @@
 
 One run, as Megatron experts would set it up by hand:
 
-1. start from the Bridge recipe for model x cluster (``bridge_fields.select_recipe``): the GPU's
-   perf recipe where one exists, the general Qwen3-VL / Qwen3.5-VL recipe otherwise;
+1. start from the model's Bridge perf recipe family (``bridge_fields.select_recipe``): the GPU's
+   perf recipe where one exists, another GPU's of the same generation otherwise;
 2. build it offline: the recipe's ``AutoBridge.from_hf_pretrained("<hub id>")`` reads the
    config.json materialised from our `model` group (or the user's local checkpoint directory);
 3. apply every row of THE mapping table (``apply_overrides``), the same rows ``dry_run=true``
