@@ -55,7 +55,7 @@ PROFILES: dict[Precision, PrecisionProfile] = {
         "BF16", "bf16_mixed", "bf16", 0.0, None, "", PeakKind.bf16, weight_bytes=2.0
     ),
     Precision.fp8cs: PrecisionProfile(
-        "FP8 current scaling (per-tensor)",
+        "FP8 current scaling, one scale per tensor",
         "bf16_with_fp8_current_scaling_mixed",
         "fp8cs",
         8.9,
@@ -66,7 +66,7 @@ PROFILES: dict[Precision, PrecisionProfile] = {
         weight_bytes_tn_only=2.0,
     ),
     Precision.fp8mx: PrecisionProfile(
-        "MXFP8 (E4M3, a scale per 32 values)",
+        "MXFP8, E4M3 with a scale per 32 values",
         "bf16_with_mxfp8_mixed",
         "fp8mx",
         10.0,
@@ -76,7 +76,7 @@ PROFILES: dict[Precision, PrecisionProfile] = {
         weight_bytes=2 * (1 + 1 / 32),
     ),
     Precision.nvfp4: PrecisionProfile(
-        "NVFP4 (E2M1, a scale per 16 values)",
+        "NVFP4, E2M1 with a scale per 16 values",
         "bf16_with_nvfp4_mixed",
         None,
         10.0,

@@ -1,7 +1,12 @@
-"""One run: compose -> spec -> validate -> (plan | engine) -> record."""
+"""One run: compose -> spec -> validate -> (plan | engine) -> record.
+
+Rank 0 writes run.json with `status: running` before the engine starts and beats heartbeat.json
+while it runs (moe_vlm/record.py), so a run killed without a word still leaves a record.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from pathlib import Path
 from typing import Any
@@ -10,11 +15,11 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from moe_vlm.errors import EXIT_FAILED, EXIT_INVALID
-from moe_vlm.launch.failures import record_exception
+from moe_vlm.launch.failures import Diagnosis, launch_info, record_exception, write_failure
 from moe_vlm.launch.requeue import global_rank
 from moe_vlm.launch.safety import scrub, scrub_files
 from moe_vlm.plan import render
-from moe_vlm.record import RUN_JSON, base_record, write_json_atomic
+from moe_vlm.record import RUN_JSON, RUNNING, Heartbeat, base_record, write_json_atomic, write_running
 from moe_vlm.rules import errors, validate
 from moe_vlm.spec import RunSpec
 
@@ -61,19 +66,29 @@ def run(cfg: DictConfig) -> None:
         print(f"moe_vlm: error: {exc}", file=sys.stderr)
         sys.exit(EXIT_INVALID)
 
+    main = global_rank() == 0
+    if main:
+        write_running(run_dir, scrub({**base_record(spec, config, status=RUNNING), "launch": launch_info()}))
     try:
-        launch(spec, config, run_dir)
+        with Heartbeat(run_dir) if main else contextlib.nullcontext():
+            launch(spec, config, run_dir)
     except EngineUnavailable as exc:
+        if main:  # the running record must not outlive the run: say why it never started
+            message = str(exc)
+            diagnosis = Diagnosis(
+                "stack", f"the engine cannot run here: {message}", (message.splitlines() or [""])[0][:300]
+            )
+            write_failure(run_dir, diagnosis, [], base_record(spec, config, status="failed"), launch_info())
         print(f"moe_vlm: error: {exc}", file=sys.stderr)
         sys.exit(EXIT_INVALID)
     except RunFailed as exc:
         print(f"moe_vlm: run failed ({exc}); see {run_dir / RUN_JSON}", file=sys.stderr)
         sys.exit(EXIT_FAILED)
-    except Exception as exc:
+    except (Exception, KeyboardInterrupt) as exc:
         # Classified into run.json unless the engine already recorded something more specific.
         record_exception(spec, config, run_dir, exc)
         raise
     finally:
         # The spec in a record holds raw values (a data path from ${oc.env:...}); mask secrets there too.
-        if global_rank() == 0:
+        if main:
             scrub_files([run_dir / RUN_JSON, *(run_dir / ".hydra").glob("*.yaml")])

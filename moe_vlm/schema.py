@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum, StrEnum
+from typing import Any
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
@@ -79,6 +80,11 @@ class CudaGraphImpl(Enum):
     transformer_engine = "transformer_engine"
     local = "local"
     full_iteration = "full_iteration"
+
+
+class OuterSharding(StrEnum):
+    no_shard = "no_shard"  # HSDP replicates across the outer groups
+    optim = "optim"  # optimizer state sharded over the outer groups too
 
 
 class ShardingStrategy(Enum):
@@ -155,6 +161,14 @@ class ParallelismConfig:
     fsdp_version: int = 1  # 2 is DP-only: no MoE, no TP/PP/CP/EP, no CUDA graphs
     fsdp_double_buffer: bool = False
     nccl_ub: bool = False
+    # HSDP for jobs over several NVLink domains: data-parallel replicas outside the sharding group
+    # (Megatron's ddp.num_distributed_optimizer_instances; on 3D the distributed optimizer shards
+    # within DP / dp_outer). 1 = shard over all of DP; 0 = one replica per NVLink-domain segment
+    # (what the launcher's segment=auto places: moe_vlm/sharding.py).
+    dp_outer: int = 1
+    # What the outer replicas shard (Megatron FSDP only): no_shard, or optim (optimizer state over
+    # the whole DP; needs sharding_strategy=optim_grads_params).
+    dp_outer_sharding: OuterSharding = OuterSharding.no_shard
 
 
 @dataclass
@@ -190,6 +204,13 @@ class CudaGraphConfig:
     # attn, mlp, moe, moe_router, moe_preprocess, mamba; empty = whole layer
     scope: list[str] = field(default_factory=list)
     warmup_steps: int = 3
+    # Vision encoder TE graphs (Qwen3-VL-MoE provider's vision_cuda_graph_impl; Qwen3.5 has none).
+    # null = the recipe's (none in every Qwen-VL recipe); true = transformer_engine; false = none.
+    vision: bool | None = None
+    vision_scope: list[str] = field(default_factory=list)  # attn, mlp; empty = whole ViT block
+    # Patches per micro-batch the vision graph is captured for (inputs are padded to it; longer
+    # ones raise). 0 = the encoder's default, num_position_embeddings / merge^2.
+    vision_max_seq_length: int = 0
 
 
 @dataclass
@@ -258,6 +279,12 @@ class PrecisionConfig:
 # --- MoE routing -----------------------------------------------------------------------------
 
 
+class RouterDtype(StrEnum):
+    fp32 = "fp32"
+    fp64 = "fp64"
+    bf16 = "bf16"  # no router dtype: softmax and top-k in the model's dtype (MCore None)
+
+
 @dataclass
 class RouterConfig:
     name: str = "real"
@@ -266,6 +293,137 @@ class RouterConfig:
     # router.py:856-858). Bridge's perf recipes turn it on; runs with it are not ranked with
     # real-routing runs (moe-vlm report labels them).
     force_load_balancing: bool = False
+    # null below = the recipe's value (every Qwen-VL recipe: fp32 router, aux loss 1e-3, dropless).
+    # The router's softmax/top-k precision (MCore moe_router_dtype; bf16 = MCore's None, the model
+    # dtype, which MCore warns about from 32 experts).
+    dtype: RouterDtype | None = None
+    aux_loss_coeff: float | None = None  # load-balancing loss weight; 0 = none
+    # Tokens per expert = capacity_factor x (tokens x top-k / experts); the rest are dropped.
+    # null = the recipe's (dropless); a value > 0 drops tokens.
+    capacity_factor: float | None = None
+    # Pad every expert's input to its capacity (drop-and-pad: static shapes, the 'moe' graph scope).
+    pad_to_capacity: bool | None = None
+
+
+# --- fusions, communication overlap, offload, garbage collection -------------------------------
+# null = the recipe's value (what the Bridge perf recipe sets; the plan shows what the run gets).
+
+
+class CrossEntropyFusion(StrEnum):
+    te = "te"  # Transformer Engine's fused cross entropy (the perf recipes')
+    native = "native"  # Megatron's fused vocab-parallel cross entropy
+    off = "off"  # unfused: logits materialised in fp32 by the loss
+
+
+@dataclass
+class FusionConfig:
+    name: str = "recipe"
+    moe_permute_fusion: bool | None = None  # TE fused token permute/unpermute in the dispatcher
+    moe_router_fusion: bool | None = None  # TE fused top-k + aux-loss scores in the router
+    cross_entropy: CrossEntropyFusion | None = None  # cross_entropy_loss_fusion + its impl
+    bias_activation_fusion: bool | None = None  # fused SwiGLU (bias + activation) in the MLPs
+
+
+@dataclass
+class OverlapConfig:
+    name: str = "recipe"
+    # Data-parallel: reduce-scatter of gradients during backward, all-gather of parameters during
+    # forward (the Qwen-VL perf recipes turn both off; Megatron FSDP forces them on when it shards
+    # gradients / parameters).
+    grad_reduce: bool | None = None
+    param_gather: bool | None = None
+    # DP bucket size in PARAMETERS, not bytes (null: the recipe's; Bridge's 128 x 1024^2 when DP > 1)
+    bucket_size: int | None = None
+    # Gradients reduced (3D: also accumulated) in fp32 instead of bf16; 3D only (Megatron FSDP's
+    # gradient dtype is its own setting). The perf recipes say false.
+    grad_reduce_in_fp32: bool | None = None
+    # Tensor-parallel GEMM/communication overlap through TE userbuffers: needs TP >= 2 and sequence
+    # parallelism (the perf recipes ask for it; Bridge turns it off where TP = 1).
+    tp_comm: bool | None = None
+
+
+@dataclass
+class OffloadConfig:
+    name: str = "none"
+    # Decoder layers whose saved activations live in pinned host memory between forward and backward
+    # (MCore cpu_offloading_num_layers, via TE's CPU offload). 0 = off; < num_layers; PP = 1.
+    activation_layers: int = 0
+    # Fraction of the optimizer (Adam moments, fp32 update) run on the CPU (optimizer_cpu_offload +
+    # optimizer_offload_fraction; the distributed optimizer, which every family uses). 0 = off.
+    optimizer_fraction: float = 0.0
+
+
+@dataclass
+class GcConfig:
+    name: str = "recipe"
+    # Python's garbage collector off, collected every `interval` steps on every rank at once
+    # (train.manual_gc; the perf recipes: on, every 100 steps). false = Python's automatic GC.
+    manual: bool | None = None
+    interval: int | None = None  # steps between collections; 0 = never during training
+
+
+# --- profiling and experiment logging ----------------------------------------------------------
+
+
+class Profiler(StrEnum):
+    """What records the profiled steps (moe_vlm/profiling.py; Bridge's ProfilingConfig on Megatron)."""
+
+    none = "none"
+    nsys = "nsys"  # Nsight Systems: the launcher wraps srun; the CUDA profiler API opens the window
+    torch = "torch"  # torch.profiler: a Chrome trace per profiled rank -> the report's per-module table
+    memory = "memory"  # CUDA allocator history from the start; a snapshot at the window's end and on OOM
+
+
+@dataclass
+class ProfilingConfig:
+    name: str = "none"
+    tool: Profiler = Profiler.none
+    # Global ranks that record (nsys runs only on them); empty = every rank.
+    ranks: list[int] = field(default_factory=lambda: [0])
+    # Optimizer steps recorded, 1-based and inclusive: [first, last] or [step]; empty = the first
+    # step after warm-up. The steady window leaves the profiled steps out (moe_vlm/profiling.py).
+    steps: list[int] = field(default_factory=list)
+
+
+class ExperimentLogger(StrEnum):
+    none = "none"
+    tensorboard = "tensorboard"  # event files in <run_dir>/tensorboard
+    wandb = "wandb"  # Weights & Biases; WANDB_API_KEY from the environment
+    mlflow = "mlflow"  # MLflow; MLFLOW_TRACKING_* credentials from the environment
+
+
+@dataclass
+class LoggerConfig:
+    name: str = "none"
+    backend: ExperimentLogger = ExperimentLogger.none
+    project: str = "moe_vlm"  # W&B project / MLflow experiment
+    run_name: str | None = None  # W&B / MLflow run name; null = model, cluster and layout (explog.run_name)
+    entity: str | None = None  # W&B entity (team); null = the API key's default
+    # MLflow tracking server; null = mlflow's own choice (MLFLOW_TRACKING_URI, else ./mlruns)
+    tracking_uri: str | None = None
+
+
+class DryRun(Enum):
+    """dry_run=false runs; true plans (a sweep of more than a few points prints one line per point
+    and writes each plan to its directory); full prints every plan in full."""
+
+    off = "false"
+    plan = "true"
+    full = "full"
+
+
+def dry_run_mode(value: Any) -> DryRun:
+    """The DryRun a `dry_run` value means; BadInput (one line) for anything else."""
+    if isinstance(value, bool):
+        return DryRun.plan if value else DryRun.off
+    if isinstance(value, str) and value.lower() in {m.value for m in DryRun}:
+        return DryRun(value.lower())
+    from moe_vlm.errors import BadInput
+
+    raise BadInput(
+        f"dry_run={value!r}: not one of false, true, full. Fix: dry_run=true (plan; one line per point "
+        "in a sweep of more than 8), dry_run=full (every plan in full) or dry_run=false (run)."
+    )
 
 
 @dataclass
@@ -280,8 +438,15 @@ class TrainConfig:
     cluster: ClusterConfig = MISSING
     router: RouterConfig = MISSING
     precision: PrecisionConfig = MISSING
+    profiling: ProfilingConfig = MISSING
+    logger: LoggerConfig = MISSING
+    fusion: FusionConfig = MISSING
+    overlap: OverlapConfig = MISSING
+    offload: OffloadConfig = MISSING
+    gc: GcConfig = MISSING
     engine: Engine = Engine.auto
-    dry_run: bool = False
+    # false | true | full (DryRun): a bool before `full` existed, so typed Any; dry_run_mode checks it.
+    dry_run: Any = False
     mbs: int = 1
     gbs: int | None = None  # None = model default, rounded up to a multiple of MBS x DP
     seq_length: int | None = None  # None = model default

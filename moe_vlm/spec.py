@@ -22,10 +22,16 @@ from moe_vlm.schema import (
     DataConfig,
     DispatcherConfig,
     Engine,
+    FusionConfig,
+    GcConfig,
+    LoggerConfig,
     ModelConfig,
+    OffloadConfig,
+    OverlapConfig,
     ParallelismConfig,
     ParallelismFamily,
     PrecisionConfig,
+    ProfilingConfig,
     RecomputeConfig,
     RouterConfig,
     TrainConfig,
@@ -140,6 +146,12 @@ class RunSpec:
     cluster: ClusterConfig
     router: RouterConfig
     precision: PrecisionConfig
+    profiling: ProfilingConfig
+    logger: LoggerConfig
+    fusion: FusionConfig
+    overlap: OverlapConfig
+    offload: OffloadConfig
+    gc: GcConfig
     engine: Engine  # resolved: torch | megatron
     engine_requested: Engine  # as the user set it: auto | torch | megatron
     dry_run: bool
@@ -320,9 +332,15 @@ def build_spec(train: TrainConfig) -> RunSpec:
         cluster=cluster,
         router=train.router,
         precision=train.precision,
+        profiling=train.profiling,
+        logger=train.logger,
+        fusion=train.fusion,
+        overlap=train.overlap,
+        offload=train.offload,
+        gc=train.gc,
         engine=engine,
         engine_requested=train.engine,
-        dry_run=train.dry_run,
+        dry_run=dry_run_mode(train.dry_run) is not DryRun.off,
         mbs=train.mbs,
         gbs=gbs,
         gbs_is_default=train.gbs is None,

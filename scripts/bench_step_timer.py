@@ -108,7 +108,7 @@ def rank_main(rank: int, world: int, port: int, spec: RunSpec, args: argparse.Na
                             run_dir,
                             clock=Clock(),
                             memory=ConstantMemory(),
-                            gather_every=every,  # type: ignore[arg-type]
+                            gather_every=every,
                         )
                     torch.distributed.barrier()
                     seconds = loop(recorder, args.steps)

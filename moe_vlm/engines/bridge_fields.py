@@ -21,13 +21,16 @@ from moe_vlm.data.workers import data_workers
 from moe_vlm.precision import profile as precision_profile
 from moe_vlm.schema import (
     ClusterConfig,
+    CrossEntropyFusion,
     CudaGraphImpl,
     DataKind,
     FlexBackend,
     ParallelismFamily,
     RecomputeGranularity,
     RecomputeMethod,
+    RouterDtype,
 )
+from moe_vlm.sharding import dp_outer
 from moe_vlm.spec import RunSpec, hybridep_topology
 
 
@@ -140,6 +143,26 @@ def _num_sms_alias(backend: FlexBackend) -> Callable[[RunSpec], Any]:
 
 def _fsdp(spec: RunSpec) -> bool:
     return spec.family is ParallelismFamily.fsdp
+
+
+def _knob(group: str, name: str, convert: Callable[[Any], Any] = lambda v: v) -> Callable[[RunSpec], Any]:
+    """A knob whose null keeps the recipe's value; any other value, converted, is set."""
+
+    def value(spec: RunSpec) -> Any:
+        knob = getattr(getattr(spec, group), name)
+        return KEEP if knob is None else convert(knob)
+
+    return value
+
+
+def _cross_entropy_impl(spec: RunSpec) -> Any:
+    fusion = spec.fusion.cross_entropy
+    return KEEP if fusion in (None, CrossEntropyFusion.off) else fusion.value
+
+
+def _if_vision_graphs(value: Callable[[RunSpec], Any]) -> Callable[[RunSpec], Any]:
+    # The Qwen3.5 provider has no vision-graph fields: rows stay unset unless vision graphs are asked for.
+    return lambda s: value(s) if s.cuda_graph.vision else KEEP
 
 
 # The Megatron engine's config class for mock and synthetic data (engines/megatron/data.py), and
@@ -315,6 +338,39 @@ FIELD_MAP: tuple[FieldMap, ...] = (
         lambda s: s.router.force_load_balancing,
         "the perf recipes force it on (random logits, MCore: benchmark only); real routing by default",
     ),
+    FieldMap(
+        "router.dtype",
+        "model.moe_router_dtype",
+        _knob("router", "dtype", lambda d: None if d is RouterDtype.bf16 else d.value),
+        "bf16 -> None (the model's dtype)",
+    ),
+    FieldMap("router.aux_loss_coeff", "model.moe_aux_loss_coeff", _knob("router", "aux_loss_coeff")),
+    FieldMap(
+        "router.capacity_factor", "model.moe_expert_capacity_factor", _knob("router", "capacity_factor")
+    ),
+    FieldMap(
+        "router.pad_to_capacity", "model.moe_pad_expert_input_to_capacity", _knob("router", "pad_to_capacity")
+    ),
+    # Fusions (null: the recipe's; the plan's effective configuration shows the value).
+    FieldMap("fusion.moe_permute_fusion", "model.moe_permute_fusion", _knob("fusion", "moe_permute_fusion")),
+    FieldMap("fusion.moe_router_fusion", "model.moe_router_fusion", _knob("fusion", "moe_router_fusion")),
+    FieldMap(
+        "fusion.cross_entropy",
+        "model.cross_entropy_loss_fusion",
+        _knob("fusion", "cross_entropy", lambda f: f is not CrossEntropyFusion.off),
+        "te/native -> fused; off -> unfused",
+    ),
+    FieldMap(
+        "fusion.cross_entropy",
+        "model.cross_entropy_fusion_impl",
+        _cross_entropy_impl,
+        "which fused kernel; off leaves the (unused) impl as the recipe set it",
+    ),
+    FieldMap(
+        "fusion.bias_activation_fusion",
+        "model.bias_activation_fusion",
+        _knob("fusion", "bias_activation_fusion"),
+    ),
     # Precision: Bridge's registered mixed-precision recipe by name, which the engine resolves with
     # Bridge's own get_mixed_precision_config (training/mixed_precision.py:445-461), then adjusted as
     # _perf_precision adjusts it for every *_bf16/_fp8cs/_fp8mx_config perf recipe
@@ -332,11 +388,64 @@ FIELD_MAP: tuple[FieldMap, ...] = (
         "every decoder layer in the format, as the *_fp8cs_config recipes (perf_recipes/_common.py:103)",
     ),
     FieldMap(
-        "precision",
+        "overlap.grad_reduce_in_fp32",
         "mixed_precision.grad_reduce_in_fp32",
-        lambda s: False,
-        "the perf recipes' value (perf_recipes/_common.py:110); Bridge's named recipes say True",
+        lambda s: bool(s.overlap.grad_reduce_in_fp32),
+        "null: false, the perf recipes' value (perf_recipes/_common.py:110; Bridge's named recipes say True); "
+        "setup copies it into ddp (training/mixed_precision.py:113-135)",
     ),
+    # Communication overlap. CommOverlapConfig.setup writes comm_overlap's DP values (None: its own
+    # defaults, on when DP > 1) over ddp and optimizer (training/comm_overlap.py:562-643): both are set.
+    FieldMap("overlap.grad_reduce", "comm_overlap.overlap_grad_reduce", _knob("overlap", "grad_reduce")),
+    FieldMap("overlap.grad_reduce", "ddp.overlap_grad_reduce", _knob("overlap", "grad_reduce")),
+    FieldMap("overlap.param_gather", "comm_overlap.overlap_param_gather", _knob("overlap", "param_gather")),
+    FieldMap("overlap.param_gather", "ddp.overlap_param_gather", _knob("overlap", "param_gather")),
+    FieldMap(
+        "overlap.param_gather",
+        "optimizer.overlap_param_gather",
+        _knob("overlap", "param_gather"),
+        "Bridge turns both on if either is (training/config.py:1969-1981)",
+    ),
+    FieldMap(
+        "overlap.bucket_size", "comm_overlap.bucket_size", _knob("overlap", "bucket_size"), "parameters"
+    ),
+    FieldMap("overlap.bucket_size", "ddp.bucket_size", _knob("overlap", "bucket_size"), "parameters"),
+    FieldMap(
+        "overlap.tp_comm",
+        "comm_overlap.tp_comm_overlap",
+        _knob("overlap", "tp_comm"),
+        "Bridge drops it unless TP >= 2 with sequence parallelism (training/comm_overlap.py:442-451)",
+    ),
+    # HSDP across NVLink domains.
+    FieldMap(
+        "parallelism.dp_outer",
+        "ddp.num_distributed_optimizer_instances",
+        dp_outer,
+        "0 -> one replica per NVLink-domain segment (moe_vlm/sharding.py)",
+    ),
+    FieldMap(
+        "parallelism.dp_outer_sharding",
+        "ddp.outer_dp_sharding_strategy",
+        lambda s: s.parallelism.dp_outer_sharding.value,
+    ),
+    # Host-memory offload: always written (no Qwen-VL recipe offloads).
+    FieldMap("offload.activation_layers", "model.cpu_offloading", lambda s: s.offload.activation_layers > 0),
+    FieldMap(
+        "offload.activation_layers", "model.cpu_offloading_num_layers", lambda s: s.offload.activation_layers
+    ),
+    FieldMap(
+        "offload.optimizer_fraction",
+        "optimizer.optimizer_cpu_offload",
+        lambda s: s.offload.optimizer_fraction > 0,
+    ),
+    FieldMap(
+        "offload.optimizer_fraction",
+        "optimizer.optimizer_offload_fraction",
+        lambda s: s.offload.optimizer_fraction,
+    ),
+    # Garbage collection.
+    FieldMap("gc.manual", "train.manual_gc", _knob("gc", "manual")),
+    FieldMap("gc.interval", "train.manual_gc_interval", _knob("gc", "interval")),
     # Recompute.
     FieldMap("recompute", "model.recompute_granularity", _recompute_granularity),
     FieldMap("recompute.method", "model.recompute_method", _recompute_method),
@@ -366,6 +475,24 @@ FIELD_MAP: tuple[FieldMap, ...] = (
         "rerun_state_machine.check_for_nan_in_loss",
         lambda s: False if s.cuda_graph.impl is CudaGraphImpl.full_iteration else KEEP,
         "full-iteration graphs require it off",
+    ),
+    # Vision encoder CUDA graphs (the Qwen3-VL-MoE provider's fields, qwen3_vl_provider.py:294-300).
+    FieldMap(
+        "cuda_graph.vision",
+        "model.vision_cuda_graph_impl",
+        _knob("cuda_graph", "vision", lambda on: "transformer_engine" if on else "none"),
+    ),
+    FieldMap(
+        "cuda_graph.vision_scope",
+        "model.vision_cuda_graph_scope",
+        _if_vision_graphs(lambda s: list(s.cuda_graph.vision_scope)),
+        "empty = whole ViT block",
+    ),
+    FieldMap(
+        "cuda_graph.vision_max_seq_length",
+        "model.max_vision_cuda_graph_seq_length",
+        _if_vision_graphs(lambda s: s.cuda_graph.vision_max_seq_length or None),
+        "0 -> None: the encoder's default, num_position_embeddings / merge^2",
     ),
     # Freezing: always explicit, the MoE provider freezes language and vision by default.
     FieldMap("vision_freeze.language", "model.freeze_language_model", lambda s: s.freeze.language),

@@ -31,6 +31,7 @@ from moe_vlm.arch import PROFILES
 from moe_vlm.schema import (
     CudaGraphImpl,
     Engine,
+    OuterSharding,
     ParallelismFamily,
     Precision,
     ShardingStrategy,
@@ -84,6 +85,10 @@ NOT_ENGINE_KNOBS: frozenset[str] = frozenset(
         "vision_freeze.name",
         "router.name",
         "precision.name",
+        "fusion.name",
+        "overlap.name",
+        "offload.name",
+        "gc.name",
         # A description of the machine, read by the spec (nproc, engine=auto, EP sizing), the
         # rules, the memory estimate and the MFU denominator. (The Megatron engine also picks its
         # perf recipe by cluster.name and derives HybridEP's topology from the NVLink domain.)
@@ -151,6 +156,22 @@ _CONFIG_JSON = "the model's transformers config (engines/hf_config.py)"
 # the attention function, the others are checkpointed modules. Order: as the E008 message lists them.
 TORCH_SELECTIVE_RECOMPUTE = ("core_attn", "layernorm", "moe", "mlp")
 _TORCH_SIZES = "the torch engine is data-parallel only (FSDP2)"
+_MEGATRON_ONLY = "a Megatron setting; the torch engine keeps what its own modules do"
+# Tuning knobs whose null (the recipe's value) is all the torch engine accepts.
+TORCH_REJECTS_UNLESS_NULL: tuple[str, ...] = (
+    "fusion.moe_permute_fusion",
+    "fusion.moe_router_fusion",
+    "fusion.cross_entropy",
+    "fusion.bias_activation_fusion",
+    "router.dtype",
+    "router.aux_loss_coeff",
+    "router.capacity_factor",
+    "router.pad_to_capacity",
+    "overlap.grad_reduce",
+    "overlap.param_gather",
+    "overlap.bucket_size",
+    "overlap.tp_comm",
+)
 _QWEN35_ONLY = "a Gated DeltaNet (qwen3_5_moe) setting; the torch engine does not build that architecture"
 
 TORCH: Mapping[str, Support] = {
@@ -243,6 +264,22 @@ TORCH: Mapping[str, Support] = {
         "BF16 parameters with FP32 gradient reduction on GPUs (FSDP2 MixedPrecisionPolicy); FP32 on CPU",
         (Precision.bf16,),
     ),
+    # Megatron's kernels, schedules and host-memory features: the torch engine runs transformers'
+    # modules under FSDP2 and keeps only the recipe-neutral value of each (rules X008, O013 reject the rest).
+    **{knob: Honoured(_MEGATRON_ONLY, (None,)) for knob in TORCH_REJECTS_UNLESS_NULL},
+    "overlap.grad_reduce_in_fp32": Honoured(
+        "FSDP2 reduces gradients in fp32 (MixedPrecisionPolicy reduce_dtype); fp32 throughout on CPU",
+        (None, True),
+    ),
+    "parallelism.dp_outer": Honoured("torch FSDP2 shards over the whole job (no HSDP mesh)", (1,)),
+    "parallelism.dp_outer_sharding": Honoured("no HSDP on the torch engine", (OuterSharding.no_shard,)),
+    "offload.activation_layers": Honoured("nothing offloaded to host memory", (0,)),
+    "offload.optimizer_fraction": Honoured("the optimizer runs on the training device", (0.0,)),
+    "cuda_graph.vision": Honoured("no CUDA graphs", (None, False)),
+    "cuda_graph.vision_scope": Inert("cuda_graph.vision", "vision-graph capture scope"),
+    "cuda_graph.vision_max_seq_length": Inert("cuda_graph.vision", "vision-graph capture length"),
+    "gc.manual": Honoured("Python's automatic garbage collection", (None, False)),
+    "gc.interval": Inert("gc.manual", "manual collection interval"),
 }
 
 # The leaves FIELD_MAP's group-named rows read: a row named "dispatcher" sets the dispatcher type

@@ -32,9 +32,19 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from moe_vlm.launch import points
+from moe_vlm.launch import points, slurm
 from moe_vlm.launch.safety import scrub, scrub_text
-from moe_vlm.record import RUN_JSON, base_record, write_json_atomic
+from moe_vlm.record import (
+    REQUEUED,
+    RUN_JSON,
+    RUNNING,
+    STEPS_JSONL,
+    base_record,
+    gone,
+    read_heartbeat,
+    read_steps,
+    write_json_atomic,
+)
 
 LOG_TAIL_LINES = 30
 
@@ -73,8 +83,10 @@ CLASSES: tuple[FailureClass, ...] = (
         ),
         "ran out of memory",
     ),
-    # "*** JOB n ... CANCELLED AT" is scancel; "*** STEP n.0 ... CANCELLED AT" alone is srun ending
-    # the step after a rank died (--kill-on-bad-exit), which the classes below explain.
+    # "*** JOB n ... CANCELLED AT" is scancel of the job; "*** STEP n.s ... CANCELLED AT" is scancel
+    # of one step (a packed point) unless srun named a task that ended first: then srun ended the
+    # step after that rank died (--kill-on-bad-exit), which the classes below explain
+    # (see step_cancelled).
     FailureClass(
         "cancelled",
         frozenset({"CANCELLED"}),
@@ -111,6 +123,10 @@ CLASSES: tuple[FailureClass, ...] = (
     ),
 )
 PRIORITY = [c.name for c in CLASSES] + ["unknown"]
+STEP_CANCELLED = re.compile(r"\*\*\* STEP \S+ ON \S+ CANCELLED AT (?!.*DUE TO)")
+# srun's line for one task that ended on its own ("task 1: Killed", "task 0: Exited with exit code 1");
+# a cancelled step's tasks are named together afterwards ("tasks 0-1: Killed").
+TASK_ENDED = re.compile(r"srun: error: \S+: task \d+: ")
 # Lines Slurm writes when it requeues; they belong to the previous attempt, not to a failure.
 IGNORED = re.compile(r"DUE TO JOB REQUEUE|Bypassing signal|moe_vlm: requeueing")
 ATTEMPT_START = "Starting with JobEnvironment"
@@ -121,6 +137,16 @@ class Diagnosis:
     name: str
     message: str
     evidence: str | None
+
+
+def step_cancelled(lines: list[str]) -> str | None:
+    """The STEP CANCELLED line of a step cancelled from outside; None when a task ended first."""
+    for line in lines:
+        if TASK_ENDED.search(line):
+            return None
+        if STEP_CANCELLED.search(line):
+            return line
+    return None
 
 
 def classify(
@@ -135,6 +161,8 @@ def classify(
         if state in failure.states:
             return Diagnosis(failure.name, f"the job {failure.what} (Slurm state {state})", None)
         evidence = next((line for line in lines if failure.pattern and failure.pattern.search(line)), None)
+        if evidence is None and failure.name == "cancelled":
+            evidence = step_cancelled(lines)
         if evidence is None and failure.name == "killed" and (signal_number == 9 or exit_code == 137):
             evidence = f"exit code {exit_code}, signal {signal_number}"
         if evidence is not None:
@@ -173,16 +201,16 @@ def _outranks(new: str, old: str) -> bool:
     return PRIORITY.index(new) < PRIORITY.index(old if old in PRIORITY else "unknown")
 
 
-def write_failure(
-    point_dir: Path,
+def failed_record(
+    existing: dict[str, Any] | None,
     diagnosis: Diagnosis,
     log_tail: list[str],
     base: dict[str, Any],
     launch: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Record a failure in run.json; a more specific failure already recorded (say oom from the
-    rank that died, before another rank saw the broken collective) is kept."""
-    existing = points.read_run(point_dir)
+    """The failure record that replaces `existing`, or `existing` itself when it says more: a
+    completed run, or a more specific failure (say oom from the rank that died, before another
+    rank saw the broken collective)."""
     if existing and existing.get("status") == "completed":
         return existing
     if existing and existing.get("status") == "failed":
@@ -199,8 +227,21 @@ def write_failure(
     }
     if launch:
         record["launch"] = {**record.get("launch", {}), **launch}
-    record = scrub(record)
-    write_json_atomic(point_dir / RUN_JSON, record)
+    return scrub(record)
+
+
+def write_failure(
+    point_dir: Path,
+    diagnosis: Diagnosis,
+    log_tail: list[str],
+    base: dict[str, Any],
+    launch: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Record a failure in run.json unless the record there says more (see failed_record)."""
+    existing = points.read_run(point_dir)
+    record = failed_record(existing, diagnosis, log_tail, base, launch)
+    if record is not existing:
+        write_json_atomic(point_dir / RUN_JSON, record)
     return record
 
 
@@ -216,25 +257,84 @@ def record_exception(spec: Any, config: dict[str, Any], run_dir: Path, exc: Base
 
 
 def launch_info() -> dict[str, Any]:
+    """Where this process runs in Slurm: job (an array task as ARRAY_TASK, the id its point.json
+    holds), step, restarts of this point, and its place in a pack."""
     env = os.environ
-    return {
-        "slurm_job_id": env.get("SLURM_JOB_ID"),
-        "restarts": int(env.get("SLURM_RESTART_COUNT", "0") or 0),
-    }
+    info: dict[str, Any] = {"slurm_job_id": slurm.job_id_from_env(), "restarts": requeue_count()}
+    if env.get("SLURM_STEP_ID"):
+        info["slurm_step_id"] = env["SLURM_STEP_ID"]
+    if env.get(slurm.ENV_PACK_INDEX):
+        info["pack"] = {
+            "index": int(env[slurm.ENV_PACK_INDEX]),
+            "size": int(env.get(slurm.ENV_PACK_SIZE) or 0),
+        }
+    return info
 
 
-def base_from_point(point_dir: Path) -> dict[str, Any]:
-    """A run record for a point whose process could not write one, rebuilt from point.json."""
+def requeue_count() -> int:
+    """How often this point was stopped by a USR2 and rerun (launch/requeue.py sets it per point;
+    outside a pack it is the job's restart count)."""
+    env = os.environ
+    return int(env.get(slurm.ENV_POINT_RESTARTS) or env.get("SLURM_RESTART_COUNT") or 0)
+
+
+def spec_of(config: dict[str, Any]) -> Any:
+    """The RunSpec of a recorded config (None when it no longer builds: a record beats none)."""
     from moe_vlm.schema import TrainConfig
     from moe_vlm.spec import RunSpec
 
-    point = points.read_point(point_dir) or {}
-    config = point.get("config") or {}
     try:
-        spec = RunSpec.from_config(OmegaConf.merge(OmegaConf.structured(TrainConfig), config))  # type: ignore[arg-type]
-        return base_record(spec, config, status="failed")
-    except Exception:  # a record without layout beats no record
-        return {"schema_version": 1, "status": "failed", "point_id": point.get("point_id"), "config": config}
+        return RunSpec.from_config(OmegaConf.merge(OmegaConf.structured(TrainConfig), config))  # type: ignore[arg-type]
+    except Exception:
+        return None
+
+
+def base_from_point(point_dir: Path) -> dict[str, Any]:
+    """A run record for a point whose process could not write one: its running record when it
+    started, else rebuilt from point.json; with the steps it finished summarised."""
+    point = points.read_point(point_dir) or {}
+    run = points.read_run(point_dir) or {}
+    config = run.get("config") or point.get("config") or {}
+    spec = spec_of(config)
+    if run.get("status") in (RUNNING, REQUEUED):
+        base = dict(run)
+    elif spec is not None:
+        base = base_record(spec, config, status="failed")
+    else:
+        base = {"schema_version": 1, "status": "failed", "point_id": point.get("point_id"), "config": config}
+    steps = read_steps(point_dir / STEPS_JSONL)
+    if steps and spec is not None:
+        from moe_vlm.metrics import summarize
+
+        base["summary"] = summarize(steps, spec)
+    return base
+
+
+def finished_steps(run_dir: Path) -> int:
+    return len({s.get("step") for s in read_steps(run_dir / STEPS_JSONL)})
+
+
+def settle_running(run_dir: Path, record: dict[str, Any], write: bool = True) -> dict[str, Any]:
+    """A `running` record whose process is gone (record.gone): the run was killed before it could
+    write its final record (SIGKILL, the OOM killer, a node lost outside Slurm). Returned as
+    failed, class killed, with the steps it finished summarised; written to run.json with `write`.
+    Any other record is returned as it is."""
+    if record.get("status") != RUNNING:
+        return record
+    why = gone(record, read_heartbeat(run_dir))
+    if why is None:
+        return record
+    planned = (record.get("config") or {}).get("train_iters")
+    diagnosis = Diagnosis(
+        "killed",
+        "the run died without writing its final record (SIGKILL, the OOM killer or a lost node) after "
+        f"{finished_steps(run_dir)} of {planned if planned is not None else '?'} step(s)",
+        why,
+    )
+    base = base_from_point(run_dir)
+    if write:
+        return write_failure(run_dir, diagnosis, [], base)
+    return failed_record(record, diagnosis, [], base)
 
 
 def record_job_failure(
@@ -248,16 +348,16 @@ def record_job_failure(
     point = points.read_point(point_dir) or {}
     log_text, tail = job_logs(points.job_log_dir({**point, "job_id": job_id or point.get("job_id")}))
     diagnosis = classify(log_text, slurm_state, exit_code, signal_number)
+    base = base_from_point(point_dir)
+    recorded = (base.get("launch") or {}).get("restarts")
     launch = {
         "slurm_job_id": job_id,
         "slurm_state": slurm_state,
         "exit_code": exit_code,
         "signal": signal.Signals(signal_number).name if signal_number else None,
-        "restarts": restarts
-        if restarts is not None
-        else int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0),
+        "restarts": next(r for r in (restarts, recorded, requeue_count()) if r is not None),
     }
-    return write_failure(point_dir, diagnosis, tail, base_from_point(point_dir), launch)
+    return write_failure(point_dir, diagnosis, tail, base, launch)
 
 
 def main(argv: list[str] | None = None) -> int:

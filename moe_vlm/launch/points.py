@@ -3,9 +3,11 @@
     <sweep dir>/
       multirun.yaml            the sweep's config (secrets masked)
       <point_id>/point.json    written by the sweeper: overrides, resolved config, submissions
-      <point_id>/run.json      written by the run (completed | failed) or the sweeper (rejected)
+      <point_id>/run.json      written by the run (running at its start, then completed | failed)
+                               or the sweeper (rejected); heartbeat.json beside it while it runs
       <point_id>/attempts/N/   an earlier attempt's records, moved aside before a rerun
-      .submitit/<job id>/      submitit's pickles and per-task logs
+      .submitit/<job id>/      submitit's pickles and per-task logs (an array task: <array>_<index>)
+      .submitit/pack-<token>/  a packed job's batch log; <point_id>/ its pickle and step logs
       canaries/<cluster>-<image hash>/  the canary's script, canary.json, logs, <job id>.rc
 
 A point's directory is its identity (hash of the resolved config and the code version),
@@ -27,7 +29,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 from moe_vlm.compose import override_key
 from moe_vlm.launch.safety import scrub
-from moe_vlm.record import RUN_JSON, STEPS_JSONL, point_id, write_json_atomic
+from moe_vlm.record import HEARTBEAT_JSON, RUN_JSON, STEPS_JSONL, point_id, write_json_atomic
 
 POINT_JSON = "point.json"
 CANARIES = "canaries"
@@ -35,7 +37,7 @@ CANARY_JSON = "canary.json"
 ATTEMPTS = "attempts"
 TERMINAL = ("completed", "failed", "rejected")
 # Files of one attempt; moved aside together so a rerun starts clean and nothing is lost.
-ATTEMPT_FILES = (RUN_JSON, STEPS_JSONL, "requeue.json", "requeue.previous.json")
+ATTEMPT_FILES = (RUN_JSON, STEPS_JSONL, HEARTBEAT_JSON, "requeue.json", "requeue.previous.json")
 
 
 def task_config(cfg: DictConfig) -> DictConfig:

@@ -8,6 +8,10 @@ requeue` from outside any container (pyxis containers have no scontrol). When th
 back (SLURM_RESTART_COUNT = 1, 2, ...) the previous attempt's records are moved to
 attempts/<n>/ and the point runs again. Past `max_requeues` the point is recorded as failed
 (timeout or preempted) instead.
+
+In a pack (launch/pack.py) the job resumes at its first unfinished point: the points that
+finished before the USR2 are skipped by the batch script, the interrupted one reruns here with
+its own restart count (one more than its requeue marker says), the others start fresh.
 """
 
 from __future__ import annotations
@@ -21,15 +25,19 @@ from pathlib import Path
 from types import FrameType
 
 from moe_vlm.launch import points
-from moe_vlm.launch.failures import Diagnosis, base_from_point, launch_info, write_failure
+from moe_vlm.launch.failures import Diagnosis, base_from_point, launch_info, requeue_count, write_failure
 from moe_vlm.launch.slurm import (
+    ENV_JOB_START_S,
     ENV_MAX_REQUEUES,
+    ENV_PACK_INDEX,
+    ENV_POINT_RESTARTS,
     ENV_SIGNAL_DELAY_S,
     ENV_TIME_LIMIT_S,
     EXIT_REQUEUE,
     PREVIOUS_REQUEUE_MARKER,
     REQUEUE_MARKER,
 )
+from moe_vlm.record import REQUEUED, RUN_JSON, RUNNING, write_json_atomic
 
 # A USR2 this close to the expected time-limit signal counts as the time limit.
 TIME_LIMIT_SLACK_S = 60
@@ -44,14 +52,18 @@ def global_rank() -> int:
 
 
 def prepare_attempt(point_dir: Path) -> None:
-    """Rank 0, before the run: a requeued job moves the interrupted attempt aside."""
+    """Rank 0, before the run: count this point's restarts and move an interrupted attempt aside."""
     if global_rank() != 0:
         return
-    if (
-        restart_count() > 0
-        or (point_dir / PREVIOUS_REQUEUE_MARKER).exists()
-        or (point_dir / REQUEUE_MARKER).exists()
-    ):
+    marker = points.read_json(point_dir / PREVIOUS_REQUEUE_MARKER) or points.read_json(
+        point_dir / REQUEUE_MARKER
+    )
+    if marker is not None:
+        restarts = int(marker.get("restarts") or 0) + 1
+    else:  # a packed point that no USR2 stopped starts afresh, whatever the job's restart count
+        restarts = 0 if os.environ.get(ENV_PACK_INDEX) else restart_count()
+    os.environ[ENV_POINT_RESTARTS] = str(restarts)
+    if restart_count() > 0 or marker is not None:
         points.archive_attempt(point_dir)
 
 
@@ -66,7 +78,8 @@ def signal_reason(started_s: float, now_s: float) -> str:
 def install(point_dir: Path) -> None:
     """Handle USR2 for the rest of this process (replaces submitit's handler, which would call
     scontrol from inside the container)."""
-    started_s = time.time()
+    # The time limit counts from the allocation's start, not this point's (a packed point starts late).
+    started_s = float(os.environ.get(ENV_JOB_START_S) or time.time())
 
     def on_usr2(signum: int, frame: FrameType | None) -> None:
         reason = signal_reason(started_s, time.time())
@@ -74,10 +87,11 @@ def install(point_dir: Path) -> None:
         budget = int(os.environ.get(ENV_MAX_REQUEUES, "0") or 0)
         if global_rank() == 0:
             if restarts < budget:
-                marker = {"reason": reason, "restarts": restarts, "time_unix_s": time.time()}
+                marker = {"reason": reason, "restarts": requeue_count(), "time_unix_s": time.time()}
                 tmp = point_dir / f".{REQUEUE_MARKER}.tmp"
                 tmp.write_text(json.dumps(marker))
                 os.replace(tmp, point_dir / REQUEUE_MARKER)
+                _record_requeue(point_dir, marker, budget)
             else:
                 diagnosis = Diagnosis(
                     reason,
@@ -92,3 +106,15 @@ def install(point_dir: Path) -> None:
         os._exit(EXIT_REQUEUE)
 
     signal.signal(signal.SIGUSR2, on_usr2)
+
+
+def _record_requeue(point_dir: Path, marker: dict[str, object], budget: int) -> None:
+    """The running record becomes `requeued`: this attempt ended by a USR2 and is archived when
+    the job comes back, so a report over the sweep does not take it for a killed run."""
+    run = points.read_run(point_dir)
+    if not run or run.get("status") != RUNNING:
+        return
+    reason = str(marker["reason"])
+    message = f"stopped by USR2 ({reason}) and requeued; the job may requeue {budget} time(s)"
+    record = {**run, "status": REQUEUED, "requeue": marker, "failure": {"class": reason, "message": message}}
+    write_json_atomic(point_dir / RUN_JSON, record)

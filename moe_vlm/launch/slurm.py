@@ -1,6 +1,8 @@
 """Slurm: launcher settings -> sbatch parameters -> the rendered script, and batched polling.
 
-One sbatch job per sweep point. The script is rendered by submitit's own renderer
+One sbatch job per sweep point, points with the same resources submitted together as one job
+array (one sbatch call), or with `points_per_job` > 1 several points packed into one job
+(launch/pack.py). The script is rendered by submitit's own renderer
 (`submitit.slurm.slurm._make_sbatch_string`, the function SlurmExecutor calls when it submits),
 so what `dry_run=true` prints is what sbatch receives. What submitit and hydra-submitit-launcher
 1.2.0 lack is added here: srun arguments (pyxis container image and mounts, --kill-on-bad-exit),
@@ -11,12 +13,13 @@ one `scontrol` call to poll every job of a sweep.
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
 import shutil
 import subprocess
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,6 +35,15 @@ PREVIOUS_REQUEUE_MARKER = "requeue.previous.json"
 ENV_TIME_LIMIT_S = "MOE_VLM_TIME_LIMIT_S"
 ENV_SIGNAL_DELAY_S = "MOE_VLM_SIGNAL_DELAY_S"
 ENV_MAX_REQUEUES = "MOE_VLM_MAX_REQUEUES"
+# When the allocation (or its latest requeue) started: a packed point starts long after it.
+ENV_JOB_START_S = "MOE_VLM_JOB_START_S"
+# A packed point's place in its job (1-based) and the pack's size, exported before its srun step.
+ENV_PACK_INDEX = "MOE_VLM_PACK_INDEX"
+ENV_PACK_SIZE = "MOE_VLM_PACK_SIZE"
+# How often this point was stopped by a USR2 and rerun (set in the task, see launch/requeue.py).
+ENV_POINT_RESTARTS = "MOE_VLM_POINT_RESTARTS"
+# Slurm's default MaxArraySize is 1001 (indices 0-1000): larger sweeps are split into several arrays.
+MAX_ARRAY_TASKS = 1000
 # Every job (points and canaries) runs offline: huggingface_hub and transformers read these once,
 # at import, and a cluster node that tries the hub either hangs on a firewall or rate-limits.
 OFFLINE_EXPORTS = ("export HF_HUB_OFFLINE=1", "export TRANSFORMERS_OFFLINE=1")
@@ -62,6 +74,11 @@ class SlurmSettings:
     segment: str | None = None
     signal_delay_s: int = 120  # USR2 this long before the time limit (NCCL catches USR1)
     max_requeues: int = 2  # requeues after a USR2 (time limit or preemption) before recording a failure
+    # Up to this many points with the same resources run one after another as srun steps of one
+    # job (one queue wait instead of N); its time limit is the sum of theirs. 1 = a job per point.
+    points_per_job: int = 1
+    # Points with the same resources that are not packed go in one job array: one sbatch call.
+    array: bool = True
     # One short one-node job per (cluster, container image) before the points, which depend on it
     # (afterok): it imports the stack in the job environment and builds the first point's config.
     canary: bool = True
@@ -134,6 +151,11 @@ def checked(settings: SlurmSettings, spec: RunSpec) -> SlurmSettings:
         raise BadInput(
             f"hydra.launcher.segment={out.segment!r}: expected auto, a node count or null. Fix: segment=auto."
         )
+    if not isinstance(out.points_per_job, int) or out.points_per_job < 1:
+        raise BadInput(
+            f"hydra.launcher.points_per_job={out.points_per_job!r}: expected a whole number >= 1 "
+            "(1 = one job per point). Fix: hydra.launcher.points_per_job=4."
+        )
     if out.executor not in ("slurm", "local"):
         raise BadInput(
             f"hydra.launcher.executor={out.executor!r}: expected slurm or local. Fix: executor=slurm."
@@ -196,16 +218,18 @@ def _shared_parameters(settings: SlurmSettings, spec: RunSpec) -> dict[str, Any]
     }
 
 
-def job_parameters(settings: SlurmSettings, spec: RunSpec) -> dict[str, Any]:
-    """Keyword arguments for submitit's SlurmExecutor (and its renderer) for one point."""
+def job_parameters(settings: SlurmSettings, spec: RunSpec, points: int = 1) -> dict[str, Any]:
+    """Keyword arguments for submitit's SlurmExecutor (and its renderer) for one point, or for a
+    job that runs `points` such points one after another (the sum of their time limits)."""
     layout = spec.layout
+    minutes = settings.timeout_min * points
     params = _shared_parameters(settings, spec)
     additional: dict[str, Any] = {"requeue": True}
     segment = segment_nodes(settings, spec)
     if segment is not None:
         additional["segment"] = segment
     params.update(
-        time=settings.timeout_min,
+        time=minutes,
         nodes=layout.nodes,
         ntasks_per_node=layout.ranks_per_node,
         signal_delay_s=settings.signal_delay_s,
@@ -213,9 +237,10 @@ def job_parameters(settings: SlurmSettings, spec: RunSpec) -> dict[str, Any]:
         setup=[
             *params["setup"],
             # The tasks read these to tell a time-limit signal from a preemption and to cap requeues.
-            f"export {ENV_TIME_LIMIT_S}={settings.timeout_min * 60}",
+            f"export {ENV_TIME_LIMIT_S}={minutes * 60}",
             f"export {ENV_SIGNAL_DELAY_S}={settings.signal_delay_s}",
             f"export {ENV_MAX_REQUEUES}={settings.max_requeues}",
+            f'export {ENV_JOB_START_S}="$(date +%s)"',
         ],
     )
     return safety.scrub({k: v for k, v in params.items() if v is not None})
@@ -243,15 +268,42 @@ def canary_command(python: str, overrides: Iterable[str]) -> str:
     return " ".join([python, "-u -m moe_vlm.launch.canary", *quoted])
 
 
-def prologue(point_dir: Path) -> list[str]:
-    """Shell lines before srun: name the point; a requeue marker found now belongs to the
-    attempt before this one (the task archives it), so the teardown cannot act on it again."""
+def job_id_from_env() -> str | None:
+    """This job's id as its point.json holds it: ARRAY_TASK for an array task (SLURM_JOB_ID is
+    then a number of its own), else SLURM_JOB_ID."""
+    env = os.environ
+    if env.get("SLURM_ARRAY_JOB_ID") and env.get("SLURM_ARRAY_TASK_ID"):
+        return f"{env['SLURM_ARRAY_JOB_ID']}_{env['SLURM_ARRAY_TASK_ID']}"
+    return env.get("SLURM_JOB_ID")
+
+
+def marker_lines() -> list[str]:
+    """A requeue marker found before a point starts belongs to the attempt before this one (the
+    task archives it), so the lines after srun cannot act on it again."""
     return [
-        f"moe_vlm_point={shlex.quote(str(point_dir))}",
         f'if [ -e "$moe_vlm_point/{REQUEUE_MARKER}" ]; then',
         f'  mv -f "$moe_vlm_point/{REQUEUE_MARKER}" "$moe_vlm_point/{PREVIOUS_REQUEUE_MARKER}"',
         "fi",
     ]
+
+
+def bash_array(name: str, values: Iterable[object]) -> list[str]:
+    return [f"{name}=(", *(f"  {shlex.quote(str(v))}" for v in values), ")"]
+
+
+def prologue(point_dirs: Path | Sequence[Path]) -> list[str]:
+    """Shell lines before srun: name the point (an array task picks its own by its index) and
+    its job id, and set aside an earlier attempt's requeue marker."""
+    if isinstance(point_dirs, Path) or len(point_dirs) == 1:
+        point = point_dirs if isinstance(point_dirs, Path) else point_dirs[0]
+        name = [f"moe_vlm_point={shlex.quote(str(point))}", 'moe_vlm_job="$SLURM_JOB_ID"']
+    else:
+        name = [
+            *bash_array("moe_vlm_points", point_dirs),
+            'moe_vlm_point="${moe_vlm_points[$SLURM_ARRAY_TASK_ID]}"',
+            'moe_vlm_job="${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}"',
+        ]
+    return [*name, *marker_lines()]
 
 
 def teardown(python: str) -> list[str]:
@@ -267,25 +319,42 @@ def teardown(python: str) -> list[str]:
         '  echo "moe_vlm: requeueing job $SLURM_JOB_ID (restart ${SLURM_RESTART_COUNT:-0})" >&2',
         '  scontrol requeue "$SLURM_JOB_ID" && exit 0',
         'elif [ "$moe_vlm_rc" -ne 0 ]; then',
-        f'  {python} -m moe_vlm.launch.failures --point-dir "$moe_vlm_point" --job-id "$SLURM_JOB_ID" '
-        '--exit-code "$moe_vlm_rc" >&2 || true',
+        f"  {record_failure(python)} || true",
         "fi",
         'exit "$moe_vlm_rc"',
     ]
 
 
+def record_failure(python: str) -> str:
+    """The line that records a failed step of `$moe_vlm_point` (exit status `$moe_vlm_rc`)."""
+    return (
+        f'{python} -m moe_vlm.launch.failures --point-dir "$moe_vlm_point" --job-id "$moe_vlm_job" '
+        '--exit-code "$moe_vlm_rc" >&2'
+    )
+
+
 def point_parameters(
-    params: dict[str, Any], point_dir: Path, python: str, canary_job_id: str | None = None
+    params: dict[str, Any],
+    point_dirs: Path | Sequence[Path],
+    python: str,
+    canary_job_id: str | None = None,
 ) -> dict[str, Any]:
-    """One point's full submission: the shared parameters plus its prologue and teardown, and
-    when a canary guards it, the dependency on the canary's success."""
-    out = {**params, "setup": [*params.get("setup", []), *prologue(point_dir)], "teardown": teardown(python)}
+    """One job's full submission: the shared parameters plus its prologue and teardown (several
+    point directories: one job array, a task per point), and when a canary guards it, the
+    dependency on the canary's success."""
+    out = {**params, "setup": [*params.get("setup", []), *prologue(point_dirs)], "teardown": teardown(python)}
     if canary_job_id is not None:
-        additional = dict(params.get("additional_parameters", {}))
-        if not any(key.replace("-", "_") == KILL_ON_INVALID_DEP for key in additional):
-            additional[KILL_ON_INVALID_DEP] = "yes"
-        out.update(dependency=f"afterok:{canary_job_id}", additional_parameters=additional)
+        out.update(canary_dependency(params, canary_job_id))
     return out
+
+
+def canary_dependency(params: dict[str, Any], canary_job_id: str) -> dict[str, Any]:
+    """afterok on the canary; Slurm cancels the held job when the canary fails unless the site
+    says otherwise."""
+    additional = dict(params.get("additional_parameters", {}))
+    if not any(key.replace("-", "_") == KILL_ON_INVALID_DEP for key in additional):
+        additional[KILL_ON_INVALID_DEP] = "yes"
+    return {"dependency": f"afterok:{canary_job_id}", "additional_parameters": additional}
 
 
 def render_sbatch(params: dict[str, Any], folder: str, python: str, command: str | None = None) -> str:
@@ -298,7 +367,7 @@ def render_sbatch(params: dict[str, Any], folder: str, python: str, command: str
     return _make_sbatch_string(command=command, folder=folder, **params)
 
 
-def submit_script(script: Path) -> str:
+def submit_script(script: Path, what: str = "the canary") -> str:
     """`sbatch --parsable SCRIPT` -> the job id; BadInput with sbatch's last line when refused."""
     try:
         done = subprocess.run(
@@ -312,8 +381,9 @@ def submit_script(script: Path) -> str:
     if done.returncode != 0 or not job_id:
         reason = ((done.stderr or done.stdout).strip().splitlines() or ["no message"])[-1]
         raise BadInput(
-            f"sbatch refused the canary {script}: {reason}. Fix: check hydra.launcher "
-            "partition/account/qos (or the site file), or hydra.launcher.canary=false."
+            f"sbatch refused {what} {script}: {reason}. Fix: check hydra.launcher "
+            "partition/account/qos (or the site file)"
+            + (", or hydra.launcher.canary=false." if what == "the canary" else ".")
         )
     return job_id
 

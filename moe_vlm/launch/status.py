@@ -1,11 +1,14 @@
 """`moe-vlm status SWEEP_DIR`: where every point of a sweep stands.
 
 States: queued, running, completed, failed, rejected (and `planned` for a point the sweeper
-wrote down but never submitted, `unknown` when Slurm cannot be reached). Slurm is asked once
+wrote down but never submitted, `unknown` when Slurm cannot be reached). A packed point
+(`points_per_job` > 1) shows its Slurm step once it runs and its place in the pack; it is
+`queued` until its step starts. Slurm is asked once
 per refresh for all jobs (`scontrol show job`, plus one `sacct` where accounting keeps jobs the
 controller forgot), never once per job. A job that ended without writing its record (scancel,
 node loss) is classified from Slurm's state and its logs, and the failure is written to the
-point's run.json, so reports see it too.
+point's run.json, so reports see it too. A run outside Slurm whose `running` record outlived its
+process (SIGKILL, the OOM killer) is recorded failed, class killed (failures.settle_running).
 
 Each canary (launch/canary.py) is shown above the table: queued, running, passed or failed
 with its last error line. Points held behind a failed canary never start: Slurm cancels them
@@ -26,7 +29,14 @@ from typing import Any
 
 from moe_vlm.launch import points, slurm
 from moe_vlm.launch.canary import OK_PREFIX
-from moe_vlm.launch.failures import Diagnosis, base_from_point, record_job_failure, write_failure
+from moe_vlm.launch.failures import (
+    Diagnosis,
+    base_from_point,
+    record_job_failure,
+    settle_running,
+    write_failure,
+)
+from moe_vlm.record import RUNNING
 
 STATES = ("completed", "failed", "rejected", "running", "queued", "planned", "unknown")
 FINISHED = ("completed", "failed", "rejected")
@@ -47,6 +57,8 @@ class PointStatus:
     overrides: list[str]
     detail: str
     point_dir: str
+    step: str | None = None  # the Slurm step it runs (ran) in, once known
+    pack: str | None = None  # "2/5": its place in a packed job
 
 
 @dataclass
@@ -139,6 +151,11 @@ def _open_canaries(
     return [job for folder, job in wanted if not (Path(folder) / f"{job}{slurm.CANARY_RC_SUFFIX}").exists()]
 
 
+def _pack_of(point: dict[str, Any]) -> dict[str, Any] | None:
+    pack = (point.get("submissions") or [{}])[-1].get("pack")
+    return pack if isinstance(pack, dict) and pack.get("index") else None
+
+
 def _overrides(point: dict[str, Any]) -> list[str]:
     return [o for o in point.get("overrides", []) if not str(o).startswith("hydra.")]
 
@@ -180,9 +197,12 @@ def snapshot(sweep_dir: Path, record: bool = True) -> tuple[list[PointStatus], l
     out = []
     for point_dir, (point, run) in info.items():
         job_id = str(point["job_id"]) if point.get("job_id") else None
-        restarts = int(((run or {}).get("launch") or {}).get("restarts") or 0)
+        launch = (run or {}).get("launch") or {}
+        restarts = int(launch.get("restarts") or 0)
+        pack = _pack_of(point)
         state, detail = _state(point_dir, point, run, job_id, states, record)
-        if job_id and states and job_id in states:
+        if job_id and states and job_id in states and pack is None:
+            # A packed point counts its own restarts: the job's belong to whichever point a USR2 stopped.
             restarts = max(restarts, states[job_id].restarts)
         out.append(
             PointStatus(
@@ -193,6 +213,10 @@ def snapshot(sweep_dir: Path, record: bool = True) -> tuple[list[PointStatus], l
                 overrides=_overrides(point),
                 detail=detail,
                 point_dir=str(point_dir),
+                step=str(launch["slurm_step_id"])
+                if launch.get("slurm_step_id") is not None and pack
+                else None,
+                pack=f"{pack['index']}/{pack['size']}" if pack else None,
             )
         )
     return out, collect_canaries(sweep_dir, states)
@@ -206,12 +230,19 @@ def _state(
     states: dict[str, slurm.JobState] | None,
     record: bool,
 ) -> tuple[str, str]:
-    if run and run.get("status") in points.TERMINAL:
-        return str(run["status"]), _finished_detail(run)
-    if not job_id:
-        return "planned", "not submitted"
+    status = (run or {}).get("status")
+    if run and status in points.TERMINAL:
+        return str(status), _finished_detail(run)
     executor = (point.get("submissions") or [{}])[-1].get("executor", "slurm")
-    if executor != "slurm":
+    if not job_id or executor != "slurm":
+        # No Slurm to ask: the record's own process (PID, heartbeat) says whether it still runs.
+        if run and status == RUNNING:
+            settled = settle_running(point_dir, run, write=record)
+            if settled.get("status") == "failed":
+                return "failed", _finished_detail(settled)
+            return "running", ""
+        if not job_id:
+            return "planned", "not submitted"
         return "unknown", f"{executor} job {job_id} left no record"
     job = (states or {}).get(job_id)
     canary = _canary_of(point)
@@ -234,7 +265,12 @@ def _state(
             "None",
         ) else job.state.lower()
     if job is not None and job.state in slurm.RUNNING_STATES:
-        return "running", ""
+        pack = _pack_of(point)
+        if pack is None:
+            return "running", ""
+        place = f"point {pack['index']}/{pack['size']} of pack job {job_id}"
+        # The job runs another point of the pack, or this one's step is about to start.
+        return ("running", place) if status == RUNNING else ("queued", f"waiting: {place}")
     if not record:
         return "unknown", f"job ended ({job.state if job else 'forgotten by Slurm'}) without a record"
     failed = record_job_failure(
@@ -287,23 +323,33 @@ def progress_bar(statuses: list[PointStatus]) -> str:
 
 
 def table(statuses: list[PointStatus]) -> str:
-    rows = [("STATE", "POINT", "JOB", "RESTARTS", "OVERRIDES", "DETAIL")]
+    rows = [("STATE", "POINT", "JOB", "STEP", "RESTARTS", "OVERRIDES", "DETAIL")]
     for s in statuses:
         rows.append(
             (
                 s.state,
                 s.point_id[:12],
                 s.job_id or "-",
+                _step_cell(s),
                 str(s.restarts) if s.job_id else "-",
                 " ".join(s.overrides) or "-",
                 s.detail,
             )
         )
-    widths = [max(len(row[i]) for row in rows) for i in range(5)]
+    last = len(rows[0]) - 1
+    widths = [max(len(row[i]) for row in rows) for i in range(last)]
     return "\n".join(
-        "  ".join(cell.ljust(widths[i]) if i < 5 else cell for i, cell in enumerate(row)).rstrip()
+        "  ".join(cell.ljust(widths[i]) if i < last else cell for i, cell in enumerate(row)).rstrip()
         for row in rows
     )
+
+
+def _step_cell(s: PointStatus) -> str:
+    """`JOB.STEP` is what `scancel` and `sacct -j` take; `(2/5)` the point's place in its pack."""
+    if s.pack is None:
+        return "-"
+    step = f"{s.job_id}.{s.step}" if s.step is not None and s.job_id else "-"
+    return f"{step} ({s.pack})"
 
 
 def canary_lines(canaries: list[CanaryStatus]) -> list[str]:

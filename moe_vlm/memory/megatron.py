@@ -494,8 +494,8 @@ def megatron_stage(spec: RunSpec, stage: int, budget: ImageBudget, counts: Param
         notes=(
             "GPU terms are analytic and not yet calibrated on a GPU (scripts/calibrate_memory.py measures "
             "the torch engine on CPU; see docs/memory-and-advisor.md).",
-            "activations assume balanced routing (Bridge perf recipes force it); imbalance adds to the "
-            "expert terms.",
+            "expert activations assume balanced routing: exact with router=forced_balance; with real "
+            "routing (the default) an overloaded expert adds to the expert terms.",
         ),
     )
 

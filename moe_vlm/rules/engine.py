@@ -190,7 +190,8 @@ def _torch_num_workers(spec: RunSpec) -> Iterator[Violation]:
 
 @rule("E011", Level.error, "the torch engine routes tokens for real")
 def _torch_forced_balance(spec: RunSpec) -> Iterator[Violation]:
-    if _torch_only(spec) and not accepts(TORCH, "router.force_load_balancing", spec.router.force_load_balancing):
+    forced = spec.router.force_load_balancing
+    if _torch_only(spec) and not accepts(TORCH, "router.force_load_balancing", forced):
         yield Violation(
             ("router.force_load_balancing", "router", "engine"),
             "router=forced_balance replaces the router's logits with random ones (Megatron's "

@@ -34,7 +34,7 @@ def _format_on_gpu(spec: RunSpec) -> Iterator[Violation]:
     yield Violation(
         ("precision", "cluster"),
         f"precision={fmt.value} ({profile(fmt).label}) needs compute capability {capability_range(fmt)}; "
-        f"{cluster.gpu} is {cluster.compute_capability:g}. Transformer Engine refuses it when the first layer "
+        f"{cluster.gpu} is {cluster.compute_capability}. Transformer Engine refuses it when the first layer "
         "enters its autocast (transformer_engine/pytorch/quantization.py:149-175, asserted at :758-769).",
         f"use {fallback}precision=bf16 here, or a Blackwell cluster (b200, gb200, b300, gb300).",
     )

@@ -47,7 +47,7 @@ class FakeCudaMemory:
 
 def recorder_for(spec: RunSpec, run_dir: Path, memory: FakeCudaMemory, gather_every: int) -> StepRecorder:
     """The engine's recorder, timed by the host clock where a GPU run records CUDA events."""
-    return StepRecorder(spec, run_dir, clock=Clock(), memory=memory, gather_every=gather_every)  # type: ignore[arg-type]
+    return StepRecorder(spec, run_dir, clock=Clock(), memory=memory, gather_every=gather_every)
 
 
 def bridge_loop(
@@ -76,7 +76,7 @@ def bridge_loop(
         fire("on_train_step_start", context(state=state, model=[], optimizer=optimizer))
         at_step_start(step)
         during_step(step)
-        # Bridge's loss_dict: the reduced loss on the last pipeline stage, {} elsewhere (train.py:980-1007).
+        # Bridge's loss_dict: the reduced loss on the last pipeline stage, {} elsewhere (train.py:980-1018).
         loss = {} if loss_of is None else {"lm loss": torch.tensor(loss_of(step))}
         fire(
             "on_train_step_end",

@@ -21,7 +21,17 @@ from moe_vlm.spec import RunSpec
 from tests.conftest import CONF, REPO, make_spec
 from tests.megatron.conftest import REPORT, RecipeCache, needs_stack
 
-GROUPS = ("model", "parallelism", "dispatcher", "recompute", "cuda_graph", "vision_freeze", "data", "cluster")
+GROUPS = (
+    "model",
+    "parallelism",
+    "dispatcher",
+    "recompute",
+    "cuda_graph",
+    "vision_freeze",
+    "data",
+    "cluster",
+    "precision",
+)
 BASE = ("engine=megatron", "dry_run=true", "model=qwen3_vl_30b_a3b", "cluster=gb200", "nodes=2")
 # Options that need a companion value to describe a run at all.
 COMPANIONS = {("data", "real"): ("data.path=/datasets/shards",)}
@@ -253,3 +263,44 @@ def test_playbook_says_which_variables_the_recipe_sets(
         assert (var.name in env) is claimed, (chosen.function, var.name)
         if claimed:
             assert str(env[var.name]) == var.value, (chosen.function, var.name, env[var.name])
+
+
+# --- precision (conf/precision): what Bridge's runtime update leaves in the model and DDP configs ---
+
+
+@needs_stack
+@pytest.mark.parametrize("family", ["fsdp", "3d"])
+@pytest.mark.parametrize(
+    ("precision", "fp8", "fp8_recipe", "fp4"),
+    [
+        ("bf16", None, "tensorwise", None),  # fp8_recipe is inert while fp8 is None (MCore's default)
+        ("fp8cs", "hybrid", "tensorwise", None),
+        ("fp8mx", "e4m3", "mxfp8", None),
+        ("nvfp4", None, "tensorwise", "e2m1"),
+    ],
+)
+def test_precision_survives_bridges_runtime_update(
+    recipes: RecipeCache,
+    engine_environment: Any,
+    family: str,
+    precision: str,
+    fp8: str | None,
+    fp8_recipe: str,
+    fp4: str | None,
+) -> None:
+    """mixed_precision.setup copies the recipe into the model, optimizer and DDP configs
+    (megatron/bridge/training/config.py:1873-1877); validate() then finalises them."""
+    from megatron.bridge.training.config import runtime_config_update
+
+    spec, cfg = built(recipes, *BASE, f"parallelism={family}", f"precision={precision}")
+    engine_environment(spec)
+    runtime_config_update(cfg)
+    model, ddp = cfg.model, cfg.ddp
+    assert (model.fp8, model.fp8_recipe, model.fp4, model.bf16) == (fp8, fp8_recipe, fp4, True)
+    # Quantized primary weights, gathered quantized: what the memory estimate's quantized_weights counts.
+    assert (model.fp8_param, ddp.fp8_param_gather) == (fp8 is not None,) * 2
+    assert (model.fp4_param, ddp.fp4_param_gather) == (fp4 is not None,) * 2
+    assert model.first_last_layers_bf16 is False and ddp.grad_reduce_in_fp32 is False  # as the perf recipes
+    # MXFP8 reuses the gradient buffer for the weight all-gather on 3D; Megatron FSDP turns it off
+    # (config.py:1090-1094), 3D asserts it on (config.py:1348-1359).
+    assert ddp.reuse_grad_buf_for_mxfp8_param_ag is (precision == "fp8mx" and family == "3d")

@@ -409,7 +409,9 @@ ATTENTION_GEMM = 18_874_368
         ("b200", "nvfp4", 1.125),  # row- and column-wise: 2 x (1/2 B + one E4M3 byte per 16)
     ],
 )
-def test_quantized_gemm_weights_replace_their_bf16_share(cluster: str, precision: str, per_weight: float) -> None:
+def test_quantized_gemm_weights_replace_their_bf16_share(
+    cluster: str, precision: str, per_weight: float
+) -> None:
     overrides = [*THREE_D, f"cluster={cluster}"]
     bf16, quantized = stage_terms(overrides, 0), stage_terms([*overrides, f"precision={precision}"], 0)
     # First stage of THREE_D: 24 layers; dense parts / TP2, experts / (EP4 x ETP1).

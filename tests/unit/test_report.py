@@ -362,3 +362,20 @@ def test_forced_balance_runs_are_labelled_and_never_ranked_with_real_routing(tmp
     assert "router" in section(text, "Ranked").splitlines()[2]  # the varying knob is a column
     table = report.load_table([str(tmp_path)])
     assert list(report.ranked(table, mock=False)["run"]) == ["real1", "real2"]
+
+
+def test_precision_runs_show_mfu_against_their_own_peak(tmp_path: Path) -> None:
+    """Same work and step time at bf16 and fp8mx: MFU against the BF16 peak stays, the second
+    column quotes the format's dense peak (603.1 TFLOP/s / 5 PFLOP/s FP8 = 12.1%)."""
+    for index, precision in enumerate(("bf16", "fp8mx")):
+        write_run(tmp_path / str(index), (*GB200, f"precision={precision}"), 10.0, sequences_per_rank=64)
+    code, text = run_report(str(tmp_path))
+    assert code == 0
+    ranked = section(text, "Ranked")
+    columns = [c.strip() for c in ranked.splitlines()[2].strip("|").split("|")]
+    rows = {
+        row[columns.index("precision")]: dict(zip(columns, row, strict=True)) for row in table_rows(ranked)
+    }
+    assert rows["bf16"]["MFU"] == rows["fp8mx"]["MFU"] == "24.1%"
+    assert (rows["bf16"]["MFU own peak"], rows["fp8mx"]["MFU own peak"]) == ("24.1%", "12.1%")
+    assert "MFU own peak = the same FLOPs / NVIDIA GB200 dense FP8 5000 TFLOP/s (cluster=gb200)" in text

@@ -11,7 +11,7 @@ import socket
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from moe_vlm.metrics import MemoryKind
 from moe_vlm.record import STEPS_JSONL, StepWriter
@@ -257,9 +257,18 @@ class MemorySample:
     device_used_gib: float  # cudaMemGetInfo total - free, at the same moment (what nvidia-smi shows)
 
 
+class MemorySource(Protocol):
+    """Where the recorder's memory figures come from: CudaMemory on a GPU run."""
+
+    def reset_peak(self) -> None: ...
+
+    def sample(self) -> MemorySample: ...
+
+
 class CudaMemory:
-    """The step's memory figures from torch.cuda. The allocator counters are host-side and
-    cudaMemGetInfo is a driver query: none of them waits for queued kernels.
+    """The step's memory figures from torch.cuda. The allocator counters are host-side (no wait
+    for queued kernels); cudaMemGetInfo is one driver query per step, whose cost on a GPU has not
+    been measured yet (scripts/bench_step_timer.py measures the host side only).
 
     device_used - reserved is what lives outside the caching allocator: the CUDA context, NCCL
     buffers, DeepEP/HybridEP buffers and TE userbuffers (cudaMalloc'd directly), so those show
@@ -287,7 +296,7 @@ class Placement:
 
     dp_rank: int
     feeds_data: bool  # TP0, CP0, first pipeline stage: its batches are the DP rank's batches
-    last_stage: bool  # holds Bridge's loss_dict (train.py:980-1007); empty elsewhere
+    last_stage: bool  # holds Bridge's loss_dict (train.py:980-1018); empty elsewhere
     host: str
 
 
@@ -333,7 +342,7 @@ class StepRecorder:
     timer: BridgeComponentTimer = field(default_factory=BridgeComponentTimer)
     # Where time and memory come from; on_train_start picks torch.cuda's when left None.
     clock: Clock | None = None
-    memory: CudaMemory | None = None
+    memory: MemorySource | None = None
     gather_every: int = GATHER_EVERY_STEPS
     writer: StepWriter | None = None
     _placement: Placement | None = None

@@ -153,6 +153,7 @@ FLA = StackModule(
 
 def required(spec: RunSpec) -> list[StackModule]:
     """Every module a run with these options imports, in import order (no import here)."""
+    from moe_vlm.arch import profile
     from moe_vlm.engines.bridge_fields import select_recipe
 
     modules = [*LIBRARY, RESILIENCY, PRETRAIN, FORWARD_STEP]
@@ -176,7 +177,7 @@ def required(spec: RunSpec) -> list[StackModule]:
             modules.append(DEEP_EP)
         elif spec.dispatcher.backend == FlexBackend.hybridep:
             modules.append(HYBRID_EP)
-    if spec.model.arch == "qwen3_5_moe":
+    if profile(spec.model.arch).linear_attention:
         modules.append(FLA)
     return modules
 
