@@ -21,10 +21,10 @@ if __name__ == "__main__":
         # On a login node whose site file names the cluster and launcher, a bare command is
         # submitted as a one-point sweep; inside an allocation it runs here (launch/entry.py).
         entry = command_line(sys.argv[1:])
-        if entry.note:
-            print(entry.note, file=sys.stderr)
         sys.argv[1:] = entry.argv
         preflight(sys.argv[1:])
+        if entry.note:  # after pre-flight: bad input is one line, whatever the site file says
+            print(entry.note, file=sys.stderr)
     except BadInput as bad:
         print(f"moe_vlm: error: {bad}", file=sys.stderr)
         sys.exit(EXIT_INVALID)

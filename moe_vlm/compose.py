@@ -28,7 +28,7 @@ from __future__ import annotations
 import copy
 import re
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import Enum
 from functools import cached_property
 from pathlib import Path
@@ -36,6 +36,7 @@ from typing import Any
 
 from hydra import initialize_config_dir
 from hydra._internal.utils import get_args_parser
+from hydra.core.config_loader import ConfigLoader
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import Override, OverrideType
@@ -45,7 +46,6 @@ from hydra.errors import (
     MissingConfigException,
     OverrideParseException,
 )
-from hydra.plugins.config_loader import ConfigLoader
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
@@ -59,10 +59,11 @@ CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 CONFIG_NAME = "train"
 # hydra.* values a planner reads from a point (the launcher: its directory; pre-flight: a preset's axes).
 HYDRA_KEYS = ("hydra.sweep.dir", "hydra.sweep.subdir", "hydra.sweeper.params")
-# The hydra.* keys a point may set without a composition of its own: nothing reads them while
-# Hydra composes (hydra.searchpath, by contrast, changes which configs exist).
-_FAST_HYDRA_KEYS = frozenset({"hydra.sweep.dir", "hydra.sweep.subdir"})
-_HYDRA_POINTS_KEPT = 256  # points Hydra composed, kept so that the launcher's check and render reuse them
+# hydra.* keys a point sets after everything else, without a composition of its own: nothing reads
+# them while Hydra composes (hydra.searchpath, by contrast, changes which configs exist). Hydra adds
+# hydra.mode=MULTIRUN to a sweep's overrides; the launcher adds the sweep directory and subdir.
+_LATE_HYDRA_KEYS = frozenset({"hydra.sweep.dir", "hydra.sweep.subdir", "hydra.mode"})
+_POINTS_KEPT = 4096  # composed points kept: the launcher's check, render and canary find the sweeper's
 
 
 # --- Hydra's own composition -------------------------------------------------------------------
@@ -135,7 +136,7 @@ def parse_override(text: str) -> Override:
         reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise OverrideParseException(override=text, message=reason) from None
     if not parsed.key_or_group:
-        raise OverrideParseException(override=text, message="no key before '='")
+        raise OverrideParseException(override=text, message="no key: expected key=value")
     _PARSED[text] = parsed
     return parsed
 
@@ -180,7 +181,9 @@ class Composed:
     @property
     def point_dir(self) -> Path:
         """hydra.sweep.dir / hydra.sweep.subdir: where the launcher runs this point."""
-        return Path(str(self.hydra_value("hydra.sweep.dir")), str(self.hydra_value("hydra.sweep.subdir"))).absolute()
+        return Path(
+            str(self.hydra_value("hydra.sweep.dir")), str(self.hydra_value("hydra.sweep.subdir"))
+        ).absolute()
 
 
 @dataclass
@@ -195,7 +198,7 @@ class _Base:
 
 
 _BASES: dict[tuple[str, ...], _Base] = {}
-_HYDRA_POINTS: dict[tuple[str, ...], Composed] = {}
+_POINTS: dict[tuple[str, ...], Composed] = {}  # insertion-ordered: the oldest goes first
 
 
 def _scalar_candidate(parsed: Override) -> bool:
@@ -203,10 +206,7 @@ def _scalar_candidate(parsed: Override) -> bool:
     if parsed.type is not OverrideType.CHANGE or parsed.package is not None or parsed.is_sweep_override():
         return False
     key = parsed.key_or_group
-    if key.startswith("hydra"):
-        if key not in _FAST_HYDRA_KEYS:
-            return False
-    elif "/" in key or _is_group(key):
+    if key.startswith("hydra") or "/" in key or _is_group(key):
         return False
     value = parsed.value()
     if isinstance(value, str):
@@ -244,11 +244,16 @@ def _node_at(root: DictConfig, key: str) -> Any:
     """The node at a dotted key, through DictConfigs only; None when there is none."""
     node: Any = root
     for part in key.split("."):
-        if not isinstance(node, DictConfig) or not part.isidentifier() or node._is_none() or node._is_missing():
+        if (
+            not isinstance(node, DictConfig)
+            or not part.isidentifier()
+            or node._is_none()
+            or node._is_missing()
+        ):
             return None
         if node._is_interpolation():
             return None
-        node = node._get_node(part)
+        node = node._get_node(part, validate_access=False)
     return node
 
 
@@ -320,7 +325,9 @@ def _leaf(base: _Base, key: str) -> ValueNode | None:
     return leaf
 
 
-def _converted(base: _Base, scalars: list[Override], structural: list[Override]) -> list[tuple[str, Any]] | None:
+def _converted(
+    base: _Base, scalars: list[Override], structural: list[Override]
+) -> list[tuple[str, Any]] | None:
     """Each scalar's key and the value its node would hold; None when that is not provable."""
     config_keys = [o.key_or_group for o in structural if not _is_group(o.key_or_group)]
     out = []
@@ -347,54 +354,103 @@ def _put(container: Any, path: list[str], value: Any) -> None:
         setattr(container, path[-1], value)
 
 
-def _copy_plain(value: Any) -> Any:
+def _copy_tree(value: Any) -> Any:
+    """copy.deepcopy for a tree of dicts, lists and dataclasses over immutable leaves, in a
+    fraction of its time (every point gets its own objects: nothing is shared between points)."""
     if isinstance(value, dict):
-        return {k: _copy_plain(v) for k, v in value.items()}
+        return {k: _copy_tree(v) for k, v in value.items()}
     if isinstance(value, list):
-        return [_copy_plain(v) for v in value]
+        return [_copy_tree(v) for v in value]
+    if hasattr(value, "__dataclass_fields__") and not isinstance(value, type):
+        new = object.__new__(type(value))
+        new.__dict__.update({k: _copy_tree(v) for k, v in value.__dict__.items()})
+        return new
     return value
 
 
+def _remember(key: tuple[str, ...], point: Composed) -> Composed:
+    if len(_POINTS) >= _POINTS_KEPT:
+        _POINTS.pop(next(iter(_POINTS)))  # the oldest
+    _POINTS[key] = point
+    return point
+
+
 def _hydra_point(overrides: tuple[str, ...]) -> Composed:
-    found = _HYDRA_POINTS.get(overrides)
-    if found is None:
+    """The point as Hydra composes it, whole (what the fast path falls back to)."""
+    found = _POINTS.get(overrides)
+    if found is None or found.fast:
         cfg = compose_config(overrides, hydra_node=True)
         config, train = _plain(_task_of(cfg))
-        hydra = {key: OmegaConf.select(cfg, key) for key in HYDRA_KEYS}
-        hydra = {k: OmegaConf.to_container(v, resolve=True) if isinstance(v, DictConfig) else v for k, v in hydra.items()}
-        found = Composed(overrides, config, train, hydra, fast=False)
-        if len(_HYDRA_POINTS) >= _HYDRA_POINTS_KEPT:
-            _HYDRA_POINTS.pop(next(iter(_HYDRA_POINTS)))
-        _HYDRA_POINTS[overrides] = found
+        hydra: dict[str, Any] = {}
+        for name in HYDRA_KEYS:
+            try:  # hydra.sweep.subdir reads hydra.job.num, which only a running job has
+                value = OmegaConf.select(cfg, name)
+            except OmegaConfBaseException:
+                continue
+            hydra[name] = (
+                OmegaConf.to_container(value, resolve=True) if isinstance(value, DictConfig) else value
+            )
+        found = _remember(overrides, Composed(overrides, config, train, hydra, fast=False))
     return found
+
+
+def _late_hydra(parsed: Override) -> bool:
+    """hydra.sweep.dir=..., hydra.sweep.subdir=..., hydra.mode=...: set after everything else."""
+    return (
+        parsed.key_or_group in _LATE_HYDRA_KEYS
+        and parsed.type is OverrideType.CHANGE
+        and parsed.package is None
+        and not parsed.is_sweep_override()
+        and isinstance(parsed.value(), str)
+        and "${" not in parsed.value()
+    )
 
 
 def compose_point(overrides: Sequence[str]) -> Composed:
     """What Hydra's compose of these overrides gives, composing each set of structural overrides once.
 
     Raises what Hydra's compose raises (OverrideParseException for grammar errors, with a
-    one-line reason), or an OmegaConf error from building the TrainConfig.
+    one-line reason), or an OmegaConf error from building the TrainConfig. A point is composed
+    once per process: the launcher's overrides (the sweeper's plus hydra.sweep.dir/subdir) find
+    the sweeper's.
     """
     key = tuple(overrides)
     parsed = [parse_override(o) for o in key]
+    late = [p for p in parsed if _late_hydra(p)]
+    own = tuple(o for o, p in zip(key, parsed, strict=True) if not _late_hydra(p))
+    found = _POINTS.get(own)
+    if found is None:
+        found = _remember(own, _compose(own, [p for p in parsed if not _late_hydra(p)]))
+    if not late:
+        return found
+    hydra = dict(found.hydra)
+    # Every composition has the same hydra.sweep and hydra.mode nodes.
+    root = next(iter(_BASES.values())).cfg if _BASES else _base([], ()).cfg
+    for p in late:
+        leaf = _node_at(root, p.key_or_group)
+        try:
+            hydra[p.key_or_group] = leaf.validate_and_convert(p.value())
+        except OmegaConfBaseException:
+            return _hydra_point(key)
+    return replace(found, overrides=key, hydra=hydra)
+
+
+def _compose(key: tuple[str, ...], parsed: list[Override]) -> Composed:
     scalars = [p for p in parsed if _scalar_candidate(p)]
     structural = [p for p in parsed if not _scalar_candidate(p)]
     base = _base(structural, key)
     converted = _converted(base, scalars, structural)
     if converted is None:
         return _hydra_point(key)
-    hydra = dict(base.hydra)
-    task = [(k, v) for k, v in converted if not k.startswith("hydra.")]
-    hydra.update((k, v) for k, v in converted if k.startswith("hydra."))
     if base.config is None or base.train is None:
-        return Composed(key, *_through_nodes(base, task), hydra, fast=True)
-    config = _copy_plain(base.config)
-    train = copy.deepcopy(base.train)
-    for name, value in task:
+        return Composed(key, *_through_nodes(base, converted), base.hydra, fast=True)
+    config = _copy_tree(base.config)
+    train = _copy_tree(base.train)
+    for name, value in converted:
         path = name.split(".")
         _put(config, path, value.name if isinstance(value, Enum) else value)
         _put(train, path, value)
-    return Composed(key, config, train, hydra, fast=True)
+    return Composed(key, config, train, base.hydra, fast=True)
 
 
 def _through_nodes(base: _Base, task: list[tuple[str, Any]]) -> tuple[dict[str, Any], TrainConfig]:
@@ -449,9 +505,18 @@ def _override_values(override: str) -> Iterator[str]:
 
 
 GRAMMAR_FIX = (
-    "Fix: write key=value; close every bracket and quote ([a,b], 'a b'); a sweep is key=a,b with no "
-    "empty value; quote a value holding spaces or any of ()[]{}',=\" (e.g. 'data.path=\"/my dir\"')."
+    "Fix: write key=value; close brackets and quotes ([a,b], 'a b'); a sweep is key=a,b without empty "
+    "values; quote a value holding spaces or any of ()[]{},='\"."
 )
+
+
+def _grammar_reason(message: str) -> str:
+    """ANTLR's first line without its list of expected tokens."""
+    reason = re.sub(r" expecting (\{[^}]*\}|\S+)", "", message.splitlines()[0] if message else "").strip()
+    return (
+        reason.replace("mismatched input '<EOF>'", "the override ends too early")
+        or "not Hydra's override grammar"
+    )
 
 
 def explain(exc: Exception, overrides: list[str]) -> str:
@@ -467,8 +532,9 @@ def explain(exc: Exception, overrides: list[str]) -> str:
             )
         return f"{missing}: no such config. Fix: check the name."
     if isinstance(exc, OverrideParseException):
-        reason = str(exc.message).splitlines()[0] if exc.message else "not in Hydra's override grammar"
-        return f"{exc.override!r}: cannot parse this override ({reason}). {GRAMMAR_FIX}"
+        return f"{exc.override!r}: cannot parse this override ({_grammar_reason(exc.message)}). {GRAMMAR_FIX}"
+    if isinstance(exc, ValueError) and "Config group override must be" in str(exc):
+        return _not_an_option(overrides) or f"{exc}. Fix: check the overrides."
     cause = exc.__cause__ if isinstance(exc, ConfigCompositionException) and exc.__cause__ else exc
     text = f"{exc} {cause}"
     if (
@@ -487,6 +553,20 @@ def explain(exc: Exception, overrides: list[str]) -> str:
         reason = str(getattr(cause, "msg", cause)).splitlines()[0]
         return f"{key}: {reason}. Fix: give {key} a value of the declared type (see --cfg job)."
     return f"{' '.join(text.split()) if text.strip() else type(exc).__name__}. Fix: check the overrides."
+
+
+def _not_an_option(overrides: list[str]) -> str | None:
+    """A group choice that is not an option name (`model=1`): Hydra's ValueError names neither."""
+    for override in overrides:
+        parsed = parse_override(override)
+        if _is_group(parsed.key_or_group) and not isinstance(parsed.value(), str | list):
+            group = parsed.key_or_group
+            options = _loader().repository.get_group_options(group)  # type: ignore[attr-defined]
+            return (
+                f"{override}: {group} is a config group and takes an option name. Allowed: "
+                f"{', '.join(options)}. Fix: pick one, e.g. {group}={options[0] if options else '?'}."
+            )
+    return None
 
 
 def _first_quoted(text: str) -> str:
@@ -542,3 +622,9 @@ def _reject_added_keys(override: str) -> None:
         f"{key}: unknown key (adding keys with '+' is not supported; every knob is declared in the schema). "
         "Fix: drop the override, or see `python train.py --cfg job` for the keys there are."
     )
+
+
+def compose_sweep_point(master: DictConfig, overrides: Sequence[str]) -> Composed:
+    """A sweep point as Hydra's load_sweep_config(master, overrides) composes it: the sweep's
+    hydra overrides (launcher, sweep directory) first, then the point's."""
+    return compose_point([*(str(o) for o in master.hydra.overrides.hydra), *overrides])

@@ -1,7 +1,8 @@
 """The metrics contract: from steps.jsonl records and the RunSpec to the run.json summary.
 
-Engine-independent: every engine writes the records described in ``moe_vlm.record`` and calls
-``summarize(steps, spec)``. The rules a careful engineer applies by hand:
+Engine-independent: every engine writes ``moe_vlm.record.StepRecord`` lines and calls
+``summarize(steps, spec)`` (a JSON line reads as a StepRecord). The rules a careful engineer
+applies by hand:
 
 - Steady window: steps after the declared warm-up (``warmup_steps``, or a record's own
   ``warmup: true``), and without steps an engine marked ``"exclude": "<reason>"`` (profiler or
@@ -27,6 +28,7 @@ Engine-independent: every engine writes the records described in ``moe_vlm.recor
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from statistics import median
@@ -35,6 +37,7 @@ from typing import Any
 from moe_vlm.flops import MODULES, Workload, step_flops
 from moe_vlm.precision import peak_flops
 from moe_vlm.precision import profile as precision_profile
+from moe_vlm.record import TOKEN_KINDS, StepRecord, as_step
 from moe_vlm.spec import RunSpec
 from moe_vlm.stragglers import rank_medians
 
@@ -85,20 +88,21 @@ def _ranges(steps: list[int]) -> str:
     return ", ".join(parts)
 
 
-def by_step(steps: list[dict[str, Any]]) -> dict[int, list[dict[str, Any]]]:
+def by_step(steps: Iterable[StepRecord | Mapping[str, Any]]) -> dict[int, list[StepRecord]]:
     """Records grouped by step, one per rank (the last one wins if a resumed run repeated a step)."""
-    grouped: dict[int, dict[int, dict[str, Any]]] = {}
-    for record in steps:
-        grouped.setdefault(int(record["step"]), {})[int(record.get("rank", 0))] = record
+    grouped: dict[int, dict[int, StepRecord]] = {}
+    for line in steps:
+        record = as_step(line)
+        grouped.setdefault(int(record.step), {})[int(record.rank)] = record
     return {step: list(ranks.values()) for step, ranks in sorted(grouped.items())}
 
 
-def steady_window(grouped: dict[int, list[dict[str, Any]]], warmup_steps: int) -> SteadyWindow:
+def steady_window(grouped: dict[int, list[StepRecord]], warmup_steps: int) -> SteadyWindow:
     excluded: dict[str, list[int]] = {}
     steady: list[int] = []
     for step, records in grouped.items():
-        reason = next((str(r["exclude"]) for r in records if r.get("exclude")), None)
-        if step <= warmup_steps or any(r.get("warmup") for r in records):
+        reason = next((str(r.exclude) for r in records if r.exclude), None)
+        if step <= warmup_steps or any(r.warmup for r in records):
             reason = "warm-up"
         if reason:
             excluded.setdefault(reason, []).append(step)
@@ -107,19 +111,15 @@ def steady_window(grouped: dict[int, list[dict[str, Any]]], warmup_steps: int) -
     return SteadyWindow(steps=steady, excluded=excluded)
 
 
-def _tokens(record: dict[str, Any], kind: str) -> int:
-    return int(record.get("tokens", {}).get(kind, 0))
-
-
-def workload_of(records: list[dict[str, Any]]) -> Workload:
+def workload_of(records: list[StepRecord]) -> Workload:
     """One step's statistics summed over its data-parallel ranks."""
     return Workload(
-        sequences=sum(int(r.get("sequences", 0)) for r in records),
-        padded_tokens=sum(_tokens(r, "padded") for r in records),
-        real_tokens=sum(_tokens(r, "real") for r in records),
-        sum_seq_len_squared=sum(int(r.get("sum_seq_len_squared", 0)) for r in records),
-        vision_patches=sum(int(r.get("vision_patches", 0)) for r in records),
-        sum_patches_squared=sum(int(r.get("sum_patches_squared", 0)) for r in records),
+        sequences=sum(int(r.sequences) for r in records),
+        padded_tokens=sum(int(r.padded_tokens) for r in records),
+        real_tokens=sum(int(r.real_tokens) for r in records),
+        sum_seq_len_squared=sum(int(r.sum_seq_len_squared) for r in records),
+        vision_patches=sum(int(r.vision_patches) for r in records),
+        sum_patches_squared=sum(int(r.sum_patches_squared) for r in records),
     )
 
 
@@ -174,7 +174,7 @@ def mfu_of(
     return mfu, None
 
 
-def summarize(steps: list[dict[str, Any]], spec: RunSpec) -> dict[str, Any]:
+def summarize(steps: Iterable[StepRecord | Mapping[str, Any]], spec: RunSpec) -> dict[str, Any]:
     """The run.json "summary": steady-window statistics, throughput, FLOPs, MFU, memory, shares."""
     grouped = by_step(steps)
     window = steady_window(grouped, spec.warmup_steps)
@@ -192,9 +192,10 @@ def summarize(steps: list[dict[str, Any]], spec: RunSpec) -> dict[str, Any]:
         "precision_peak": precision_peak_of(spec),
         "errors": [],
     }
-    memory = [r for records in grouped.values() for r in records if r.get("peak_memory_gib") is not None]
-    summary["peak_memory_gib"] = max((float(r["peak_memory_gib"]) for r in memory), default=None)
-    summary["memory_kind"] = memory[-1].get("memory_kind") if memory else None
+    peaks = [(r.peak_memory_gib, r.memory_kind) for records in grouped.values() for r in records]
+    memory = [(float(peak), kind) for peak, kind in peaks if peak is not None]
+    summary["peak_memory_gib"] = max((peak for peak, _ in memory), default=None)
+    summary["memory_kind"] = memory[-1][1] if memory else None
     summary["device_memory"] = device_memory_of([r for records in grouped.values() for r in records])
     if not window.steps:
         summary["errors"].append(
@@ -206,7 +207,7 @@ def summarize(steps: list[dict[str, Any]], spec: RunSpec) -> dict[str, Any]:
         return summary
 
     steady = [grouped[n] for n in window.steps]
-    step_times = [max(float(r["step_time_s"]) for r in records) for records in steady]
+    step_times = [max(float(r.step_time_s) for r in records) for records in steady]
     total_time = sum(step_times)
     summary["step_time_s"] = {
         "p10": _percentile(step_times, 0.1),
@@ -217,8 +218,8 @@ def summarize(steps: list[dict[str, Any]], spec: RunSpec) -> dict[str, Any]:
 
     nominal_per_step = spec.gbs * spec.seq_length
     totals = {
-        kind: sum(_tokens(r, kind) for records in steady for r in records)
-        for kind in ("padded", "real", "text", "image", "loss")
+        kind: sum(int(getattr(r, f"{kind}_tokens")) for records in steady for r in records)
+        for kind in TOKEN_KINDS
     }
     totals["nominal"] = nominal_per_step * len(steady)
     summary["tokens_per_step"] = {kind: total / len(steady) for kind, total in totals.items()}
@@ -260,10 +261,10 @@ def summarize(steps: list[dict[str, Any]], spec: RunSpec) -> dict[str, Any]:
     rank_step_seconds = 0.0
     for records in steady:
         for record in records:
-            measured = record.get("components_s") or {}
+            measured = record.components_s or {}
             for module in MODULES:
                 component_seconds[module] += float(measured.get(module, 0.0))
-            rank_step_seconds += float(record["step_time_s"])
+            rank_step_seconds += float(record.step_time_s)
     measured_total = sum(component_seconds.values())
     if measured_total > 0:
         summary["components"] = {m: component_seconds[m] / measured_total for m in MODULES}
@@ -279,7 +280,7 @@ def summarize(steps: list[dict[str, Any]], spec: RunSpec) -> dict[str, Any]:
     return summary
 
 
-def data_wait_of(steady: list[list[dict[str, Any]]]) -> dict[str, Any] | None:
+def data_wait_of(steady: list[list[StepRecord]]) -> dict[str, Any] | None:
     """How long the training loop waited for batches (steps.jsonl data_wait_s), over the window.
 
     fraction_of_step_time is the waits over the step times of the same rank-steps: near 0, the
@@ -287,10 +288,10 @@ def data_wait_of(steady: list[list[dict[str, Any]]]) -> dict[str, Any] | None:
     None when the engine recorded no waits.
     """
     pairs = [
-        (float(r["data_wait_s"]), float(r["step_time_s"]))
+        (float(r.data_wait_s), float(r.step_time_s))
         for records in steady
         for r in records
-        if r.get("data_wait_s") is not None
+        if r.data_wait_s is not None
     ]
     if not pairs:
         return None
@@ -305,20 +306,21 @@ def data_wait_of(steady: list[list[dict[str, Any]]]) -> dict[str, Any] | None:
     }
 
 
-def device_memory_of(records: list[dict[str, Any]]) -> dict[str, Any] | None:
+def device_memory_of(records: list[StepRecord]) -> dict[str, Any] | None:
     """The GPU beyond the allocator's peak, max over every recorded rank-step (as peak_memory_gib).
 
     outside_allocator_gib is device_used_gib - reserved_gib of the same rank-step (both read at
     its end): the CUDA context plus NCCL, DeepEP/HybridEP and TE userbuffer allocations, which
     torch's allocator never sees. None when the engine recorded neither (the torch engine).
     """
-    both = [r for r in records if r.get("device_used_gib") is not None and r.get("reserved_gib") is not None]
-    if not both:
+    read = [(r.device_used_gib, r.reserved_gib) for r in records]
+    pairs = [(float(used), float(kept)) for used, kept in read if used is not None and kept is not None]
+    if not pairs:
         return None
     return {
-        "device_used_gib": max(float(r["device_used_gib"]) for r in both),
+        "device_used_gib": max(used for used, _ in pairs),
         "device_used_kind": MemoryKind.cuda_device_used.value,
-        "reserved_gib": max(float(r["reserved_gib"]) for r in both),
+        "reserved_gib": max(reserved for _, reserved in pairs),
         "reserved_kind": MemoryKind.cuda_memory_reserved.value,
-        "outside_allocator_gib": max(float(r["device_used_gib"]) - float(r["reserved_gib"]) for r in both),
+        "outside_allocator_gib": max(used - reserved for used, reserved in pairs),
     }

@@ -3,16 +3,24 @@
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from moe_vlm.data.workers import data_workers
-from moe_vlm.engines.bridge_fields import bridge_overrides, select_recipe
+from moe_vlm.engines.bridge_fields import RESOLVED_FIELDS, bridge_overrides, select_recipe
 from moe_vlm.engines.hf_config import is_local_checkpoint
-from moe_vlm.memory import estimate
+from moe_vlm.memory import MemoryEstimate, estimate
 from moe_vlm.metrics import peak_of, precision_peak_of
 from moe_vlm.precision import profile as precision_profile
 from moe_vlm.rules import Finding
 from moe_vlm.spec import RunSpec
+
+if TYPE_CHECKING:
+    from moe_vlm.engines.megatron.effective import Planned
+
+SHALLOW_NOTE = (
+    "not built in a big dry run (seconds per point): plan this point alone, or rerun the sweep with "
+    "dry_run=full"
+)
 
 
 def _fmt(value: Any) -> str:
@@ -106,19 +114,65 @@ def stack_lines(spec: RunSpec) -> list[str]:
     return [*lines, verdict]
 
 
-def effective_lines(spec: RunSpec) -> list[str]:
+def planned_effective(spec: RunSpec) -> Planned | str:
+    """This point's effective configuration on its recipe family (seconds), or why it was not built."""
+    try:
+        from moe_vlm.engines.megatron.effective import plan_effective
+
+        return plan_effective(spec)
+    except Exception as exc:  # no stack here, or a recipe this Bridge lacks: the plan says so and goes on
+        return f"{type(exc).__name__}: {exc}"
+
+
+# The tuning block: the knobs whose null keeps the recipe's value, and the host-memory/HSDP ones.
+TUNING_GROUPS = ("fusion", "router", "overlap", "offload", "gc")
+TUNING_KNOBS = (
+    "parallelism.dp_outer",
+    "parallelism.dp_outer_sharding",
+    "cuda_graph.vision",
+    "cuda_graph.vision_scope",
+    "cuda_graph.vision_max_seq_length",
+)
+
+
+def tuning_lines(spec: RunSpec, planned: Planned | str | None = None) -> list[str]:
+    """Fusions, router, overlap, HSDP, offload, GC and vision graphs in one block: each knob, and
+    the value each of its Bridge fields holds after Bridge's runtime update when it was built here."""
+    table = planned.effective.table if planned is not None and not isinstance(planned, str) else {}
+    rows: dict[str, list[Any]] = {}
+    for o in bridge_overrides(spec):
+        if o.knob.split(".")[0] in TUNING_GROUPS or o.knob in TUNING_KNOBS:
+            rows.setdefault(o.knob, []).append(o)
+    how = (
+        "-> the value after Bridge's runtime update"
+        if table
+        else "fields as the table sets them; dry_run on a machine with the Megatron stack shows what each resolves to"
+    )
+    lines = [
+        f"-- tuning: fusions, router, overlap, HSDP, offload, GC, vision graphs (null = the recipe's; {how}) --"
+    ]
+    for knob, found in rows.items():
+        group, _, name = knob.partition(".")
+        value = getattr(getattr(spec, group), name)
+        shown = "null (recipe's)" if value is None else _fmt(getattr(value, "value", value))
+        fields = ", ".join(
+            [f"{o.field}={_fmt(table[o.field]) if o.field in table else _fmt(o.value)}" for o in found]
+            + [f"{f}={_fmt(table[f])}" for f in RESOLVED_FIELDS.get(knob, ()) if f in table]
+        )
+        lines.append(f"  {knob:<34} {shown:<16} -> {fields}")
+    return lines
+
+
+def effective_lines(spec: RunSpec, planned: Planned | str | None = None) -> list[str]:
     """Bridge's configuration after its own runtime update, on CPU, and what differs across the
     recipe family (moe_vlm/engines/megatron/effective.py); engine=megatron with the stack installed."""
     title = (
         "-- effective configuration: Bridge's runtime_config_update run here as one rank on "
         f"{spec.cluster.name} would; the fields that differ from the library defaults --"
     )
-    try:
-        from moe_vlm.engines.megatron.effective import plan_effective
-
-        planned = plan_effective(spec)
-    except Exception as exc:  # no stack here, or a recipe this Bridge lacks: the plan says so and goes on
-        return [title, f"not built here: {type(exc).__name__}: {exc}"]
+    planned = planned_effective(spec) if planned is None else planned
+    if isinstance(planned, str):
+        return [title, f"not built here: {planned}"]
     return [
         title,
         *planned.effective.lines(),
@@ -128,15 +182,49 @@ def effective_lines(spec: RunSpec) -> list[str]:
     ]
 
 
-def memory_lines(spec: RunSpec) -> list[str]:
-    """The per-rank memory breakdown and the headroom against the cluster's GPU memory."""
+def memory_of(spec: RunSpec) -> MemoryEstimate | str:
+    """The memory estimate, or why there is none (a layout the rules reject)."""
     try:
-        return estimate(spec).lines()
-    except (ArithmeticError, ValueError, IndexError) as exc:  # a layout the rules reject
-        return ["-- memory --", f"not estimated: {exc} (see the findings)"]
+        return estimate(spec)
+    except (ArithmeticError, ValueError, IndexError) as exc:
+        return str(exc)
 
 
-def render(spec: RunSpec, findings: list[Finding]) -> str:
+def memory_lines(spec: RunSpec, memory: MemoryEstimate | str | None = None) -> list[str]:
+    """The per-rank memory breakdown and the headroom against the cluster's GPU memory."""
+    found = memory_of(spec) if memory is None else memory
+    if isinstance(found, str):
+        return ["-- memory --", f"not estimated: {found} (see the findings)"]
+    return found.lines()
+
+
+POINT_LINE_HEADER = f"{'verdict':<8}  {'predicted peak memory':<34}  {'resources':<14}  {'rules':<22}"
+
+
+def point_line(spec: RunSpec, findings: list[Finding], memory: MemoryEstimate | str) -> str:
+    """A point of a big dry run in one line (POINT_LINE_HEADER's columns): valid or rejected, the
+    rule codes (errors, then warnings in lower case), the predicted peak memory and headroom, and
+    the resources it asks for."""
+    bad = sorted({f.code for f in findings if f.is_error})
+    warned = sorted({f.code.lower() for f in findings if not f.is_error})
+    if isinstance(memory, str):
+        peak = "not estimated"
+    elif memory.capacity_gib is not None and memory.headroom_fraction is not None:
+        peak = f"{memory.total_gib:.1f} of {memory.capacity_gib:.0f} GiB ({memory.headroom_fraction:+.0%} headroom)"
+    else:
+        peak = f"{memory.total_gib:.2f} GiB per rank"
+    lay = spec.layout
+    unit = "GPU" if spec.cluster.is_gpu_cluster else "rank"
+    resources = f"{lay.nodes}x{lay.ranks_per_node} {unit}s"
+    codes = ",".join([*bad, *warned]) or "-"
+    return f"{'REJECTED' if bad else 'valid':<8}  {peak:<34}  {resources:<14}  {codes:<22}"
+
+
+def render(
+    spec: RunSpec, findings: list[Finding], deep: bool = True, memory: MemoryEstimate | str | None = None
+) -> str:
+    """The whole plan. deep=False leaves out what takes seconds per point on the Megatron engine
+    (the stack probe, Bridge's effective configuration): a big dry run writes every plan."""
     knobs = [
         f"model={spec.model.name} parallelism={spec.family} dispatcher={spec.dispatcher.name} "
         f"recompute={spec.recompute.name} cuda_graph={spec.cuda_graph.name} vision_freeze={spec.freeze.name} "
@@ -146,17 +234,23 @@ def render(spec: RunSpec, findings: list[Finding]) -> str:
         f"gbs={spec.gbs} seq_length={spec.seq_length} train_iters={spec.train_iters} seed={spec.seed}",
     ]
     out = ["== moe_vlm plan ==", "", "-- knobs --", *knobs, "", "-- layout --", *layout_lines(spec), ""]
-    out += [*memory_lines(spec), ""]
+    out += [*memory_lines(spec, memory), ""]
     errors = [f for f in findings if f.is_error]
     out.append(f"-- findings: {len(errors)} error(s), {len(findings) - len(errors)} warning(s) --")
     out += [f.line() for f in findings] or ["none"]
     out.append("")
     if spec.engine == "megatron":
         # An invalid plan never runs: skip the seconds of importing Megatron to probe its stack.
-        stack = stack_lines(spec) if not errors else ["-- stack --", "not checked: the plan is INVALID"]
-        out += [*megatron_lines(spec), "", *stack]
-        if not errors:
-            out += ["", *effective_lines(spec)]
+        if errors:
+            stack = ["-- stack --", "not checked: the plan is INVALID"]
+        elif not deep:
+            stack = ["-- stack and effective configuration --", SHALLOW_NOTE]
+        else:
+            stack = stack_lines(spec)
+        planned = planned_effective(spec) if not errors and deep else None
+        out += [*megatron_lines(spec), "", *tuning_lines(spec, planned), "", *stack]
+        if planned is not None:
+            out += ["", *effective_lines(spec, planned)]
     else:
         out += [
             "-- torch engine --",

@@ -5,62 +5,20 @@ half-written record; steps.jsonl is appended and flushed line by line, so a kill
 leaves every completed step readable.
 
 A run writes run.json with `status: running` when it starts (host, PID, start time) and
-refreshes heartbeat.json every HEARTBEAT_S seconds from a thread until it ends, when the
-engine replaces run.json with the final record (completed or failed). A `running` record
-whose process is gone (`gone` below) was killed without a word: SIGKILL, the OOM killer,
-a lost node outside Slurm. `moe-vlm status` and `report` show it as failed, class killed
-(launch/failures.py:settle_running), with the steps it finished.
+beats heartbeat.json while it runs (moe_vlm/heartbeat.py), until the engine replaces run.json
+with the final record (completed or failed). A `running` record whose process is gone was
+killed without a word: SIGKILL, the OOM killer, a lost node outside Slurm. `moe-vlm status`
+and `report` show it as failed, class killed (launch/failures.py:settle_running), with the
+steps it finished.
 
-One steps.jsonl line per optimizer step per rank (rank 0 gathers and writes them all):
-
-    step                 1-based optimizer step
-    rank                 data-parallel rank
-    host                 hostname of the process that measured it (records before it was added: absent)
-    warmup               step <= warmup_steps (excluded from the steady window)
-    time_unix_s          wall clock at the end of the step
-    step_time_s          time of the whole optimizer step (all micro-batches): torch engine, host
-                         clock between device synchronisations; Megatron, CUDA events on the
-                         current stream at step start and end (no synchronise: read at the gather)
-    loss                 mean loss over this rank's micro-batches (Megatron: Bridge's reduced loss,
-                         taken from this DP rank's last pipeline stage, token-weighted over the
-                         global batch for Qwen3-VL: megatron/bridge/training/train.py:980-992)
-    grad_norm            global gradient norm (same on every rank)
-    lr                   learning rate used
-    micro_batches        accumulation steps run
-    tokens               {"padded", "real", "text", "image", "loss"}: this rank, summed over micro-batches
-    sequences, images, vision_patches, sum_seq_len_squared, sum_patches_squared
-                         this rank, summed over micro-batches (see data.batch.BatchStats)
-    peak_memory_gib      peak on this rank: torch engine, since the run started; Megatron, within
-                         this step (torch.cuda.reset_peak_memory_stats at its start), the max over
-                         the DP rank's model-parallel peers. The max over lines is the run's peak
-    memory_kind          a metrics.MemoryKind: "cuda_max_allocated" (GPU) or "process_peak_rss" (CPU)
-    components_s         {"vision_encoder", "projector", "decoder"}: forward + backward seconds
-    data_wait_s          host seconds of step_time_s the training loop spent waiting for batches
-                         (torch engine: building them in its loop; Megatron: inside next(data_iterator))
-    exclude              optional reason this step is outside the steady window
-                         ("profiler", "checkpoint", "cuda_graph_capture"), beside warm-up
-
-Optional, where the engine measures them (the torch engine does):
-
-    components_forward_s, components_backward_s
-                         the two halves of components_s (None when timing hooks are off)
-    optimizer_s          seconds of step_time_s in grad norm + optimizer step (collectives included)
-    skipped_samples      samples the data pipeline dropped while building this step's batches
-                         (Megatron: seeded draws it replaced; real data skips happen inside Energon)
-
-Megatron only, read at the step's end, max over the DP rank's model-parallel peers:
-
-    reserved_gib         torch.cuda.memory_reserved: the caching allocator's segments
-    device_used_gib      cudaMemGetInfo total - free: the whole GPU, as nvidia-smi shows it;
-                         minus reserved_gib, what lives outside the allocator (CUDA context, NCCL,
-                         DeepEP/HybridEP and TE userbuffer buffers)
-    bridge_step_flops, bridge_tflops_per_gpu
-                         Bridge's FLOP count for the step, and it over the slowest rank's step time
+One steps.jsonl line per optimizer step per data-parallel rank (rank 0 gathers and writes them
+all): a StepRecord, which both engines build from their batch counts; one run.json: a RunRecord,
+which the run, the engines, the sweeper, the launcher and launch.failures write, and report,
+advise and status read. The dataclasses below are the schema, field by field.
 """
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import importlib.metadata
 import json
@@ -69,27 +27,26 @@ import platform
 import socket
 import subprocess
 import tempfile
-import threading
-import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, is_dataclass, replace
+from dataclasses import fields as dataclass_fields
+from enum import Enum, StrEnum
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO, cast, get_args, get_origin, get_type_hints
 
 from moe_vlm.launch.safety import scrub
+from moe_vlm.schema import TrainConfig
 from moe_vlm.spec import RunSpec
+
+if TYPE_CHECKING:
+    from moe_vlm.data.batch import BatchStats
+    from moe_vlm.rules import Finding
 
 RUN_JSON = "run.json"
 STEPS_JSONL = "steps.jsonl"
-HEARTBEAT_JSON = "heartbeat.json"
 RUNNING = "running"
 # An attempt that a USR2 stopped for a requeue (launch/requeue.py); the job reruns the point.
 REQUEUED = "requeued"
-# A beat is one small atomic file write: every 30 s costs nothing beside a training step.
-HEARTBEAT_S = 30.0
-# A record from another host is called dead after this long without a beat: ten missed beats,
-# to ride out what delays a beat without the process being gone: NFS/Lustre attribute caching
-# (up to a minute on default NFS mounts), clock skew between nodes, and a rank stuck for a while
-# in a C call that holds the GIL (graph capture, a large pickle). On the same host the PID decides.
-STALE_AFTER_S = 300.0
 SCHEMA_VERSION = 1
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -132,8 +89,9 @@ class StepWriter:
         self.path = path
         self._handle: TextIO = path.open("a", buffering=1)
 
-    def write(self, record: dict[str, Any]) -> None:
-        self._handle.write(json.dumps(record, sort_keys=True, default=str) + "\n")
+    def write(self, record: StepRecord | dict[str, Any]) -> None:
+        line = record.to_json() if isinstance(record, StepRecord) else record
+        self._handle.write(json.dumps(line, sort_keys=True, default=str) + "\n")
         self._handle.flush()
 
     def close(self) -> None:
@@ -146,14 +104,14 @@ class StepWriter:
         self.close()
 
 
-def read_steps(path: Path) -> list[dict[str, Any]]:
+def read_steps(path: Path) -> list[StepRecord]:
     """Every complete line; a torn last line from a killed writer is skipped."""
-    steps: list[dict[str, Any]] = []
+    steps: list[StepRecord] = []
     if not path.exists():
         return steps
     for line in path.read_text().splitlines():
         try:
-            steps.append(json.loads(line))
+            steps.append(StepRecord.from_json(json.loads(line)))
         except json.JSONDecodeError:
             continue
     return steps
@@ -196,160 +154,499 @@ def point_id(config: dict[str, Any], code_version: str | None) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
-def base_record(spec: RunSpec, config: dict[str, Any], status: str) -> dict[str, Any]:
-    env = environment()
-    layout = spec.layout
-    # Secrets from the environment (a path through ${oc.env:...}) must not reach any record.
-    return scrub(
-        {
-            "schema_version": SCHEMA_VERSION,
-            "status": status,
-            "point_id": point_id(config, env["git"]["commit"]),
-            "config": config,
-            "spec": spec.to_dict(),
-            "layout": {
-                "world_size": layout.world_size,
-                "nodes": layout.nodes,
-                "dp": layout.dp,
-                "tp": layout.tp,
-                "pp": layout.pp,
-                "vp": layout.vp,
-                "cp": layout.cp,
-                "ep": layout.ep,
-                "etp": layout.etp,
-            },
-            "engine": spec.engine,
-            # Forced-balance routing is labelled beside the data kind: neither is a real-routing VLM run.
-            "data": {"kind": spec.data.kind.value, "routing": spec.router.name},
-            "env": env,
-        }
+# --- typed records: one steps.jsonl line (StepRecord), one run.json (RunRecord) --------------
+#
+# The code is the schema: both engines build their steps.jsonl lines as StepRecords, every
+# writer of run.json builds a RunRecord, and readers (metrics, stragglers, report, advise,
+# status) read them back through from_json. The JSON keys are those records have always had, so
+# records written before these types read the same.
+
+TOKEN_KINDS = ("padded", "real", "text", "image", "loss")  # steps.jsonl "tokens": {kind: <kind>_tokens}
+_TOKENS = {kind: f"{kind}_tokens" for kind in TOKEN_KINDS}
+
+
+@dataclass(kw_only=True, slots=True)
+class StepRecord:
+    """One steps.jsonl line: one optimizer step of one data-parallel rank, its counts summed over
+    the step's micro-batches. Both engines build it with `measured` from their data.batch.BatchStats
+    counts (the Megatron engine's StepStats is one), so the count fields carry BatchStats' names; on
+    disk the token counts sit under "tokens" ({"padded": padded_tokens, ...}, TOKEN_KINDS)."""
+
+    step: int  # 1-based optimizer step
+    rank: int  # data-parallel rank
+    warmup: bool  # step <= warmup_steps (excluded from the steady window)
+    time_unix_s: float  # wall clock at the end of the step
+    # The whole optimizer step (all micro-batches): torch engine, host clock between device
+    # synchronisations; Megatron, CUDA events on the current stream at step start and end (no
+    # synchronise: read at the gather).
+    step_time_s: float
+    # Mean loss over this rank's micro-batches (Megatron: Bridge's reduced loss, from this DP
+    # rank's last pipeline stage, token-weighted over the global batch for Qwen3-VL:
+    # megatron/bridge/training/train.py:980-992).
+    loss: float | None
+    grad_norm: float | None  # global gradient norm (same on every rank)
+    lr: float | None  # learning rate used
+    micro_batches: int  # accumulation steps run
+    # This rank, summed over micro-batches (data.batch.BatchStats has what each one counts).
+    sequences: int
+    padded_tokens: int
+    real_tokens: int
+    text_tokens: int
+    image_tokens: int
+    loss_tokens: int
+    images: int
+    vision_patches: int
+    sum_seq_len_squared: int
+    sum_patches_squared: int
+    # Peak on this rank: torch engine, since the run started; Megatron, within this step
+    # (torch.cuda.reset_peak_memory_stats at its start), the max over the DP rank's model-parallel
+    # peers. The max over lines is the run's peak.
+    peak_memory_gib: float | None
+    memory_kind: str | None  # a metrics.MemoryKind: "cuda_max_allocated" (GPU), "process_peak_rss" (CPU)
+    components_s: dict[str, float] | None  # {"vision_encoder", "projector", "decoder"}: forward + backward s
+    # Host seconds of step_time_s the training loop waited for batches (torch engine: building
+    # them in its loop; Megatron: inside next(data_iterator)).
+    data_wait_s: float | None
+    # Fields with a default are absent from a line when None (an engine that does not measure
+    # them, or a line written before they existed):
+    host: str | None = None  # the process that measured it
+    # Why this step is outside the steady window besides warm-up ("profiler", "checkpoint",
+    # "cuda_graph_capture", "skipped_iter").
+    exclude: str | None = None
+    # Samples the data pipeline dropped while building this step's batches (Megatron: seeded draws
+    # it replaced; real data skips happen inside Energon).
+    skipped_samples: int | None = None
+    # Torch engine: the two halves of components_s (with timing hooks on), and the seconds of
+    # step_time_s in grad norm + optimizer step (collectives included).
+    components_forward_s: dict[str, float] | None = None
+    components_backward_s: dict[str, float] | None = None
+    optimizer_s: float | None = None
+    # Megatron, read at the step's end, max over the DP rank's model-parallel peers:
+    # torch.cuda.memory_reserved (the caching allocator's segments), and cudaMemGetInfo total -
+    # free (the whole GPU, as nvidia-smi shows it; minus reserved_gib, what lives outside the
+    # allocator: CUDA context, NCCL, DeepEP/HybridEP and TE userbuffer buffers).
+    reserved_gib: float | None = None
+    device_used_gib: float | None = None
+    # Bridge's FLOP count for the step, and it over the slowest rank's step time, per GPU.
+    bridge_step_flops: float | None = None
+    bridge_tflops_per_gpu: float | None = None
+    # Keys this version does not know (a newer writer's): kept, so a round trip loses nothing.
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def measured(cls, counts: BatchStats, **fields: Any) -> StepRecord:
+        """A line from a step's counts: every BatchStats field (of `counts`' class, so StepStats'
+        micro_batches and data_wait_s too) that a line carries, by name; `fields` the rest."""
+        carried = {f.name: getattr(counts, f.name) for f in dataclass_fields(counts) if f.name in _STEP_NAMES}
+        return cls(**(carried | fields))
+
+    def to_json(self) -> dict[str, Any]:
+        line: dict[str, Any] = {name: getattr(self, name) for name in _STEP_PLAIN}
+        line["tokens"] = {kind: getattr(self, name) for kind, name in _TOKENS.items()}
+        for name in _STEP_OPTIONAL:
+            value = getattr(self, name)
+            if value is not None:
+                line[name] = value
+        return self.extra | line
+
+    @classmethod
+    def from_json(cls, line: Mapping[str, Any], strict: bool = False) -> StepRecord:
+        """A line as written, or as written by an older version (a missing count reads 0, a missing
+        figure None). `strict`: every field present with its type and no unknown key, as a line
+        this version writes must be; ValueError names what is wrong."""
+        tokens = line.get("tokens") or {}
+        if strict:
+            _check_line(line, tokens)
+        try:
+            values = {"step": line["step"], "step_time_s": line["step_time_s"]}
+        except KeyError as exc:
+            raise ValueError(f"steps.jsonl line without {exc.args[0]!r}: {dict(line)}") from None
+        for name in _STEP_PLAIN[2:]:
+            values[name] = line.get(name, _STEP_ABSENT.get(name))
+        for kind, name in _TOKENS.items():
+            values[name] = tokens.get(kind, 0)
+        for name in _STEP_OPTIONAL:
+            values[name] = line.get(name)
+        extra = {key: value for key, value in line.items() if key not in _STEP_KEYS}
+        return cls(**values, extra=extra)
+
+
+_STEP_FIELDS = [f for f in dataclass_fields(StepRecord) if f.name != "extra"]
+_STEP_NAMES = frozenset(f.name for f in _STEP_FIELDS)
+_STEP_OPTIONAL = tuple(f.name for f in _STEP_FIELDS if f.default is None)
+# step and step_time_s first: every line has them.
+_STEP_PLAIN = tuple(
+    sorted(
+        (f.name for f in _STEP_FIELDS if f.name not in _STEP_OPTIONAL and f.name not in _TOKENS.values()),
+        key=lambda name: name not in ("step", "step_time_s"),
     )
-
-
-# --- the running record and its heartbeat ----------------------------------------------------
-
-# Held around every beat and across fork(): the torch engine forks its ranks while the heartbeat
-# thread runs, and a child must never inherit the thread's write half done.
-_BEAT_LOCK = threading.Lock()
-os.register_at_fork(
-    before=_BEAT_LOCK.acquire, after_in_parent=_BEAT_LOCK.release, after_in_child=_BEAT_LOCK.release
 )
+_STEP_KEYS = frozenset({*_STEP_PLAIN, *_STEP_OPTIONAL, "tokens"})
+# What an older line lacks reads as: nothing counted on rank 0, outside warm-up.
+_STEP_ABSENT: dict[str, Any] = {
+    "rank": 0,
+    "warmup": False,
+    "micro_batches": 0,
+    "sequences": 0,
+    "images": 0,
+    "vision_patches": 0,
+    "sum_seq_len_squared": 0,
+    "sum_patches_squared": 0,
+}
 
 
-def _proc_stat(pid: int) -> tuple[str, int] | None:
-    """(state, start time in clock ticks since boot) from /proc/PID/stat; None without /proc."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    # Field 2 (the command name) may hold spaces and parentheses; the fields after it do not.
-    fields = stat[stat.rfind(")") + 2 :].split()
-    try:
-        return fields[0], int(fields[19])  # fields 3 (state) and 22 (starttime)
-    except (IndexError, ValueError):
-        return None
+def _json_types(hint: Any) -> tuple[type, ...]:
+    """The JSON value types a field annotation allows (an int is a valid float; a bool is no int)."""
+    out: list[type] = []
+    for option in get_args(hint) or (hint,):
+        origin = get_origin(option) or option
+        if origin is float:
+            out += [float, int]
+        elif origin is type(None):
+            out.append(type(None))
+        else:
+            out.append(origin)
+    return tuple(out)
 
 
-def process_info() -> dict[str, Any]:
-    """This process, as a running record names it: where, which PID, since when."""
-    pid = os.getpid()
-    stat = _proc_stat(pid)
-    return {
-        "host": socket.gethostname(),
-        "pid": pid,
-        # Tells this process from a later one that got the same PID.
-        "pid_start_ticks": stat[1] if stat else None,
-        "started_unix_s": round(time.time(), 3),
-        "heartbeat_s": HEARTBEAT_S,
-    }
+_STEP_TYPES = {
+    name: _json_types(hint) for name, hint in get_type_hints(StepRecord).items() if name != "extra"
+}
 
 
-def beat(run_dir: Path) -> None:
-    with _BEAT_LOCK:
-        write_json_atomic(
-            run_dir / HEARTBEAT_JSON, {"time_unix_s": round(time.time(), 3), "pid": os.getpid()}
+def _check_line(line: Mapping[str, Any], tokens: Any) -> None:
+    problems = [f"missing {name}" for name in _STEP_PLAIN if name not in line]
+    problems += [f"unknown key {key}" for key in line if key not in _STEP_KEYS]
+    if not isinstance(tokens, dict) or set(tokens) != set(TOKEN_KINDS):
+        problems.append(f"tokens must be {{{', '.join(TOKEN_KINDS)}}}, not {tokens!r}")
+    else:
+        problems += [f"tokens.{k} is {v!r}" for k, v in tokens.items() if type(v) is not int]
+    for name in (*_STEP_PLAIN, *_STEP_OPTIONAL):
+        if name in line:
+            value, allowed = line[name], _STEP_TYPES[name]
+            if not isinstance(value, allowed) or (isinstance(value, bool) and bool not in allowed):
+                problems.append(f"{name} is {type(value).__name__} {value!r}")
+    if problems:
+        raise ValueError(f"not a steps.jsonl line of this version: {'; '.join(problems)}")
+
+
+def as_step(line: StepRecord | Mapping[str, Any]) -> StepRecord:
+    return line if isinstance(line, StepRecord) else StepRecord.from_json(line)
+
+
+class RunStatus(StrEnum):
+    """run.json's `status`."""
+
+    completed = "completed"
+    failed = "failed"
+    rejected = "rejected"  # by the rules, or bad input data, before any work
+    running = "running"  # written at the start; replaced by the final record (heartbeat.gone: killed)
+    requeued = "requeued"  # stopped by a USR2 for a requeue; the next attempt replaces it
+
+
+@dataclass(frozen=True)
+class Failure:
+    """run.json's `failure`: why a run failed (or was rejected for its input data)."""
+
+    name: str  # on disk "class": a launch.failures class (oom, nccl, ...), or "invalid" (bad data)
+    message: str
+    evidence: str | None = None  # the log line that decided the class
+    log_tail: list[str] | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"class": self.name, "message": self.message}
+        if self.evidence is not None:
+            out["evidence"] = self.evidence
+        if self.log_tail is not None:
+            out["log_tail"] = self.log_tail
+        return out
+
+    @classmethod
+    def from_json(cls, raw: Mapping[str, Any]) -> Failure:
+        tail = raw.get("log_tail")
+        return cls(
+            name=str(raw.get("class") or "unknown"),
+            message=str(raw.get("message") or ""),
+            evidence=raw.get("evidence"),
+            log_tail=list(tail) if isinstance(tail, list) else None,
         )
 
 
-def read_heartbeat(run_dir: Path) -> float | None:
-    try:
-        value = json.loads((run_dir / HEARTBEAT_JSON).read_text()).get("time_unix_s")
-    except (OSError, json.JSONDecodeError, AttributeError):
-        return None
-    return float(value) if isinstance(value, int | float) else None
+def _config_groups() -> tuple[str, ...]:
+    """The config groups: TrainConfig's fields that hold a group's dataclass (model, parallelism, ...)."""
+    hints = get_type_hints(TrainConfig)
+    return tuple(f.name for f in dataclass_fields(TrainConfig) if is_dataclass(hints[f.name]))
 
 
-def write_running(run_dir: Path, record: dict[str, Any]) -> dict[str, Any]:
-    """run.json when the run starts: `status: running` and this process; a first beat before it,
-    so that a running record always has a heartbeat to read."""
-    beat(run_dir)
-    running = {**record, "status": RUNNING, "process": process_info()}
-    write_json_atomic(run_dir / RUN_JSON, running)
-    return running
+GROUPS = _config_groups()
+# The field of a group's options that names the chosen one: `name`, except for these groups.
+IDENTITY_FIELD = {"parallelism": "family", "data": "kind"}
+# Where a RunSpec keeps a group, where its attribute is not the group's name.
+SPEC_ATTR = {"vision_freeze": "freeze"}
 
 
-class Heartbeat:
-    """Refreshes heartbeat.json every `interval_s` seconds from a daemon thread, whatever the run
-    is doing (a first step that compiles for minutes beats as often as a fast one)."""
-
-    def __init__(self, run_dir: Path, interval_s: float = HEARTBEAT_S) -> None:
-        self.run_dir = run_dir
-        self.interval_s = interval_s
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="moe_vlm-heartbeat", daemon=True)
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.interval_s):
-            # A full or briefly unreachable file system must not end the run; the next beat retries.
-            with contextlib.suppress(OSError):
-                beat(self.run_dir)
-
-    def __enter__(self) -> Heartbeat:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(timeout=10)
+def identity_field(group: str) -> str:
+    return IDENTITY_FIELD.get(group, "name")
 
 
-def _alive(pid: int, start_ticks: int | None) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass  # another user's process: it exists
-    stat = _proc_stat(pid)
-    if stat is None:
-        return True  # no /proc: kill(0) is all there is to know
-    state, ticks = stat
-    # A zombie is dead but not yet reaped; other start ticks: the PID now belongs to another process.
-    return state not in ("Z", "X") and (start_ticks is None or ticks == start_ticks)
+def choices(spec: RunSpec) -> dict[str, str]:
+    """Each config group's chosen option, as `group=option` on the command line names it."""
+    out = {}
+    for group in GROUPS:
+        value = getattr(getattr(spec, SPEC_ATTR.get(group, group)), identity_field(group))
+        out[group] = str(value.value if isinstance(value, Enum) else value)
+    return out
 
 
-def gone(
-    record: dict[str, Any],
-    heartbeat_unix_s: float | None,
-    now_s: float | None = None,
-    host: str | None = None,
-) -> str | None:
-    """Why the process of a `running` record is known to be dead (one line), or None while it may
-    be alive. On its own host the PID decides; from another host, a heartbeat older than
-    STALE_AFTER_S (the last beat, else the start time)."""
-    process = record.get("process") or {}
-    pid, where = process.get("pid"), process.get("host")
-    if where and where == (host or socket.gethostname()) and isinstance(pid, int):
-        if _alive(pid, process.get("pid_start_ticks")):
-            return None
-        return f"process {pid} on {where} is gone and left no final record"
-    last = heartbeat_unix_s if heartbeat_unix_s is not None else process.get("started_unix_s")
-    if not isinstance(last, int | float):
-        return None
-    age = (time.time() if now_s is None else now_s) - last
-    if age <= STALE_AFTER_S:
-        return None
+def _group(group: str) -> tuple[tuple[str, ...], ...]:
     return (
-        f"no heartbeat from {where or 'its host'} for {age:.0f} s (a run beats every {HEARTBEAT_S:.0f} s; "
-        f"stale after {STALE_AFTER_S:.0f} s)"
+        ("spec", SPEC_ATTR.get(group, group), identity_field(group)),
+        ("config", group, identity_field(group)),
     )
+
+
+def _layout(key: str) -> tuple[tuple[str, ...], ...]:
+    # ("layout", key): a record from before the spec held the layout.
+    return (("spec", "layout", key), ("layout", key))
+
+
+def _top(key: str) -> tuple[tuple[str, ...], ...]:
+    return (("spec", key), ("config", key))
+
+
+# The knobs a report row shows, and where each lives in run.json: the resolved RunSpec first, the
+# Hydra config next (a record written without a spec, by a launcher on failure, still has its
+# config). The order is the report's column order and the config identity of a saved baseline
+# (report --save-baseline): a knob added here changes every identity, so old baselines stop matching.
+KNOBS: dict[str, tuple[tuple[str, ...], ...]] = {
+    "model": _group("model"),
+    "parallelism": _group("parallelism"),
+    "nodes": (("spec", "layout", "nodes"), ("config", "nodes")),
+    **{key: _layout(key) for key in ("world_size", "tp", "pp", "vp", "cp", "ep", "etp")},
+    **{group: _group(group) for group in ("dispatcher", "recompute", "cuda_graph", "vision_freeze", "data")},
+    "pack_sequences": (("spec", "data", "pack_sequences"), ("config", "data", "pack_sequences")),
+    **{group: _group(group) for group in ("cluster", "router")},
+    # The number format (a precision option's `format`; each shipped option is named after it).
+    "precision": (("spec", "precision", "format"), ("config", "precision", "format")),
+    "engine": (("spec", "engine"), ("engine",)),
+    **{key: _top(key) for key in ("mbs", "gbs", "seq_length", "train_iters")},
+}
+# Top-level settings that, with the groups, rebuild a run's command line (RunRecord.overrides).
+REBUILD_KEYS = ("engine", "nodes", "nproc", "mbs", "gbs", "seq_length", "tp", "pp", "vp", "cp", "ep", "etp")
+# run.json's `layout`: a view of spec.layout, kept for readers of the JSON that predate the spec.
+LAYOUT_VIEW = ("world_size", "nodes", "dp", "tp", "pp", "vp", "cp", "ep", "etp")
+_RUN_KEYS = frozenset(
+    {"schema_version", "status", "point_id", "config", "spec", "layout", "engine", "data", "env",
+     "summary", "findings", "failure", "launch"}
+)  # fmt: skip
+
+
+def _dig(value: Any, path: Sequence[str]) -> Any:
+    for key in path:
+        if not isinstance(value, dict) or key not in value:
+            return None
+        value = value[key]
+    return value
+
+
+@dataclass
+class RunRecord:
+    """One run.json. Writers build it with a constructor (new, rejected, completed, failed, and
+    with_failure / with_launch on one read back) and `write` it; readers get it from `read` or
+    `from_json` and ask `knob`, `setting`, `overrides`, `status`, `failure`, `summary`."""
+
+    status: str  # a RunStatus (kept as written when a record says something else)
+    config: dict[str, Any] = field(default_factory=dict)  # the resolved Hydra config, secrets masked
+    spec: dict[str, Any] | None = None  # RunSpec.to_dict(); None: written without one
+    point_id: str | None = None  # the config + code identity (point_id)
+    engine: str | None = None  # the resolved engine
+    data: dict[str, Any] = field(default_factory=dict)  # {"kind", "routing"}; torch engine: + "stats"
+    env: dict[str, Any] = field(default_factory=dict)  # versions, git state, host, Slurm job
+    summary: dict[str, Any] | None = None  # metrics.summarize of the steps; None: no steps to summarise
+    findings: list[dict[str, Any]] = field(default_factory=list)  # rules.Finding.to_dict()
+    failure: Failure | None = None
+    launch: dict[str, Any] = field(default_factory=dict)  # where and how the job ran (launcher, failures)
+    # What one writer adds: torch_engine, bridge, process (a running record), fixture, ...
+    sections: dict[str, Any] = field(default_factory=dict)
+    schema_version: int = SCHEMA_VERSION
+
+    # --- writing
+
+    @classmethod
+    def new(cls, spec: RunSpec, config: dict[str, Any], status: str, **sections: Any) -> RunRecord:
+        env = environment()
+        return cls(
+            status=status,
+            config=config,
+            spec=spec.to_dict(),
+            point_id=point_id(config, env["git"]["commit"]),
+            engine=spec.engine.value,
+            # Forced-balance routing is labelled beside the data kind: neither is a real-routing VLM run.
+            data={"kind": spec.data.kind.value, "routing": spec.router.name},
+            env=env,
+            sections=sections,
+        )
+
+    @classmethod
+    def rejected(
+        cls,
+        spec: RunSpec,
+        config: dict[str, Any],
+        findings: Iterable[Finding] = (),
+        invalid: str | None = None,
+    ) -> RunRecord:
+        """Rejected before any work: by the rules (`findings`), or for its input data (`invalid`)."""
+        record = cls.new(spec, config, RunStatus.rejected)
+        record.findings = [f.to_dict() for f in findings]
+        if invalid is not None:
+            record.failure = Failure("invalid", invalid)
+        return record
+
+    @classmethod
+    def completed(
+        cls,
+        spec: RunSpec,
+        config: dict[str, Any],
+        steps: Sequence[StepRecord | Mapping[str, Any]],
+        data_stats: dict[str, Any] | None = None,
+        **sections: Any,
+    ) -> RunRecord:
+        from moe_vlm.metrics import summarize  # metrics reads StepRecord from here
+
+        record = cls.new(spec, config, RunStatus.completed, **sections)
+        record.summary = summarize(steps, spec)
+        if data_stats is not None:
+            record.data["stats"] = data_stats
+        return record
+
+    @classmethod
+    def failed(
+        cls,
+        spec: RunSpec,
+        config: dict[str, Any],
+        steps: Sequence[StepRecord | Mapping[str, Any]] = (),
+        **sections: Any,
+    ) -> RunRecord:
+        """A failed run, with the steps it finished summarised. with_failure says why: classified
+        against what run.json holds by then (launch.failures.failed_record)."""
+        from moe_vlm.metrics import summarize
+
+        record = cls.new(spec, config, RunStatus.failed, **sections)
+        record.summary = summarize(steps, spec) if steps else None
+        return record
+
+    def with_failure(self, failure: Failure, launch: Mapping[str, Any] | None = None) -> RunRecord:
+        return replace(self.with_launch(launch or {}), status=RunStatus.failed, failure=failure)
+
+    def with_launch(self, launch: Mapping[str, Any]) -> RunRecord:
+        return replace(self, launch={**self.launch, **launch})
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"schema_version": self.schema_version, "status": str(self.status)}
+        out["config"] = self.config
+        if self.point_id is not None:
+            out["point_id"] = self.point_id
+        if self.spec is not None:
+            out["spec"] = self.spec
+            layout = self.spec.get("layout")
+            if isinstance(layout, dict):
+                out["layout"] = {key: layout.get(key) for key in LAYOUT_VIEW}
+        if self.engine is not None:
+            out["engine"] = self.engine
+        if self.summary is not None:
+            out["summary"] = self.summary
+        for key in ("data", "env", "findings", "launch"):
+            if getattr(self, key):
+                out[key] = getattr(self, key)
+        if self.failure is not None:
+            out["failure"] = self.failure.to_json()
+        # Secrets from the environment (a path through ${oc.env:...}) must not reach any record.
+        return cast(dict[str, Any], scrub(self.sections | out))
+
+    def write(self, run_dir: Path) -> dict[str, Any]:
+        payload = self.to_json()
+        write_json_atomic(run_dir / RUN_JSON, payload)
+        return payload
+
+    # --- reading
+
+    @classmethod
+    def from_json(cls, raw: Mapping[str, Any]) -> RunRecord:
+        if not isinstance(raw, Mapping):
+            raise ValueError(f"a run record is a JSON object, not {type(raw).__name__}")
+        spec = raw.get("spec")
+        spec = spec if isinstance(spec, dict) else None
+        sections = {key: value for key, value in raw.items() if key not in _RUN_KEYS}
+        if "layout" in raw and not (spec and "layout" in spec):
+            sections["layout"] = raw["layout"]  # from before the spec: kept as it was written
+        failure = raw.get("failure")
+        return cls(
+            status=str(raw.get("status", "unknown")),
+            config=raw.get("config") or {},
+            spec=spec,
+            point_id=raw.get("point_id"),
+            engine=raw.get("engine"),
+            data=raw.get("data") or {},
+            env=raw.get("env") or {},
+            summary=raw.get("summary"),
+            findings=list(raw.get("findings") or []),
+            failure=Failure.from_json(failure) if isinstance(failure, dict) else None,
+            launch=raw.get("launch") or {},
+            sections=sections,
+            schema_version=int(raw.get("schema_version") or SCHEMA_VERSION),
+        )
+
+    @classmethod
+    def read(cls, path: Path) -> RunRecord:
+        """run.json at `path` (OSError, json.JSONDecodeError or ValueError when unreadable)."""
+        return cls.from_json(json.loads(path.read_text()))
+
+    @classmethod
+    def of(cls, record: RunRecord | Mapping[str, Any]) -> RunRecord:
+        return record if isinstance(record, RunRecord) else cls.from_json(record)
+
+    def knob(self, name: str) -> Any:
+        """A KNOBS value: from the spec, else the config (None when the record has neither)."""
+        view = {"spec": self.spec, "config": self.config, "engine": self.engine, **self.sections}
+        for path in KNOBS[name]:
+            value = _dig(view, path)
+            if value is not None:
+                return value
+        return None
+
+    def setting(self, *path: str) -> Any:
+        """A config value by its Hydra path (`cluster`, `gpu`): the RunSpec's, else the config's."""
+        group = SPEC_ATTR.get(path[0], path[0])
+        value = _dig(self.spec, (group, *path[1:]))
+        return value if value is not None else _dig(self.config, path)
+
+    def overrides(self) -> list[str]:
+        """Overrides that rebuild this run from its config (when its .hydra/overrides.yaml is gone)."""
+        out = []
+        for group in GROUPS:
+            value = _dig(self.config, (group, identity_field(group)))
+            if value is not None:
+                out.append(f"{group}={value}")
+        path = _dig(self.config, ("data", "path"))
+        if path:
+            out.append(f"data.path={path}")
+        for key in REBUILD_KEYS:
+            value = self.config.get(key)
+            if value is not None and not (key == "engine" and value == "auto"):
+                out.append(f"{key}={value}")
+        return out
+
+    def error_codes(self) -> list[str]:
+        return [str(f.get("code")) for f in self.findings if f.get("level") == "error"]
+
+    def reason(self) -> str | None:
+        """Why the run did not complete, in one line (None when nothing says)."""
+        if self.failure is not None:
+            return f"{self.failure.name}: {self.failure.message}".strip()
+        errors = [f for f in self.findings if f.get("level") == "error"]
+        return "; ".join(f"{f['code']} {f['message']}" for f in errors) or None
+
+
+def base_record(spec: RunSpec, config: dict[str, Any], status: str) -> dict[str, Any]:
+    """A run.json as JSON, for code that edits a record as JSON (tests, fixtures, benchmarks)."""
+    return RunRecord.new(spec, config, status).to_json()

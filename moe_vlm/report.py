@@ -37,9 +37,10 @@ from typing import Any, NoReturn
 
 import pandas as pd
 
-from moe_vlm import plots, stragglers
+from moe_vlm import module_table, plots, stragglers
 from moe_vlm.errors import EXIT_FAILED, EXIT_INVALID, BadInput
-from moe_vlm.record import RUN_JSON, write_atomic
+from moe_vlm.launch.failures import settle_running
+from moe_vlm.record import KNOBS, RUN_JSON, RunRecord, write_atomic
 
 EXIT_OK = 0
 EXIT_REGRESSED = EXIT_FAILED  # the work "failed": --baseline found a regression
@@ -48,34 +49,7 @@ DEFAULT_TOLERANCE = 0.05
 BASELINE_METRIC = "effective_tokens_per_s_per_gpu"
 WORK_MATCH_TOLERANCE = 0.01  # effective tokens or image tokens per step differing more: different work
 
-# Knob -> where it lives in run.json: the resolved RunSpec first, the raw Hydra config second
-# (a record written before the spec existed, e.g. by a launcher on failure, still has its config).
-KNOBS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
-    "model": (("spec", "model", "name"), ("config", "model", "name")),
-    "parallelism": (("spec", "parallelism", "family"), ("config", "parallelism", "family")),
-    "nodes": (("spec", "layout", "nodes"), ("config", "nodes")),
-    "world_size": (("spec", "layout", "world_size"), ("layout", "world_size")),
-    "tp": (("spec", "layout", "tp"), ("layout", "tp")),
-    "pp": (("spec", "layout", "pp"), ("layout", "pp")),
-    "vp": (("spec", "layout", "vp"), ("layout", "vp")),
-    "cp": (("spec", "layout", "cp"), ("layout", "cp")),
-    "ep": (("spec", "layout", "ep"), ("layout", "ep")),
-    "etp": (("spec", "layout", "etp"), ("layout", "etp")),
-    "dispatcher": (("spec", "dispatcher", "name"), ("config", "dispatcher", "name")),
-    "recompute": (("spec", "recompute", "name"), ("config", "recompute", "name")),
-    "cuda_graph": (("spec", "cuda_graph", "name"), ("config", "cuda_graph", "name")),
-    "vision_freeze": (("spec", "freeze", "name"), ("config", "vision_freeze", "name")),
-    "data": (("data", "kind"), ("config", "data", "kind")),
-    "pack_sequences": (("spec", "data", "pack_sequences"), ("config", "data", "pack_sequences")),
-    "cluster": (("spec", "cluster", "name"), ("config", "cluster", "name")),
-    "router": (("spec", "router", "name"), ("config", "router", "name")),
-    "precision": (("spec", "precision", "format"), ("config", "precision", "format")),
-    "engine": (("spec", "engine"), ("engine",)),
-    "mbs": (("spec", "mbs"), ("config", "mbs")),
-    "gbs": (("spec", "gbs"), ("config", "gbs")),
-    "seq_length": (("spec", "seq_length"), ("config", "seq_length")),
-    "train_iters": (("spec", "train_iters"), ("config", "train_iters")),
-}
+# KNOBS (moe_vlm.record): the knob columns, each read from the RunSpec, else the Hydra config.
 # Knobs that do not change what a step costs: left out of a config's identity for the baseline.
 NOT_IDENTITY = ("train_iters",)
 # Knobs that belong to another knob's choice: comparing parallelism families compares their layouts.
@@ -94,15 +68,6 @@ PATH_HINT = (
 
 
 # ---------------------------------------------------------------- reading
-
-
-def _dig(record: dict[str, Any], path: tuple[str, ...]) -> Any:
-    value: Any = record
-    for key in path:
-        if not isinstance(value, dict) or key not in value:
-            return None
-        value = value[key]
-    return value
 
 
 def find_run_files(paths: list[str]) -> list[Path]:
@@ -127,30 +92,26 @@ def find_run_files(paths: list[str]) -> list[Path]:
     return list(found)
 
 
-def row_of(run_file: Path, record: dict[str, Any]) -> dict[str, Any]:
+def row_of(run_file: Path, record: RunRecord | Mapping[str, Any]) -> dict[str, Any]:
     """One table row: the knobs, the status, and the summary numbers a report shows."""
+    run = RunRecord.of(record)
     row: dict[str, Any] = {"run_dir": str(run_file.parent)}
-    for knob, (first, fallback) in KNOBS.items():
-        value = _dig(record, first)
-        row[knob] = value if value is not None else _dig(record, fallback)
-    row["status"] = record.get("status", "unknown")
-    row["point_id"] = record.get("point_id")
+    row |= {knob: run.knob(knob) for knob in KNOBS}
+    row["status"] = run.status
+    row["point_id"] = run.point_id
     gbs, seq = row.get("gbs"), row.get("seq_length")
     row["gbs_tokens"] = gbs * seq if isinstance(gbs, int) and isinstance(seq, int) else None
-    row["gpu"] = _dig(record, ("spec", "cluster", "gpu")) or _dig(record, ("config", "cluster", "gpu"))
-    forced = _dig(record, ("spec", "router", "force_load_balancing"))
-    row["forced_balance"] = bool(
-        forced if forced is not None else _dig(record, ("config", "router", "force_load_balancing"))
-    )
-    row["gpu_memory_gib"] = _dig(record, ("spec", "cluster", "gpu_memory_gib"))
-    row["reason"] = _reason(record)
-    view = stragglers.of_run(run_file, record)
+    row["gpu"] = run.setting("cluster", "gpu")
+    row["forced_balance"] = bool(run.setting("router", "force_load_balancing"))
+    row["gpu_memory_gib"] = run.setting("cluster", "gpu_memory_gib")
+    row["reason"] = run.reason()
+    view = stragglers.of_run(run_file, run)
     row["stragglers"] = view.text() if view else None
     row["straggler_ranks"] = view.ranks if view else None
     row["straggler_hosts"] = view.hosts if view else None
     row["straggler_nodes"] = view.slow_nodes if view else None
 
-    summary: dict[str, Any] = record.get("summary") or {}
+    summary = run.summary or {}
     step_time = summary.get("step_time_s") or {}
     tokens = summary.get("tokens_per_step") or {}
     flops = summary.get("flops_per_step") or {}
@@ -192,19 +153,8 @@ def _steady(steps: Any) -> str | None:
     return f"{steps[0]}-{steps[1]}" if isinstance(steps, list) and len(steps) == 2 else None
 
 
-def _reason(record: dict[str, Any]) -> str | None:
-    """Why a run did not complete, in one line."""
-    failure = record.get("failure")
-    if isinstance(failure, dict):
-        return f"{failure.get('class', 'failed')}: {failure.get('message', '')}".strip()
-    findings = [f for f in record.get("findings") or [] if f.get("level") == "error"]
-    if findings:
-        return "; ".join(f"{f['code']} {f['message']}" for f in findings)
-    return None
-
-
 def read_run(run_file: Path) -> Any:
-    """One run.json (OSError, json.JSONDecodeError when unreadable); `moe-vlm advise` reads sweeps with it."""
+    """One run.json as JSON (OSError, json.JSONDecodeError when unreadable); RunRecord.of reads it."""
     return json.loads(run_file.read_text())
 
 
@@ -219,6 +169,8 @@ def load_table(paths: list[str]) -> pd.DataFrame:
         except (OSError, json.JSONDecodeError) as exc:
             print(f"moe-vlm report: warning: skipping unreadable {run_file}: {exc}", file=sys.stderr)
             continue
+        # A `running` record whose process is gone is a killed run (read only: status writes it).
+        record = settle_running(run_file.parent, record, write=False)
         rows.append(row_of(run_file, record))
     if not rows:
         raise BadInput(f"every {RUN_JSON} under {' '.join(paths)} was unreadable (see warnings above)")
@@ -639,7 +591,8 @@ def build_report(
         if not made and not forced:  # from the ranked class if any, else mock (labelled), never mixed
             made = plots.all_plots(rows, knobs, mock, min(top, plots.PLOT_TOP))
 
-    lines += stragglers.section(table[table["status"] == "completed"].to_dict("records"), top)
+    completed = table[table["status"] == "completed"].to_dict("records")
+    lines += stragglers.section(completed, top) + module_table.section(completed, top)
 
     unfinished = table[table["status"] != "completed"]
     if not unfinished.empty:

@@ -15,11 +15,12 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from moe_vlm.errors import EXIT_FAILED, EXIT_INVALID
+from moe_vlm.heartbeat import Heartbeat, write_running
 from moe_vlm.launch.failures import Diagnosis, launch_info, record_exception, write_failure
 from moe_vlm.launch.requeue import global_rank
 from moe_vlm.launch.safety import scrub, scrub_files
 from moe_vlm.plan import render
-from moe_vlm.record import RUN_JSON, RUNNING, Heartbeat, base_record, write_json_atomic, write_running
+from moe_vlm.record import RUN_JSON, RUNNING, RunRecord, base_record
 from moe_vlm.rules import errors, validate
 from moe_vlm.spec import RunSpec
 
@@ -46,9 +47,7 @@ def run(cfg: DictConfig) -> None:
     # Secrets from the environment never reach a record, even through ${oc.env:...}.
     config = scrub(resolved_config(cfg))
     if bad:
-        record = base_record(spec, config, status="rejected")
-        record["findings"] = [f.to_dict() for f in findings]
-        write_json_atomic(run_dir / RUN_JSON, scrub(record))
+        RunRecord.rejected(spec, config, findings).write(run_dir)
         print(
             f"moe_vlm: rejected before any work: {len(bad)} error(s) above; nothing was run.", file=sys.stderr
         )
@@ -60,9 +59,7 @@ def run(cfg: DictConfig) -> None:
     try:
         check_data(spec)  # an unreadable dataset fails here, not inside every rank
     except DataError as exc:
-        record = base_record(spec, config, status="rejected")
-        record["failure"] = {"class": "invalid", "message": str(exc)}
-        write_json_atomic(run_dir / RUN_JSON, scrub(record))
+        RunRecord.rejected(spec, config, invalid=str(exc)).write(run_dir)
         print(f"moe_vlm: error: {exc}", file=sys.stderr)
         sys.exit(EXIT_INVALID)
 

@@ -21,6 +21,7 @@ from moe_vlm.schema import (
     CudaGraphConfig,
     DataConfig,
     DispatcherConfig,
+    DryRun,
     Engine,
     FusionConfig,
     GcConfig,
@@ -36,6 +37,7 @@ from moe_vlm.schema import (
     RouterConfig,
     TrainConfig,
     VisionFreezeConfig,
+    dry_run_mode,
 )
 
 

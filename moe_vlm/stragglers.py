@@ -24,7 +24,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 from statistics import median
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from moe_vlm.record import RunRecord, StepRecord
 
 THRESHOLD = 1.10  # a rank or node median above this many times the job's median is flagged
 MIN_EXCESS_OF_STEP = 0.01  # ... and above it by at least this share of the median step time
@@ -41,26 +44,26 @@ METRIC_NAMES = {
 }
 
 
-def _timings(record: dict[str, Any]) -> dict[str, float]:
+def _timings(record: StepRecord) -> dict[str, float]:
     """The timed quantities of one rank-step record (components only where the engine timed them)."""
-    out = {STEP: float(record[STEP])}
-    if record.get(DATA_WAIT) is not None:
-        out[DATA_WAIT] = float(record[DATA_WAIT])
-    components = record.get("components_s") or {}
+    out = {STEP: float(record.step_time_s)}
+    if record.data_wait_s is not None:
+        out[DATA_WAIT] = float(record.data_wait_s)
+    components = record.components_s or {}
     for name in COMPONENTS:
         if components.get(name) is not None:
             out[name] = float(components[name])
     return out
 
 
-def rank_medians(steady: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
+def rank_medians(steady: list[list[StepRecord]]) -> list[dict[str, Any]]:
     """Per rank over the steady steps (each a list of rank records): host, steps, median seconds."""
     series: dict[int, dict[str, list[float]]] = {}
     hosts: dict[int, str | None] = {}
     for records in steady:
         for record in records:
-            rank = int(record.get("rank", 0))
-            hosts[rank] = record.get("host") or hosts.get(rank)
+            rank = int(record.rank)
+            hosts[rank] = record.host or hosts.get(rank)
             for metric, seconds in _timings(record).items():
                 series.setdefault(rank, {}).setdefault(metric, []).append(seconds)
     return [
@@ -161,19 +164,19 @@ def find(per_rank: list[dict[str, Any]], threshold: float = THRESHOLD) -> Stragg
     return Stragglers(len(per_rank), len(hosts), flags)
 
 
-def of_run(run_file: Path, record: dict[str, Any]) -> Stragglers | None:
+def of_run(run_file: Path, record: RunRecord) -> Stragglers | None:
     """Slow ranks and nodes of a completed run.json: from summary.per_rank, or (a record written
     before it existed) from the run's steps.jsonl. None for a run that did not complete."""
-    if record.get("status") != "completed":
+    if record.status != "completed":
         return None
-    per_rank = (record.get("summary") or {}).get("per_rank")
+    per_rank = (record.summary or {}).get("per_rank")
     if per_rank is None:
         # Imported here: moe_vlm.metrics imports this module for summary.per_rank.
         from moe_vlm.metrics import by_step, steady_window
         from moe_vlm.record import STEPS_JSONL, read_steps
 
         grouped = by_step(read_steps(run_file.parent / STEPS_JSONL))
-        warmup = int((record.get("spec") or {}).get("warmup_steps") or 0)
+        warmup = int((record.spec or {}).get("warmup_steps") or 0)
         per_rank = rank_medians([grouped[step] for step in steady_window(grouped, warmup).steps])
     return find(per_rank)
 

@@ -17,8 +17,8 @@ Qwen3-VL-30B-A3B; FSDP or 3D PP2; recompute none/selective/full; HybridEP or all
 mock data; DeepEP, which D001 rejects on GB200), scalars (MBS, GBS, sequence length, seed) are
 set on the composed config, RunSpec and the rule catalogue run on it (a rejected point gets the
 rejected record run.py writes, with the findings), steps.jsonl lines go through
-record.StepWriter, the summary through metrics.summarize, run.json through record.base_record +
-write_json_atomic, an OOM (peak memory: moe_vlm.memory.estimate, give or take a few percent,
+record.StepWriter, run.json through record.RunRecord (rejected, completed with metrics.summarize
+of the lines, failed), an OOM (peak memory: moe_vlm.memory.estimate, give or take a few percent,
 above the GPU's) through launch.failures.write_failure, and each run gets Hydra's .hydra/ files.
 """
 
@@ -46,8 +46,7 @@ from omegaconf import DictConfig, OmegaConf
 from moe_vlm import record as record_module
 from moe_vlm.launch.failures import classify, write_failure
 from moe_vlm.memory import estimate
-from moe_vlm.metrics import summarize
-from moe_vlm.record import RUN_JSON, STEPS_JSONL, StepWriter, base_record, write_json_atomic
+from moe_vlm.record import STEPS_JSONL, RunRecord, StepWriter
 from moe_vlm.rules import errors, validate
 from moe_vlm.run import resolved_config
 from moe_vlm.spec import RunSpec
@@ -137,10 +136,9 @@ def write_run(run_dir: Path, cfg: DictConfig, overrides: list[str], rng: random.
     (run_dir / ".hydra" / "overrides.yaml").write_text("".join(f"- {o}\n" for o in overrides))
     findings = validate(spec)
     if errors(findings):
-        record = base_record(spec, config, status="rejected")
-        record["findings"] = [f.to_dict() for f in findings]
-        record["fixture"] = FIXTURE
-        write_json_atomic(run_dir / RUN_JSON, record)
+        record = RunRecord.rejected(spec, config, findings)
+        record.sections["fixture"] = FIXTURE
+        record.write(run_dir)
         return "rejected"
     recompute = str(cfg.recompute.name)
     lines, peak = step_lines(spec, rng, recompute)
@@ -150,13 +148,10 @@ def write_run(run_dir: Path, cfg: DictConfig, overrides: list[str], rng: random.
             writer.write(line)
     if not fits:
         tail = [f"torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 4.00 GiB (step {OOM_STEP})"]
-        base = base_record(spec, config, status="failed") | {"fixture": FIXTURE}
+        base = RunRecord.failed(spec, config, fixture=FIXTURE).to_json()
         write_failure(run_dir, classify("\n".join(tail)), tail, base)
         return "failed"
-    record = base_record(spec, config, status="completed")
-    record["summary"] = summarize(lines, spec)
-    record["fixture"] = FIXTURE
-    write_json_atomic(run_dir / RUN_JSON, record)
+    RunRecord.completed(spec, config, lines, fixture=FIXTURE).write(run_dir)
     return "completed"
 
 

@@ -104,11 +104,11 @@ def run_point(overrides: list[str], workdir: Path, timeout_s: int) -> Measured:
     if done.returncode != 0 or not steps:
         tail = "\n".join((done.stdout + done.stderr).splitlines()[-15:])
         raise RuntimeError(f"train.py {' '.join(overrides)} failed (exit {done.returncode}):\n{tail}")
-    patches = max(int(s["vision_patches"]) // max(int(s["micro_batches"]), 1) for s in steps)
-    padded = any(s["tokens"]["real"] < s["tokens"]["padded"] for s in steps)
+    patches = max(s.vision_patches // max(s.micro_batches, 1) for s in steps)
+    padded = any(s.real_tokens < s.padded_tokens for s in steps)
     return Measured(
-        peak_gib=max(float(s["peak_memory_gib"]) for s in steps),
-        memory_kind=str(steps[0]["memory_kind"]),
+        peak_gib=max(float(s.peak_memory_gib or 0.0) for s in steps),
+        memory_kind=str(steps[0].memory_kind),
         patches_per_micro_batch=patches,
         padded=padded,
         wall_s=wall_s,

@@ -7,6 +7,9 @@ point's config and runs the task through Hydra), with what release 1.2.0 lacks:
   not one set for the whole sweep;
 - srun arguments (pyxis container image/mounts), `--segment`, site values, checked strings;
 - submit-and-exit: `launch` returns once sbatch accepted every job (`moe-vlm status` follows);
+- points with the same resources in one job array (one sbatch call for all of them), or with
+  `points_per_job` > 1 packed into jobs that run them one srun step after another
+  (launch/pack.py);
 - a canary job per (cluster, container image) that the points depend on (afterok), so a
   broken job environment costs one short job, not every point's queue wait (launch/canary.py);
 - in each task: a USR2 handler that marks the point for a requeue, attempt bookkeeping, the
@@ -17,10 +20,13 @@ point's config and runs the task through Hydra), with what release 1.2.0 lacks:
 # sys.modules, where dataclasses cannot resolve string annotations.
 import contextlib
 import io
+import json
 import logging
 import os
 import time
-from collections.abc import Sequence
+import uuid
+import weakref
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,13 +37,17 @@ from hydra_plugins.hydra_submitit_launcher.submitit_launcher import BaseSubmitit
 from omegaconf import DictConfig, open_dict
 from submitit.core.utils import FailedJobError, FailedSubmissionError
 
+from moe_vlm.compose import compose_sweep_point
 from moe_vlm.errors import BadInput
-from moe_vlm.launch import points, requeue, slurm
+from moe_vlm.launch import pack, points, requeue, slurm
+from moe_vlm.launch.failures import launch_info
 from moe_vlm.launch.safety import scrub
-from moe_vlm.record import RUN_JSON, write_json_atomic
+from moe_vlm.record import RunRecord, write_json_atomic
 from moe_vlm.spec import RunSpec
 
 log = logging.getLogger(__name__)
+# SubmititLauncher.plan's results per launcher.
+_PLANNED: "weakref.WeakKeyDictionary[Any, dict[tuple[str, ...], PlannedJob]]" = weakref.WeakKeyDictionary()
 WAIT_POLL_S = 15.0  # submit_and_exit=false: seconds between polls of Slurm
 # dry_run: the canary's job id is known only once sbatch accepted it.
 CANARY_PLACEHOLDER = "CANARY_JOB_ID"
@@ -65,6 +75,20 @@ class PlannedJob:
     def canary_dir(self) -> Path:
         return points.canary_dir(self.point_dir.parent, *self.canary_key)
 
+    @property
+    def resources(self) -> tuple[str, tuple[str, str | None]]:
+        """Points with equal keys can share a job array or a pack: same sbatch parameters (so the
+        same interpreter and setup lines) and the same canary."""
+        return json.dumps(self.params, sort_keys=True, default=str), self.canary_key
+
+
+Numbered = tuple[int, PlannedJob]  # (the job number Hydra gives the point, the point)
+
+
+def _chunks(items: Sequence[Numbered], size: int) -> Iterator[list[Numbered]]:
+    for start in range(0, len(items), size):
+        yield list(items[start : start + size])
+
 
 class SubmititLauncher(BaseSubmititLauncher):
     def __init__(self, **params: Any) -> None:
@@ -82,20 +106,45 @@ class SubmititLauncher(BaseSubmititLauncher):
         return str(Path(self.settings.submitit_folder).expanduser().absolute())
 
     def plan(self, overrides: Sequence[str]) -> PlannedJob:
-        """Compose one point and derive its Slurm job; raises BadInput on unsafe settings."""
+        """Compose one point and derive its Slurm job; raises BadInput on unsafe settings.
+
+        Once per point: the sweeper's check, a dry run's render and the canary ask for the same
+        one (kept outside the instance, which is pickled into every job)."""
+        planned = _PLANNED.setdefault(self, {})
+        if tuple(overrides) not in planned:
+            planned[tuple(overrides)] = self._plan(overrides)
+        return planned[tuple(overrides)]
+
+    def _plan(self, overrides: Sequence[str]) -> PlannedJob:
         assert self.hydra_context is not None and self.config is not None
-        cfg = self.hydra_context.config_loader.load_sweep_config(self.config, list(overrides))
-        spec = RunSpec.from_config(points.task_config(cfg))
+        # load_sweep_config's result, without a Hydra composition per call (moe_vlm/compose.py).
+        point = compose_sweep_point(self.config, overrides)
+        spec = point.spec
         settings = slurm.checked(self.settings, spec)
-        point_dir = Path(str(cfg.hydra.sweep.dir), str(cfg.hydra.sweep.subdir)).absolute()
-        return PlannedJob(list(overrides), point_dir, spec, settings, slurm.job_parameters(settings, spec))
+        return PlannedJob(
+            list(overrides), point.point_dir, spec, settings, slurm.job_parameters(settings, spec)
+        )
 
     def check(self, overrides: Sequence[str]) -> None:
         self.plan(overrides)
 
-    def job_arguments(self, job: PlannedJob, number: int) -> tuple[Any, ...]:
+    def job_arguments(self, job: PlannedJob, number: int, state: Any = None) -> tuple[Any, ...]:
         """What `__call__` receives in the job (as hydra-submitit-launcher passes it)."""
-        return (job.overrides, "hydra.sweep.dir", number, f"job_id_for_{number}", Singleton.get_state())
+        state = Singleton.get_state() if state is None else state
+        return (job.overrides, "hydra.sweep.dir", number, f"job_id_for_{number}", state)
+
+    def shared(self, chunk: list[Numbered], state: Any) -> list["SharedPoint"]:
+        """The jobs of a job array or a pack: the launcher, Hydra's state and every point's
+        arguments in one pickle, and per point a reference to it (see SharedPoint)."""
+        from submitit.core.utils import cloudpickle_dump
+
+        path = self.submitit_root / f"shared-{uuid.uuid4().hex[:12]}.pkl"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        arguments = [self.job_arguments(job, number, state)[:-1] for number, job in chunk]
+        tmp = path.with_name(f".{path.name}.tmp")
+        cloudpickle_dump((self, state, arguments), tmp)
+        os.replace(tmp, path)
+        return [SharedPoint(str(path), index) for index in range(len(chunk))]
 
     def python(self, job: PlannedJob) -> str:
         return slurm.python_command(job.settings)
@@ -112,10 +161,40 @@ class SubmititLauncher(BaseSubmititLauncher):
                 f"(hydra/launcher executor={self.settings.executor}: runs on this machine, no sbatch script)"
             )
         canary = CANARY_PLACEHOLDER if self.uses_canary else None
+        if self.settings.points_per_job > 1:
+            pack_dir = pack.pack_folder(self.submitit_root, "TOKEN")
+            script = self.pack_script(job, pack_dir, pack.entries_for(pack_dir, [job.point_dir]), canary)
+            return "\n".join(
+                [
+                    f"-- sbatch script (points_per_job={self.settings.points_per_job}: this point's srun "
+                    "step in a job of up to that many points with its resources, one after another; "
+                    "the job's time limit is the sum of theirs) --",
+                    script.rstrip(),
+                ]
+            )
         params = slurm.point_parameters(job.params, job.point_dir, self.python(job), canary)
         script = slurm.render_sbatch(params, self.folder, self.python(job))
         return "\n".join(
             ["-- sbatch script --", script.rstrip(), "", "-- srun command --", slurm.srun_line(script)]
+        )
+
+    @property
+    def submitit_root(self) -> Path:
+        """The submitit folder without its job-id part: where packed jobs keep their folders."""
+        from submitit.core.utils import JobPaths
+
+        return JobPaths.get_first_id_independent_folder(self.folder)
+
+    def pack_script(
+        self, first: PlannedJob, pack_dir: Path, entries: Sequence[pack.PackEntry], canary: str | None
+    ) -> str:
+        params = slurm.job_parameters(first.settings, first.spec, points=len(entries))
+        return pack.render(
+            pack.pack_parameters(params, canary),
+            pack_dir,
+            entries,
+            self.python(first),
+            first.settings.timeout_min,
         )
 
     def render_canaries(self, job_overrides: Sequence[Sequence[str]]) -> str:
@@ -186,48 +265,139 @@ class SubmititLauncher(BaseSubmititLauncher):
         planned = [self.plan(overrides) for overrides in job_overrides]
         if self.settings.executor == "local":
             return self._launch_local(planned, initial_job_idx)
+        canaries = self.submit_canaries(planned) if self.uses_canary else {}
+        self.submit_points(list(enumerate(planned, start=initial_job_idx)), canaries)
+        returns = [
+            JobReturn(
+                overrides=job.overrides,
+                working_dir=str(job.point_dir),
+                status=JobStatus.UNKNOWN,
+                _return_value=(points.read_point(job.point_dir) or {}).get("job_id"),
+            )
+            for job in planned
+        ]
+        return returns if self.settings.submit_and_exit else self._wait(planned)
+
+    def submit_points(self, numbered: list[Numbered], canaries: dict[tuple[str, str | None], str]) -> int:
+        """Submit every point: packs of points_per_job, else one job array per group of points
+        with the same resources (one sbatch call each), else one job. Returns the sbatch calls."""
+        groups: dict[tuple[str, tuple[str, str | None]], list[Numbered]] = {}
+        for item in numbered:
+            groups.setdefault(item[1].resources, []).append(item)
+        started, calls, done = time.monotonic(), 0, 0
+        state = Singleton.get_state()  # a deep copy of Hydra's state: once, not once per point
+        for group in groups.values():
+            canary = canaries.get(group[0][1].canary_key)
+            packed = self.settings.points_per_job > 1
+            if packed:
+                size = self.settings.points_per_job
+            else:
+                size = slurm.MAX_ARRAY_TASKS if self.settings.array else 1
+            for chunk in _chunks(group, size):
+                try:
+                    if packed:
+                        self._submit_pack(chunk, canary, state)
+                    else:
+                        self._submit_jobs(chunk, canary, state)
+                except (FailedJobError, FailedSubmissionError, BadInput) as exc:
+                    reason = (str(exc).strip().splitlines() or ["no message"])[-1]
+                    if isinstance(exc, slurm.SbatchRefused):
+                        reason = exc.reason
+                    first = chunk[0][1]
+                    raise BadInput(
+                        f"sbatch refused {len(chunk)} point(s) from {first.point_dir.name} "
+                        f"({' '.join(first.task_overrides)}): {reason}. {done} earlier point(s) are "
+                        "queued. Fix: check hydra.launcher partition/account/qos (or the site file), "
+                        "then rerun the command to submit the rest."
+                    ) from exc
+                calls += 1
+                done += len(chunk)
+        print(
+            f"moe_vlm: {done} point(s) submitted in {calls} sbatch call(s) in "
+            f"{time.monotonic() - started:.2f} s"
+            + (f" (up to {self.settings.points_per_job} per job)" if self.settings.points_per_job > 1 else "")
+        )
+        return calls
+
+    def _submit_jobs(self, chunk: list[Numbered], canary: str | None, state: Any) -> None:
+        """One point: one job; several: one job array, its task i running point i (submitit's batch)."""
         import submitit
 
-        canaries = self.submit_canaries(planned) if self.uses_canary else {}
-        returns: list[JobReturn] = []
-        for number, job in enumerate(planned, start=initial_job_idx):
-            canary = canaries.get(job.canary_key)
-            executor = submitit.SlurmExecutor(folder=self.folder, max_num_timeout=0, python=self.python(job))
-            executor.update_parameters(
-                **slurm.point_parameters(job.params, job.point_dir, self.python(job), canary)
+        first = chunk[0][1]
+        executor = submitit.SlurmExecutor(folder=self.folder, max_num_timeout=0, python=self.python(first))
+        dirs = [job.point_dir for _, job in chunk]
+        executor.update_parameters(**slurm.point_parameters(first.params, dirs, self.python(first), canary))
+        # submitit prints sbatch's stderr on failure; submit_points says it in one line.
+        with contextlib.redirect_stderr(io.StringIO()):
+            if len(chunk) == 1:
+                submitted = [executor.submit(self, *self.job_arguments(first, chunk[0][0], state))]
+            else:
+                calls = self.shared(chunk, state)
+                with executor.batch():
+                    submitted = [executor.submit(call) for call in calls]
+        array_id = submitted[0].job_id.split("_")[0]
+        for index, ((_, job), handle) in enumerate(zip(chunk, submitted, strict=True)):
+            script = handle.paths.submission_file
+            if len(chunk) > 1:  # one script for the whole array, in its first task's folder
+                script = Path(self.folder.replace("%j", array_id)) / f"{array_id}_submission.sh"
+            self._record_submission(
+                job,
+                handle.job_id,
+                canary,
+                script,
+                self.folder,
+                array={"job_id": array_id, "index": index, "size": len(chunk)} if len(chunk) > 1 else None,
             )
-            try:
-                # submitit prints sbatch's stderr on failure; the error below says it in one line.
-                with contextlib.redirect_stderr(io.StringIO()):
-                    submitted = executor.submit(self, *self.job_arguments(job, number))
-            except (FailedJobError, FailedSubmissionError) as exc:
-                reason = (str(exc).strip().splitlines() or ["no message"])[-1]
-                raise BadInput(
-                    f"sbatch refused {job.point_dir.name} ({' '.join(job.overrides[:-2])}): {reason}. "
-                    f"{len(returns)} earlier point(s) are queued. Fix: check hydra.launcher "
-                    "partition/account/qos (or the site file), then rerun the command to submit the rest."
-                ) from exc
-            points.add_submission(
-                job.point_dir,
-                {
-                    "job_id": submitted.job_id,
-                    "executor": "slurm",
-                    "submitted_unix_s": points.now(),
-                    "script": str(submitted.paths.submission_file),
-                    **({"canary": {"job_id": canary, "dir": str(job.canary_dir)}} if canary else {}),
-                },
+
+    def _submit_pack(self, chunk: list[Numbered], canary: str | None, state: Any) -> None:
+        """One job running these points as srun steps, one after another (launch/pack.py)."""
+        from submitit.core.utils import DelayedSubmission, JobPaths
+
+        first = chunk[0][1]
+        pack_dir = pack.pack_folder(self.submitit_root, uuid.uuid4().hex[:12])
+        entries = pack.entries_for(pack_dir, [job.point_dir for _, job in chunk])
+        pickles = []
+        for (_, job), entry, call in zip(chunk, entries, self.shared(chunk, state), strict=True):
+            entry.folder.mkdir(parents=True, exist_ok=True)
+            delayed = DelayedSubmission(call)
+            delayed.set_timeout(job.settings.timeout_min, 0)
+            pickle = entry.folder / "submitted.pkl.tmp"
+            delayed.dump(pickle)
+            pickles.append(pickle)
+        script = pack_dir / pack.PACK_SCRIPT
+        script.write_text(self.pack_script(first, pack_dir, entries, canary))
+        job_id = slurm.submit_script(script, "the packed job")
+        # Named by the job id, as submitit's runner looks for it; a step that starts first waits for it.
+        for pickle, entry in zip(pickles, entries, strict=True):
+            JobPaths(entry.folder, job_id).move_temporary_file(pickle, "submitted_pickle")
+        ids = [job.point_dir.name for _, job in chunk]
+        for index, ((_, job), entry) in enumerate(zip(chunk, entries, strict=True), start=1):
+            self._record_submission(
+                job,
+                job_id,
+                canary,
+                script,
+                str(entry.folder),
+                pack={"index": index, "size": len(chunk), "dir": str(pack_dir), "points": ids},
             )
-            points.update_point(job.point_dir, submitit_folder=self.folder)
-            log.info("queued %s: job %s", job.point_dir.name, submitted.job_id)
-            returns.append(
-                JobReturn(
-                    overrides=job.overrides,
-                    working_dir=str(job.point_dir),
-                    status=JobStatus.UNKNOWN,
-                    _return_value=submitted.job_id,
-                )
-            )
-        return returns if self.settings.submit_and_exit else self._wait(planned)
+
+    def _record_submission(
+        self, job: PlannedJob, job_id: str, canary: str | None, script: Path, folder: str, **placement: Any
+    ) -> None:
+        """point.json: the job (and its place in an array or a pack) and where its logs go."""
+        points.add_submission(
+            job.point_dir,
+            {
+                "job_id": job_id,
+                "executor": "slurm",
+                "submitted_unix_s": points.now(),
+                "script": str(script),
+                **({"canary": {"job_id": canary, "dir": str(job.canary_dir)}} if canary else {}),
+                **{key: value for key, value in placement.items() if value is not None},
+            },
+            submitit_folder=folder,
+        )
+        log.info("queued %s: job %s", job.point_dir.name, job_id)
 
     def _wait(self, planned: list[PlannedJob]) -> list[JobReturn]:
         """submit_and_exit=false: poll (one Slurm call per round) until every job has ended."""
@@ -326,6 +496,25 @@ class SubmititLauncher(BaseSubmititLauncher):
         return result
 
 
+@dataclass(frozen=True)
+class SharedPoint:
+    """One point's job in a job array or a pack, as submitit pickles it: the pickle its
+    submission shares (launcher, Hydra's state, every point's arguments) and its place there.
+    Pickling the launcher with Hydra's state costs tens of milliseconds; once per submission
+    instead of once per point, a 1,000-point array is submitted in about a second."""
+
+    path: str
+    index: int
+
+    def __call__(self) -> JobReturn:
+        import pickle
+
+        with open(self.path, "rb") as handle:
+            launcher, state, arguments = pickle.load(handle)
+        result: JobReturn = launcher(*arguments[self.index], state)
+        return result
+
+
 def _status(state: str | None) -> JobStatus:
     return JobStatus.COMPLETED if state == "completed" else JobStatus.FAILED
 
@@ -335,11 +524,10 @@ def _record_launch(point_dir: Path, job_id: str, executor: str) -> None:
     if not run:
         return
     launch = {
-        **run.get("launch", {}),
+        **launch_info(),
         "executor": executor,
         "slurm_job_id": job_id if executor == "slurm" else None,
-        "restarts": requeue.restart_count(),
         "attempts_before": len(list((point_dir / points.ATTEMPTS).glob("*"))),
         "host": os.uname().nodename,
     }
-    write_json_atomic(point_dir / RUN_JSON, {**run, "launch": launch})
+    RunRecord.from_json(run).with_launch(launch).write(point_dir)

@@ -11,7 +11,9 @@ For `python train.py -m mbs=1,2,4 recompute=full,selective` (or `sweep=<preset>`
    skips points already completed in the sweep directory, or queued/running in Slurm:
    rerunning the command resumes the sweep; `hydra.sweeper.force=true` reruns completed ones;
 5. with `dry_run=true`, prints each point's plan and, on Slurm, its sbatch script and srun
-   line and those of the canary the points wait on, and submits nothing;
+   line and those of the canary the points wait on, and submits nothing; beyond COMPACT_ABOVE
+   points it prints one line per point and a summary, and writes each plan and script to the
+   point's directory (`dry_run=full` prints them all);
 6. hands the rest to the launcher; on Slurm that returns once the jobs are queued.
 """
 
@@ -26,24 +28,28 @@ from typing import Any
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.utils import JobReturn
-from hydra.errors import HydraException
 from hydra.plugins.launcher import Launcher
 from hydra.plugins.sweeper import Sweeper
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import OmegaConfBaseException
 
-from moe_vlm.compose import explain
+from moe_vlm.compose import COMPOSE_ERRORS, compose_sweep_point, explain, override_key
 from moe_vlm.errors import EXIT_INVALID, BadInput
 from moe_vlm.launch import points
-from moe_vlm.launch.safety import scrub, scrub_text
+from moe_vlm.launch.safety import scrub, scrub_text, secret_values
 from moe_vlm.launch.status import collect
-from moe_vlm.plan import render
-from moe_vlm.record import RUN_JSON, base_record, git_state, write_json_atomic
+from moe_vlm.plan import POINT_LINE_HEADER, memory_of, point_line, render
+from moe_vlm.record import RunRecord, git_state
 from moe_vlm.rules import Finding, errors, validate
+from moe_vlm.schema import DryRun, dry_run_mode
 from moe_vlm.spec import RunSpec
 
 log = logging.getLogger(__name__)
+# A dry run of more points prints one line per point; its plans and scripts go to files.
+COMPACT_ABOVE = 8
+PLAN_FILE = "plan.txt"
+SBATCH_FILE = "sbatch.txt"
+DRY_RUN_FILE = "dry_run.txt"
 
 
 @dataclass
@@ -96,15 +102,17 @@ class PlanningSweeper(Sweeper):
     def plan(self, grid: list[list[str]]) -> list[Point]:
         assert self.hydra_context is not None and self.config is not None
         code_version = git_state()["commit"]
+        secrets = secret_values()
         planned: dict[str, Point] = {}
         for index, overrides in enumerate(grid):
             try:
-                cfg = self.hydra_context.config_loader.load_sweep_config(self.config, overrides)
-                task = points.task_config(cfg)
-                spec = RunSpec.from_config(task)
-                config = points.resolved(task)
-            except (HydraException, OmegaConfBaseException) as exc:
+                # load_sweep_config's result; Hydra composes each set of group choices once.
+                composed = compose_sweep_point(self.config, overrides)
+                spec = composed.spec
+            except COMPOSE_ERRORS as exc:
                 raise BadInput(f"sweep point {' '.join(overrides)}: {explain(exc, overrides)}") from exc
+            # composed.config is this point's own copy: scrubbing matters only when there are secrets.
+            config = scrub(composed.config, secrets) if secrets else composed.config
             point_id = points.identity(config, code_version)
             # Two spellings of one point (mbs=1 and mbs=01) run once.
             planned.setdefault(point_id, Point(index, overrides, point_id, config, spec, validate(spec)))
@@ -215,11 +223,21 @@ class PlanningSweeper(Sweeper):
 
     def record_rejected(self, point: Point, point_dir: Path) -> None:
         self.write_plan(point, point_dir)
-        record = base_record(point.spec, point.config, status="rejected")
-        record["findings"] = [f.to_dict() for f in point.findings]
-        write_json_atomic(point_dir / RUN_JSON, scrub(record))
+        RunRecord.rejected(point.spec, point.config, point.findings).write(point_dir)
         codes = ", ".join(f"{f.code} ({f.message})" for f in errors(point.findings))
         print(f"moe_vlm: rejected {point.label()}: {codes}", file=sys.stderr)
+
+    @property
+    def launcher_overrides(self) -> list[str]:
+        """The command line's launcher choice and settings: what reruns a point where it ran
+        (`moe-vlm advise` keeps them in the commands it suggests)."""
+        assert self.config is not None
+        given = [str(o) for o in self.config.hydra.overrides.hydra]
+        return [
+            o
+            for o in given
+            if override_key(o) == "hydra/launcher" or override_key(o).startswith("hydra.launcher.")
+        ]
 
     def write_plan(self, point: Point, point_dir: Path) -> None:
         previous = points.read_point(point_dir) or {}
@@ -228,6 +246,7 @@ class PlanningSweeper(Sweeper):
             {
                 "point_id": point.point_id,
                 "overrides": point.overrides,
+                "launcher_overrides": self.launcher_overrides,
                 "config": point.config,
                 "valid": point.valid,
                 "planned_unix_s": points.now(),
@@ -236,6 +255,10 @@ class PlanningSweeper(Sweeper):
         )
 
     def print_dry_run(self, dry: list[Point], sweep_dir: Path) -> None:
+        full = any(dry_run_mode(p.config.get("dry_run")) is DryRun.full for p in dry)
+        if len(dry) > COMPACT_ABOVE and not full:
+            self.print_compact_dry_run(dry, sweep_dir)
+            return
         renderer = getattr(self.launcher, "render", None)
         for number, point in enumerate(dry, start=1):
             print(f"===== point {number}/{len(dry)}: {point.label()}  (id {point.point_id}) =====")
@@ -244,14 +267,53 @@ class PlanningSweeper(Sweeper):
                 print()
                 print(scrub_text(renderer(self.job_overrides(point, sweep_dir))))
             print()
-        canaries = getattr(self.launcher, "render_canaries", None)
-        valid = [self.job_overrides(p, sweep_dir) for p in dry if p.valid]
-        if valid and canaries is not None:
-            text = canaries(valid)
-            if text:
-                print(f"===== canary: runs first; the points above depend on it =====\n{scrub_text(text)}\n")
+        canaries = self.canary_text(dry, sweep_dir)
+        if canaries:
+            print(f"===== canary: runs first; the points above depend on it =====\n{canaries}\n")
         rejected = sum(not p.valid for p in dry)
         print(
             f"moe_vlm: dry run: {len(dry)} point(s), {len(dry) - rejected} valid, "
             f"{rejected} would be rejected; nothing was submitted."
         )
+
+    def canary_text(self, dry: list[Point], sweep_dir: Path) -> str:
+        canaries = getattr(self.launcher, "render_canaries", None)
+        valid = [self.job_overrides(p, sweep_dir) for p in dry if p.valid]
+        return scrub_text(canaries(valid)) if valid and canaries is not None else ""
+
+    def print_compact_dry_run(self, dry: list[Point], sweep_dir: Path) -> None:
+        """One line per point and a summary; every plan and sbatch script in the point's directory."""
+        renderer = getattr(self.launcher, "render", None)
+        lines = [f"{'#':>5}  {'point id':<16}  {POINT_LINE_HEADER}  overrides"]
+        codes: dict[str, int] = {}
+        for number, point in enumerate(dry, start=1):
+            memory = memory_of(point.spec)
+            point_dir = sweep_dir / point.point_id
+            point_dir.mkdir(parents=True, exist_ok=True)
+            (point_dir / PLAN_FILE).write_text(
+                render(point.spec, point.findings, deep=False, memory=memory) + "\n"
+            )
+            if point.valid and renderer is not None:
+                (point_dir / SBATCH_FILE).write_text(
+                    scrub_text(renderer(self.job_overrides(point, sweep_dir))) + "\n"
+                )
+            for code in {f.code for f in errors(point.findings)}:
+                codes[code] = codes.get(code, 0) + 1
+            line = point_line(point.spec, point.findings, memory)
+            lines.append(f"{number:>5}  {point.point_id:<16}  {line}  {point.label()}")
+        canaries = self.canary_text(dry, sweep_dir)
+        if canaries:
+            (sweep_dir / "canaries.txt").write_text(canaries + "\n")
+        rejected = sum(not p.valid for p in dry)
+        why = ", ".join(f"{code} x{count}" for code, count in sorted(codes.items(), key=lambda kv: -kv[1]))
+        summary = [
+            f"moe_vlm: dry run: {len(dry)} point(s), {len(dry) - rejected} valid, {rejected} would be rejected"
+            + (f" ({why})" if why else "")
+            + "; nothing was submitted.",
+            f"moe_vlm: each point's plan{' and sbatch script' if renderer else ''}: {sweep_dir}/<point id>/"
+            f"{PLAN_FILE}{f', {SBATCH_FILE}' if renderer else ''}"
+            + (f"; the canary's: {sweep_dir}/canaries.txt" if canaries else "")
+            + f"; this table: {sweep_dir}/{DRY_RUN_FILE}. dry_run=full prints them all.",
+        ]
+        (sweep_dir / DRY_RUN_FILE).write_text("\n".join(lines + summary) + "\n")
+        print("\n".join(lines + summary))

@@ -54,6 +54,8 @@ def parse(argv: list[str]) -> Request:
                 )
             goal = value
         elif key == "sweep":
+            if not value.strip():  # Path("") is the current directory
+                raise BadInput("sweep=: no path given. Fix: sweep=PATH to a sweep's output directory.")
             sweep = Path(value).expanduser()
             if not sweep.is_dir():
                 raise BadInput(

@@ -14,8 +14,10 @@ from moe_vlm.arch import profile
 from moe_vlm.compose import compose_spec, override_key, set_overrides
 from moe_vlm.data.stats import MOCK_SPEEDUP_NOTE
 from moe_vlm.engines.support import accepts
+from moe_vlm.errors import BadInput
 from moe_vlm.memory import THIN_HEADROOM_FRACTION, MemoryEstimate, estimate, memory_variants
 from moe_vlm.rules import Finding, errors, validate
+from moe_vlm.rules.catalogue import CATALOGUE
 from moe_vlm.schema import CudaGraphImpl, DataKind, RecomputeGranularity
 from moe_vlm.spec import PipelineSplit, RunSpec
 
@@ -250,6 +252,7 @@ def family_reasons(goal: str, cluster: str) -> tuple[str, list[str]]:
 
 def before_any_run(base: list[str], goal: str) -> list[str]:
     probe = compose_spec(base, check=True)
+    _reject_impossible(probe)
     family, reasons = family_reasons(goal, probe.cluster.name)
     user_family = next((o.split("=", 1)[1] for o in base if override_key(o) == "parallelism"), None)
     if user_family:
@@ -290,6 +293,14 @@ def before_any_run(base: list[str], goal: str) -> list[str]:
     ]
     out += playbook_lines(start.spec, start.overrides, nxt.overrides if nxt else None)
     return out
+
+
+def _reject_impossible(spec: RunSpec) -> None:
+    """A size of zero or below is bad input, not a configuration to advise on: one line, in the
+    words of the rule that rejects it in a run (C001)."""
+    sizes = next(r for r in CATALOGUE if r.code == "C001")
+    for found in sizes.check(spec):  # C001 alone: other rules may not expect such sizes
+        raise BadInput(f"{', '.join(found.keys)}: {found.message} Fix: {found.fix}")
 
 
 def _describe_start(title: str, start: Start) -> list[str]:

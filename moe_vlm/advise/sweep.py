@@ -2,13 +2,15 @@
 
 Each suggestion is a runnable command line that passes the rules and that the memory estimate
 predicts to fit; a suggestion that restates a rule (W001's ETP check) calls the rule's predicate.
+A suggestion runs where the sweep ran: it keeps the run's overrides (cluster, model, nodes,
+train_iters...) and the sweep's launcher (`-m hydra/launcher=...`, which the sweeper records in
+each point.json), and a proposal to extend an axis is a sweep of it (`-m mbs=8,16`).
 """
 
 from __future__ import annotations
 
-import json
 import shlex
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +19,9 @@ import yaml
 from moe_vlm.advise.start import candidate, command
 from moe_vlm.compose import compose_spec, override_key, set_overrides
 from moe_vlm.data.stats import MOCK_SPEEDUP_NOTE
+from moe_vlm.launch.points import POINT_JSON, read_json
 from moe_vlm.memory import THIN_HEADROOM_FRACTION, MemoryEstimate, estimate, fits_after
+from moe_vlm.record import Failure, RunRecord
 from moe_vlm.rules import errors
 from moe_vlm.rules.guide import etp_replaceable_by_ep
 from moe_vlm.rules.memory import describe_fit
@@ -40,12 +44,45 @@ class Suggestion:
 @dataclass
 class SweepRun:
     path: Path
-    status: str
+    record: RunRecord
     overrides: list[str]
-    data_kind: str
-    summary: dict[str, Any]
-    failure: dict[str, Any]
     spec: RunSpec | None
+    launcher: list[str] = field(default_factory=list)  # its sweep's hydra/launcher=..., hydra.launcher.*
+
+    def command(self, overrides: list[str], axis: bool = False) -> str:
+        """A command that runs `overrides` where this run ran: through its sweep's launcher (which
+        Hydra uses only with -m), on its cluster, model and node count; axis: a value list to sweep."""
+        given = {override_key(o) for o in overrides}
+        kept = [f"{key}={value}" for key, value in self.identity() if key not in given]
+        if not self.launcher and not axis:
+            return command([*kept, *overrides])
+        return "python train.py -m " + " ".join(shlex.quote(o) for o in [*self.launcher, *kept, *overrides])
+
+    def identity(self) -> list[tuple[str, Any]]:
+        """Its model, cluster and node count, which a suggestion keeps even where they were defaults."""
+        if self.spec is None:
+            return []
+        return [
+            ("model", self.spec.model.name),
+            ("cluster", self.spec.cluster.name),
+            ("nodes", self.spec.layout.nodes),
+        ]
+
+    @property
+    def status(self) -> str:
+        return self.record.status
+
+    @property
+    def data_kind(self) -> str:
+        return str(self.record.knob("data") or "unknown")
+
+    @property
+    def summary(self) -> dict[str, Any]:
+        return self.record.summary or {}
+
+    @property
+    def failure(self) -> Failure | None:
+        return self.record.failure
 
     @property
     def throughput(self) -> float | None:
@@ -57,65 +94,61 @@ class SweepRun:
         return " ".join(self.overrides)
 
 
-def canonical_overrides(config: dict[str, Any]) -> list[str]:
-    """Overrides that rebuild a run from its resolved config (used when .hydra/overrides.yaml is missing)."""
-    out = []
-    groups = {
-        "model": ("model", "name"),
-        "cluster": ("cluster", "name"),
-        "parallelism": ("parallelism", "family"),
-        "dispatcher": ("dispatcher", "name"),
-        "recompute": ("recompute", "name"),
-        "cuda_graph": ("cuda_graph", "name"),
-        "vision_freeze": ("vision_freeze", "name"),
-        "data": ("data", "kind"),
-    }
-    for key, (group, name) in groups.items():
-        value = (config.get(group) or {}).get(name)
-        if value is not None:
-            out.append(f"{key}={value}")
-    if (config.get("data") or {}).get("path"):
-        out.append(f"data.path={config['data']['path']}")
-    for key in ("engine", "nodes", "nproc", "mbs", "gbs", "seq_length", "tp", "pp", "vp", "cp", "ep", "etp"):
-        value = config.get(key)
-        if value is not None and not (key == "engine" and value == "auto"):
-            out.append(f"{key}={value}")
-    return out
-
-
 def load_records(root: Path) -> list[SweepRun]:
-    # The report's reader (imported here: it brings pandas, which planning a first run does not need).
-    from moe_vlm.report import find_run_files, read_run
+    # The report's finder (imported here: it brings pandas, which planning a first run does not need).
+    from moe_vlm.report import find_run_files
 
     records = []
     for path in find_run_files([str(root)]):
         try:
-            record = read_run(path)
-        except (OSError, json.JSONDecodeError):
+            record = RunRecord.read(path)
+        except (OSError, ValueError):  # json.JSONDecodeError is a ValueError
             continue
-        overrides_file = path.parent / ".hydra" / "overrides.yaml"
-        if overrides_file.is_file():
-            overrides = [str(o) for o in yaml.safe_load(overrides_file.read_text()) or []]
-        else:
-            overrides = canonical_overrides(record.get("config") or {})
-        # Sweep-only keys (presets, launcher) are not part of a single point's command line.
-        overrides = [o for o in overrides if not override_key(o).startswith(("hydra", "sweep"))]
+        try:
+            overrides = point_overrides(path.parent, record)
+        except (OSError, yaml.YAMLError):
+            continue
         try:
             spec: RunSpec | None = compose_spec(overrides)
         except Exception:  # a record from an older schema: no memory-based suggestions for it
             spec = None
-        records.append(
-            SweepRun(
-                path=path,
-                status=str(record.get("status", "unknown")),
-                overrides=overrides,
-                data_kind=str((record.get("data") or {}).get("kind", "unknown")),
-                summary=record.get("summary") or {},
-                failure=record.get("failure") or {},
-                spec=spec,
-            )
-        )
+        launcher = launcher_overrides(path.parent)
+        records.append(SweepRun(path=path, record=record, overrides=overrides, spec=spec, launcher=launcher))
     return records
+
+
+def point_overrides(point_dir: Path, record: RunRecord) -> list[str]:
+    """A point's own overrides: Hydra's .hydra/overrides.yaml, else the sweeper's point.json (a
+    rejected point never ran), else rebuilt from the recorded config."""
+    overrides_file = point_dir / ".hydra" / "overrides.yaml"
+    point = read_json(point_dir / POINT_JSON) or {}
+    if overrides_file.is_file():
+        overrides = [str(o) for o in yaml.safe_load(overrides_file.read_text()) or []]
+    elif isinstance(point.get("overrides"), list):
+        overrides = [str(o) for o in point["overrides"]]
+    else:
+        overrides = record.overrides()
+    # A preset's axes are among the point's overrides; `sweep=` and hydra.* are the sweep's (its
+    # launcher is kept apart: launcher_overrides).
+    return [o for o in overrides if not override_key(o).startswith(("hydra", "sweep"))]
+
+
+def launcher_overrides(point_dir: Path) -> list[str]:
+    """The launcher a point ran through: its point.json (the sweeper records it), else the hydra
+    overrides Hydra saved in .hydra/hydra.yaml; [] when it ran in process."""
+    point = read_json(point_dir / POINT_JSON)
+    if point is not None and isinstance(point.get("launcher_overrides"), list):
+        return [str(o) for o in point["launcher_overrides"]]
+    try:
+        saved = yaml.safe_load((point_dir / ".hydra" / "hydra.yaml").read_text()) or {}
+        given = [str(o) for o in saved["hydra"]["overrides"]["hydra"] or []]
+    except (OSError, yaml.YAMLError, KeyError, TypeError):
+        return []
+    return [
+        o
+        for o in given
+        if override_key(o) == "hydra/launcher" or override_key(o).startswith("hydra.launcher.")
+    ]
 
 
 def _validated(overrides: list[str]) -> tuple[RunSpec, MemoryEstimate] | None:
@@ -136,7 +169,7 @@ def suggest_mock(records: list[SweepRun]) -> list[Suggestion]:
             f"{len(mocks)} completed run(s) used data=mock: {MOCK_SPEEDUP_NOTE}, so their throughput "
             "says little about the VLM; rerun the best one on realistic images (mock and real results "
             "are never ranked together)",
-            command(set_overrides(best.overrides, "data=synthetic")),
+            best.command(set_overrides(best.overrides, "data=synthetic")),
         )
     ]
 
@@ -144,7 +177,7 @@ def suggest_mock(records: list[SweepRun]) -> list[Suggestion]:
 def suggest_oom(records: list[SweepRun]) -> list[Suggestion]:
     out = []
     for r in records:
-        if r.status != "failed" or r.failure.get("class") != "oom" or r.spec is None:
+        if r.status != "failed" or r.failure is None or r.failure.name != "oom" or r.spec is None:
             continue
         fit = fits_after(r.spec)
         if fit is None:
@@ -153,7 +186,7 @@ def suggest_oom(records: list[SweepRun]) -> list[Suggestion]:
             Suggestion(
                 "out of memory",
                 f"`{r.label}` ran out of memory; the estimate's first change that fits: {describe_fit(fit)}",
-                command(set_overrides(r.overrides, *shlex.split(fit.variant.overrides))),
+                r.command(set_overrides(r.overrides, *shlex.split(fit.variant.overrides))),
             )
         )
     return out
@@ -181,7 +214,7 @@ def suggest_vision(records: list[SweepRun]) -> list[Suggestion]:
             Suggestion(
                 "vision encoder dominates the step",
                 why + "; for decoder-focused tuning freeze the vision stack (less compute and memory)",
-                command(set_overrides(r.overrides, "vision_freeze=vision")),
+                r.command(set_overrides(r.overrides, "vision_freeze=vision")),
             )
         )
     if r.spec is not None:
@@ -192,7 +225,7 @@ def suggest_vision(records: list[SweepRun]) -> list[Suggestion]:
                     "vision encoder dominates the step",
                     f"raise MBS carefully: MBS {r.spec.mbs * 2} is predicted to fit, but the vision "
                     "path grows with it; compare effective tokens/s, not step time",
-                    command(bigger),
+                    r.command(bigger),
                 )
             )
     return out
@@ -240,7 +273,7 @@ def suggest_selective(records: list[SweepRun]) -> list[Suggestion]:
                     f"with full recompute; selective is predicted at {predicted:.1f} GiB: relax to "
                     "selective, "
                     "the usual faster steady state",
-                    command(relaxed),
+                    r.command(relaxed),
                 )
             )
     return out[:2]
@@ -265,7 +298,7 @@ def suggest_etp(records: list[SweepRun]) -> list[Suggestion]:
                 "ETP in use where EP alone fits",
                 f"`{r.label}` uses ETP={lay.etp}; EP={wider} alone fits in memory and inside the "
                 "NVLink domain. ETP adds communication and tuning surface: use it only when EP alone is not enough",
-                command(changed),
+                r.command(changed),
             )
         )
     return out
@@ -293,27 +326,37 @@ def suggest_mbs(records: list[SweepRun]) -> list[Suggestion]:
         if rate_top <= rate_prev * (1 + MBS_RISING_MARGIN):
             continue
         curve = ", ".join(f"MBS {m}: {by_mbs[m].throughput:,.0f}" for m in sorted(by_mbs))
-        nxt = set_overrides(by_mbs[top].overrides, f"mbs={top * 2}")
+        last = by_mbs[top]
         why = (
             f"effective tokens/s/GPU is still rising with MBS ({curve}; "
             f"+{rate_top / rate_prev - 1:.0%} at the last step): VLMs are MBS-sensitive, sweep further"
         )
-        if _validated(nxt) is not None:
+        # Extend the axis: the next doublings predicted to fit, as a sweep.
+        fitting: list[int] = []
+        for mbs in (top * 2, top * 4):
+            if _validated(set_overrides(last.overrides, f"mbs={mbs}")) is None:
+                break
+            fitting.append(mbs)
+        if fitting:
+            axis = f"mbs={','.join(str(m) for m in fitting)}"
             out.append(
-                Suggestion("MBS still rising", why + f"; MBS {top * 2} is predicted to fit", command(nxt))
-            )
-        else:
-            spec = compose_spec(nxt)
-            fit = fits_after(spec)
-            if fit is not None:
-                extra = shlex.split(fit.variant.overrides)
-                out.append(
-                    Suggestion(
-                        "MBS still rising",
-                        why + f"; MBS {top * 2} needs more memory: {describe_fit(fit)}",
-                        command(set_overrides(nxt, *extra)),
-                    )
+                Suggestion(
+                    "MBS still rising",
+                    why + f"; MBS {' and '.join(str(m) for m in fitting)} predicted to fit",
+                    last.command(set_overrides(last.overrides, axis), axis=len(fitting) > 1),
                 )
+            )
+            continue
+        nxt = set_overrides(last.overrides, f"mbs={top * 2}")
+        fit = fits_after(compose_spec(nxt))
+        if fit is not None:
+            out.append(
+                Suggestion(
+                    "MBS still rising",
+                    why + f"; MBS {top * 2} needs more memory: {describe_fit(fit)}",
+                    last.command(set_overrides(nxt, *shlex.split(fit.variant.overrides))),
+                )
+            )
     return out
 
 

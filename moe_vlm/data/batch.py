@@ -6,25 +6,32 @@ honest throughput figure needs (what was padding, what was text, what was image)
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:  # only annotations need it: BatchStats is imported where torch is not (recording)
+    import torch
 
 IGNORE_INDEX = -100  # labels that carry no loss
 
 
 @dataclass
 class BatchStats:
-    sequences: int
-    padded_tokens: int  # positions computed: sequences x seq_length, padding included
-    real_tokens: int  # non-padding positions: text + image placeholder tokens
-    text_tokens: int
-    image_tokens: int  # merged visual tokens placed in the sequence
-    loss_tokens: int  # labels != IGNORE_INDEX after the next-token shift (a row's first label never counts)
-    images: int
-    vision_patches: int  # ViT patches before the spatial merge
-    sum_seq_len_squared: int  # sum over sequences of real length^2 (causal attention FLOPs)
-    sum_patches_squared: int  # sum over images of patches^2 (ViT attention FLOPs)
+    """What a batch holds. The same names count a step (summed over its micro-batches: `+=`), in
+    both engines (the Megatron engine's StepStats) and in steps.jsonl (record.StepRecord); all
+    zero is the empty sum."""
+
+    sequences: int = 0
+    padded_tokens: int = 0  # positions computed: sequences x seq_length, padding included
+    real_tokens: int = 0  # non-padding positions: text + image placeholder tokens
+    text_tokens: int = 0
+    image_tokens: int = 0  # merged visual tokens placed in the sequence
+    # labels != IGNORE_INDEX after the next-token shift (a row's first label never counts)
+    loss_tokens: int = 0
+    images: int = 0
+    vision_patches: int = 0  # ViT patches before the spatial merge
+    sum_seq_len_squared: int = 0  # sum over sequences of real length^2 (causal attention FLOPs)
+    sum_patches_squared: int = 0  # sum over images of patches^2 (ViT attention FLOPs)
     skipped_samples: int = 0  # bad samples dropped (with a warning) while building this batch
     samples: int = 0  # samples in this batch (more than `sequences` when packed)
     vision_marker_tokens: int = 0  # vision_start/vision_end ids; counted in text_tokens
@@ -32,6 +39,14 @@ class BatchStats:
 
     def to_dict(self) -> dict[str, int]:
         return asdict(self)
+
+    def __iadd__(self, other: BatchStats) -> BatchStats:
+        for name in BATCH_COUNTS:
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        return self
+
+
+BATCH_COUNTS = tuple(f.name for f in fields(BatchStats))
 
 
 @dataclass

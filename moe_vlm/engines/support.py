@@ -85,6 +85,8 @@ NOT_ENGINE_KNOBS: frozenset[str] = frozenset(
         "vision_freeze.name",
         "router.name",
         "precision.name",
+        "profiling.name",
+        "logger.name",
         "fusion.name",
         "overlap.name",
         "offload.name",
@@ -280,6 +282,16 @@ TORCH: Mapping[str, Support] = {
     "cuda_graph.vision_max_seq_length": Inert("cuda_graph.vision", "vision-graph capture length"),
     "gc.manual": Honoured("Python's automatic garbage collection", (None, False)),
     "gc.interval": Inert("gc.manual", "manual collection interval"),
+    # moe_vlm/profiling.py's StepProfiler on the profiled ranks; nsys and memory need GPUs (O003).
+    "profiling.tool": Honoured("torch.profiler, the CUDA profiler API or allocator history on the window"),
+    "profiling.steps": Honoured("the profiled window; its steps are left out of the steady window"),
+    "profiling.ranks": Honoured("the ranks that record"),
+    # moe_vlm/explog.py on rank 0; a tracker whose package does not import is rejected (O006).
+    "logger.backend": Honoured("TensorBoard, W&B or MLflow, one point per step"),
+    "logger.project": Honoured("the W&B project / MLflow experiment"),
+    "logger.run_name": Honoured("the W&B / MLflow run name"),
+    "logger.entity": Honoured("the W&B entity"),
+    "logger.tracking_uri": Honoured("the MLflow tracking server"),
 }
 
 # The leaves FIELD_MAP's group-named rows read: a row named "dispatcher" sets the dispatcher type
@@ -297,6 +309,8 @@ FIELD_MAP_GROUP_READS: Mapping[str, tuple[str, ...]] = {
     "recompute": ("recompute.granularity",),
     "cuda_graph": ("cuda_graph.impl",),
     "data": ("data.kind",),
+    "profiling": ("profiling.tool",),
+    "logger": ("logger.backend",),
 }
 
 # Beyond FIELD_MAP's knob column (support() answers for that column too).

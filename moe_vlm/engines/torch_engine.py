@@ -33,13 +33,24 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
-from moe_vlm.data import Batch, DataStats, build_batches
+from moe_vlm import profiling
+from moe_vlm.data import Batch, BatchStats, DataStats, build_batches
 from moe_vlm.engines import EngineUnavailable, RunFailed
 from moe_vlm.engines.torch_model import apply_freeze, apply_recompute, build_model
+from moe_vlm.explog import ExperimentLog, open_log, step_metrics, summary_metrics
 from moe_vlm.launch.dist_env import DistEnv
 from moe_vlm.launch.failures import LOG_TAIL_LINES, classify, launch_info, write_failure
-from moe_vlm.metrics import summarize
-from moe_vlm.record import RUN_JSON, STEPS_JSONL, StepWriter, base_record, read_steps, write_json_atomic
+from moe_vlm.profiling import StepProfiler
+from moe_vlm.record import (
+    RUN_JSON,
+    STEPS_JSONL,
+    RunRecord,
+    RunStatus,
+    StepRecord,
+    StepWriter,
+    read_steps,
+    write_json_atomic,
+)
 from moe_vlm.schema import DataKind, ShardingStrategy
 from moe_vlm.spec import RunSpec
 from moe_vlm.timing import COMPONENTS, ComponentTimer, clock_for
@@ -171,17 +182,30 @@ def run_rank(spec: RunSpec, config: dict[str, Any], run_dir: Path, env: DistEnv)
     is_main = env.rank == 0
     writer = StepWriter(run_dir / STEPS_JSONL) if is_main else None
     trainer: Trainer | None = None
+    profiler: StepProfiler | None = None
+    tracker: ExperimentLog | None = None
     try:
+        # Before the model: the allocator history (profiling=memory) must see every allocation.
+        profiler = StepProfiler(spec, run_dir, env.rank, device)
         trainer = Trainer(spec, device, env.rank, env.world_size)
         console = Console(spec, trainer) if is_main else None
+        if is_main:
+            tracker = open_log(spec, config, run_dir)
+            if profiling.active(spec):
+                print(f"moe_vlm {profiling.describe(spec)}", flush=True)
         for step in range(1, spec.train_iters + 1):
-            record = trainer.step(step)
-            gathered: list[dict[str, Any]] | None = [{}] * env.world_size if is_main else None
-            dist.gather_object(record, gathered, dst=0)
+            profiler.begin(step)
+            line = trainer.step(step)
+            line.exclude = line.exclude or profiling.exclude_reason(spec, step)
+            profiler.end(step)  # outside the step's timing: the trace export and the snapshot dump
+            gathered: list[StepRecord] | None = [line] * env.world_size if is_main else None
+            dist.gather_object(line, gathered, dst=0)
             if writer is not None and console is not None and gathered is not None:
                 for rank_record in gathered:
                     writer.write(rank_record)
                 console.step(gathered)
+                if tracker is not None:
+                    tracker.log(step, step_metrics(gathered))
         data_stats = trainer.gather_data_stats()
         if writer is not None:
             writer.close()
@@ -190,6 +214,10 @@ def run_rank(spec: RunSpec, config: dict[str, Any], run_dir: Path, env: DistEnv)
             write_json_atomic(run_dir / RUN_JSON, record)
             if console is not None:
                 console.finish(record)
+            if tracker is not None:
+                tracker.log(spec.train_iters, summary_metrics(record["summary"]))
+                tracker.close("completed")
+                tracker = None
     except Exception as exc:
         if writer is not None:
             writer.close()
@@ -201,6 +229,10 @@ def run_rank(spec: RunSpec, config: dict[str, Any], run_dir: Path, env: DistEnv)
             raise RunFailed(f"{record['failure']['class']}: {record['failure']['message']}") from exc
         raise
     finally:
+        if profiler is not None:
+            profiler.close()
+        if tracker is not None:
+            tracker.close("failed")
         if trainer is not None:
             trainer.timer.remove()
         if dist.is_initialized():
@@ -213,16 +245,15 @@ def _record(
     run_dir: Path,
     status: str,
     trainer: Trainer | None = None,
-    steps: list[dict[str, Any]] | None = None,
+    steps: list[StepRecord] | None = None,
     data_stats: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    record = base_record(spec, config, status)
+    """run.json: completed, or the base a failure record is classified onto (launch.failures)."""
     steps = steps if steps is not None else read_steps(run_dir / STEPS_JSONL)
-    record["summary"] = summarize(steps, spec) if steps else {}
-    record["data"] = {"kind": spec.data.kind.value, "stats": data_stats}
-    if trainer is not None:
-        record["torch_engine"] = trainer.describe()
-    return record
+    sections = {"torch_engine": trainer.describe()} if trainer is not None else {}
+    if status == RunStatus.completed:
+        return RunRecord.completed(spec, config, steps, data_stats, **sections).to_json()
+    return RunRecord.failed(spec, config, steps, **sections).to_json()
 
 
 # --- the training loop ---------------------------------------------------------------------
@@ -257,14 +288,6 @@ def peak_memory_gib(device: torch.device) -> tuple[float, str]:
         return torch.cuda.max_memory_allocated(device) / GIB, "cuda_max_allocated"
     # ru_maxrss is KiB on Linux.
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / GIB, "process_peak_rss"
-
-
-def _sum_stats(batches: list[Batch]) -> dict[str, Any]:
-    total = {key: 0 for key in batches[0].stats.to_dict()} if batches else {}
-    for batch in batches:
-        for key, value in batch.stats.to_dict().items():
-            total[key] += value
-    return total
 
 
 class Trainer:
@@ -323,7 +346,7 @@ class Trainer:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 
-    def step(self, step: int) -> dict[str, Any]:
+    def step(self, step: int) -> StepRecord:
         spec = self.spec
         accumulation = spec.accumulation_steps
         self._synchronize()
@@ -355,47 +378,32 @@ class Trainer:
         finished = time.perf_counter()
         step_time_s = finished - started
         times = self.timer.collect()
-        stats = _sum_stats(consumed)
+        stats = BatchStats()
+        for batch in consumed:
+            stats += batch.stats
         peak_gib, memory_kind = peak_memory_gib(self.device)
-        return {
-            "step": step,
-            "rank": self.rank,
-            "host": socket.gethostname(),  # the straggler view names the node (moe_vlm/stragglers.py)
-            "warmup": step <= spec.warmup_steps,
-            "time_unix_s": time.time(),
-            "step_time_s": step_time_s,
-            "loss": float(torch.stack(losses).mean()),
-            "grad_norm": grad_norm,
-            "lr": self.optimizer.param_groups[0]["lr"],
-            "micro_batches": len(consumed),
-            "tokens": {
-                "padded": stats["padded_tokens"],
-                "real": stats["real_tokens"],
-                "text": stats["text_tokens"],
-                "image": stats["image_tokens"],
-                "loss": stats["loss_tokens"],
-            },
-            **{
-                key: stats[key]
-                for key in (
-                    "sequences",
-                    "images",
-                    "vision_patches",
-                    "sum_seq_len_squared",
-                    "sum_patches_squared",
-                    "skipped_samples",
-                )
-            },
+        return StepRecord.measured(
+            stats,
+            step=step,
+            rank=self.rank,
+            host=socket.gethostname(),  # the straggler view names the node (moe_vlm/stragglers.py)
+            warmup=step <= spec.warmup_steps,
+            time_unix_s=time.time(),
+            step_time_s=step_time_s,
+            loss=float(torch.stack(losses).mean()),
+            grad_norm=grad_norm,
+            lr=self.optimizer.param_groups[0]["lr"],
+            micro_batches=len(consumed),
             # Host-side waits inside step_time_s: building batches (data pipeline) and the
             # grad-norm + optimizer tail (its collectives included).
-            "data_wait_s": data_wait_s,
-            "optimizer_s": finished - optimizer_started,
-            "peak_memory_gib": peak_gib,
-            "memory_kind": memory_kind,
-            "components_s": times.total_s if self.timer.enabled else None,
-            "components_forward_s": times.forward_s if self.timer.enabled else None,
-            "components_backward_s": times.backward_s if self.timer.enabled else None,
-        }
+            data_wait_s=data_wait_s,
+            optimizer_s=finished - optimizer_started,
+            peak_memory_gib=peak_gib,
+            memory_kind=memory_kind,
+            components_s=times.total_s if self.timer.enabled else None,
+            components_forward_s=times.forward_s if self.timer.enabled else None,
+            components_backward_s=times.backward_s if self.timer.enabled else None,
+        )
 
     def _grad_norm(self) -> float:
         grads = [p.grad for p in self.trainable if p.grad is not None]
@@ -441,19 +449,19 @@ class Console:
             flush=True,
         )
 
-    def step(self, records: list[dict[str, Any]]) -> None:
+    def step(self, records: list[StepRecord]) -> None:
         first = records[0]
-        step_time = max(r["step_time_s"] for r in records)
-        real_tokens = sum(r["tokens"]["real"] for r in records)
-        loss = sum(r["loss"] for r in records) / len(records)
-        components = first.get("components_s") or {}
+        step_time = max(r.step_time_s for r in records)
+        real_tokens = sum(r.real_tokens for r in records)
+        loss = sum(r.loss or 0.0 for r in records) / len(records)
+        components = first.components_s or {}
         parts = " ".join(f"{name.split('_')[0]} {components.get(name, 0.0):.3f}" for name in COMPONENTS)
         print(
-            f"step {first['step']:>4}/{self.spec.train_iters}  loss {loss:.4f}  "
-            f"grad_norm {first['grad_norm']:.3f}  "
+            f"step {first.step:>4}/{self.spec.train_iters}  loss {loss:.4f}  "
+            f"grad_norm {first.grad_norm or 0.0:.3f}  "
             f"step {step_time:.3f} s  {real_tokens / step_time / len(records):,.0f} real tok/s/rank  "
-            f"peak {max(r['peak_memory_gib'] for r in records):.2f} GiB ({first['memory_kind']})  "
-            f"rank0 s: {parts}{'  (warm-up)' if first['warmup'] else ''}",
+            f"peak {max(r.peak_memory_gib or 0.0 for r in records):.2f} GiB ({first.memory_kind})  "
+            f"rank0 s: {parts}{'  (warm-up)' if first.warmup else ''}",
             flush=True,
         )
 

@@ -32,16 +32,16 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
+from moe_vlm.heartbeat import gone, read_heartbeat
 from moe_vlm.launch import points, slurm
-from moe_vlm.launch.safety import scrub, scrub_text
+from moe_vlm.launch.safety import scrub_text
 from moe_vlm.record import (
     REQUEUED,
     RUN_JSON,
     RUNNING,
     STEPS_JSONL,
-    base_record,
-    gone,
-    read_heartbeat,
+    Failure,
+    RunRecord,
     read_steps,
     write_json_atomic,
 )
@@ -217,17 +217,8 @@ def failed_record(
         old = (existing.get("failure") or {}).get("class", "unknown")
         if not _outranks(diagnosis.name, old):
             return existing
-    record = dict(base)
-    record["status"] = "failed"
-    record["failure"] = {
-        "class": diagnosis.name,
-        "message": diagnosis.message,
-        "evidence": diagnosis.evidence,
-        "log_tail": log_tail,
-    }
-    if launch:
-        record["launch"] = {**record.get("launch", {}), **launch}
-    return scrub(record)
+    failure = Failure(diagnosis.name, diagnosis.message, diagnosis.evidence, log_tail)
+    return RunRecord.of(base).with_failure(failure, launch).to_json()
 
 
 def write_failure(
@@ -252,7 +243,7 @@ def record_exception(spec: Any, config: dict[str, Any], run_dir: Path, exc: Base
     text = scrub_text("".join(traceback.format_exception(exc)))
     diagnosis = classify(text)
     tail = [line for line in text.splitlines() if line.strip()][-LOG_TAIL_LINES:]
-    base = base_record(spec, config, status="failed")
+    base = RunRecord.failed(spec, config).to_json()
     return write_failure(run_dir, diagnosis, tail, base, launch=launch_info())
 
 
@@ -299,7 +290,7 @@ def base_from_point(point_dir: Path) -> dict[str, Any]:
     if run.get("status") in (RUNNING, REQUEUED):
         base = dict(run)
     elif spec is not None:
-        base = base_record(spec, config, status="failed")
+        base = RunRecord.failed(spec, config).to_json()
     else:
         base = {"schema_version": 1, "status": "failed", "point_id": point.get("point_id"), "config": config}
     steps = read_steps(point_dir / STEPS_JSONL)
@@ -311,15 +302,15 @@ def base_from_point(point_dir: Path) -> dict[str, Any]:
 
 
 def finished_steps(run_dir: Path) -> int:
-    return len({s.get("step") for s in read_steps(run_dir / STEPS_JSONL)})
+    return len({s.step for s in read_steps(run_dir / STEPS_JSONL)})
 
 
 def settle_running(run_dir: Path, record: dict[str, Any], write: bool = True) -> dict[str, Any]:
-    """A `running` record whose process is gone (record.gone): the run was killed before it could
+    """A `running` record whose process is gone (heartbeat.gone): the run was killed before it could
     write its final record (SIGKILL, the OOM killer, a node lost outside Slurm). Returned as
     failed, class killed, with the steps it finished summarised; written to run.json with `write`.
     Any other record is returned as it is."""
-    if record.get("status") != RUNNING:
+    if not isinstance(record, dict) or record.get("status") != RUNNING:
         return record
     why = gone(record, read_heartbeat(run_dir))
     if why is None:

@@ -28,8 +28,9 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 from moe_vlm.compose import override_key
+from moe_vlm.heartbeat import HEARTBEAT_JSON
 from moe_vlm.launch.safety import scrub
-from moe_vlm.record import HEARTBEAT_JSON, RUN_JSON, STEPS_JSONL, point_id, write_json_atomic
+from moe_vlm.record import RUN_JSON, STEPS_JSONL, point_id, write_json_atomic
 
 POINT_JSON = "point.json"
 CANARIES = "canaries"
@@ -93,10 +94,13 @@ def update_point(point_dir: Path, **changes: Any) -> dict[str, Any]:
     return payload
 
 
-def add_submission(point_dir: Path, submission: dict[str, Any]) -> None:
+def add_submission(point_dir: Path, submission: dict[str, Any], **changes: Any) -> None:
+    """One more submission of the point (its job id becomes the point's), and other `changes`,
+    in one write."""
     payload = read_point(point_dir) or {}
     submissions = [*payload.get("submissions", []), submission]
-    update_point(point_dir, submissions=submissions, job_id=submission.get("job_id"))
+    payload.update(changes, submissions=submissions, job_id=submission.get("job_id"))
+    write_point(point_dir, payload)
 
 
 def archive_attempt(point_dir: Path) -> Path | None:

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from moe_vlm import profiling
 from moe_vlm.errors import BadInput
 from moe_vlm.launch import safety, site
 from moe_vlm.spec import RunSpec
@@ -151,6 +152,12 @@ def checked(settings: SlurmSettings, spec: RunSpec) -> SlurmSettings:
         raise BadInput(
             f"hydra.launcher.segment={out.segment!r}: expected auto, a node count or null. Fix: segment=auto."
         )
+    if out.segment not in (None, "auto") and spec.engine == "megatron":
+        from moe_vlm.sharding import segment_mismatch  # HSDP's sharding block should be one segment
+
+        problem = segment_mismatch(spec, str(out.segment))
+        if problem:
+            raise BadInput(f"hydra.launcher.segment={out.segment} with parallelism.dp_outer: {problem}")
     if not isinstance(out.points_per_job, int) or out.points_per_job < 1:
         raise BadInput(
             f"hydra.launcher.points_per_job={out.points_per_job!r}: expected a whole number >= 1 "
@@ -243,6 +250,13 @@ def job_parameters(settings: SlurmSettings, spec: RunSpec, points: int = 1) -> d
             f'export {ENV_JOB_START_S}="$(date +%s)"',
         ],
     )
+    # profiling=nsys: the profiled ranks' tasks run under nsys and write into the point's directory,
+    # which the batch script names in moe_vlm_point (exported here, before any assignment to it).
+    nsys = profiling.nsys_srun_words(spec, "moe_vlm_point")
+    if nsys:
+        params.update(
+            srun_args=[*params["srun_args"], *nsys], setup=[*params["setup"], "export moe_vlm_point"]
+        )
     return safety.scrub({k: v for k, v in params.items() if v is not None})
 
 
@@ -367,8 +381,16 @@ def render_sbatch(params: dict[str, Any], folder: str, python: str, command: str
     return _make_sbatch_string(command=command, folder=folder, **params)
 
 
+class SbatchRefused(BadInput):
+    """sbatch would not take a script; `reason` is its last line."""
+
+    def __init__(self, message: str, reason: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
 def submit_script(script: Path, what: str = "the canary") -> str:
-    """`sbatch --parsable SCRIPT` -> the job id; BadInput with sbatch's last line when refused."""
+    """`sbatch --parsable SCRIPT` -> the job id; SbatchRefused with sbatch's last line when refused."""
     try:
         done = subprocess.run(
             ["sbatch", "--parsable", str(script)], capture_output=True, text=True, timeout=120
@@ -380,10 +402,11 @@ def submit_script(script: Path, what: str = "the canary") -> str:
     job_id = done.stdout.strip().split(";")[0]
     if done.returncode != 0 or not job_id:
         reason = ((done.stderr or done.stdout).strip().splitlines() or ["no message"])[-1]
-        raise BadInput(
+        raise SbatchRefused(
             f"sbatch refused {what} {script}: {reason}. Fix: check hydra.launcher "
             "partition/account/qos (or the site file)"
-            + (", or hydra.launcher.canary=false." if what == "the canary" else ".")
+            + (", or hydra.launcher.canary=false." if what == "the canary" else "."),
+            reason,
         )
     return job_id
 

@@ -23,6 +23,7 @@ import argparse
 import json
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -36,7 +37,7 @@ from moe_vlm.launch.failures import (
     settle_running,
     write_failure,
 )
-from moe_vlm.record import RUNNING
+from moe_vlm.record import RUNNING, Failure, RunRecord, RunStatus
 
 STATES = ("completed", "failed", "rejected", "running", "queued", "planned", "unknown")
 FINISHED = ("completed", "failed", "rejected")
@@ -160,15 +161,14 @@ def _overrides(point: dict[str, Any]) -> list[str]:
     return [o for o in point.get("overrides", []) if not str(o).startswith("hydra.")]
 
 
-def _finished_detail(run: dict[str, Any]) -> str:
-    status = run.get("status")
-    if status == "failed":
-        failure = run.get("failure") or {}
-        return f"{failure.get('class', 'unknown')}: {failure.get('evidence') or failure.get('message', '')}"
-    if status == "rejected":
-        codes = [f.get("code") for f in run.get("findings", []) if f.get("level") == "error"]
-        return "rule(s) " + ", ".join(str(c) for c in codes)
-    summary = run.get("summary") or {}
+def _finished_detail(record: Mapping[str, Any]) -> str:
+    run = RunRecord.from_json(record)
+    if run.status == RunStatus.failed:
+        failure = run.failure or Failure("unknown", "")
+        return f"{failure.name}: {failure.evidence or failure.message}"
+    if run.status == RunStatus.rejected:
+        return "rule(s) " + ", ".join(run.error_codes())
+    summary = run.summary or {}
     parts = []
     p50 = (summary.get("step_time_s") or {}).get("p50")
     if isinstance(p50, int | float):

@@ -12,15 +12,21 @@ Megatron engine (GPU; what decides an OOM is the GPU's whole memory)
     quantized_weights   precision=fp8cs|fp8mx|nvfp4: the decoder's GEMM weights as Transformer
                         Engine keeps them (quantized primary weights + the backward copy), in
                         place of their bf16 share of `parameters` (bytes: moe_vlm/precision.py)
-    gradients           fp32 main gradients of trainable parameters (grad_reduce_in_fp32, as the
-                        Bridge recipes set it); frozen modules hold none
+    gradients           main gradients of trainable parameters: bf16, or fp32 on 3D with
+                        overlap.grad_reduce_in_fp32 (the perf recipes: off; Megatron FSDP keeps
+                        the parameters' dtype); frozen modules hold none
     optimizer_state     fp32 main weights + Adam m and v (12 bytes per trainable parameter),
-                        sharded by the distributed optimizer (3D) or by FSDP's sharding strategy
+                        sharded by the distributed optimizer (3D) or by FSDP's sharding strategy,
+                        within an HSDP replica (parallelism.dp_outer) unless dp_outer_sharding=optim
+    optimizer_offload   minus the Adam m, v of offload.optimizer_fraction of them (host memory)
     fsdp_buffers        Megatron FSDP's unsharded working set: two units of bf16 parameters
                         (current + prefetched) and one unit of fp32 gradients before reduce-scatter
     decoder_activations what autograd keeps for one micro-batch through this stage's decoder
                         layers (bf16, TE flash attention, no dropout), under the recompute mode
+    activation_offload  minus the saved tensors of the first offload.activation_layers decoder
+                        layers, which TE's CPU offload keeps in host memory until backward
     vision_activations  the same for the ViT and the patch merger, from the data kind's patches
+                        (padded to the vision CUDA graph's length when cuda_graph.vision is on)
     pipeline_in_flight  1F1B: the first stage holds min(PP, micro-batches) micro-batches;
                         interleaving multiplies by 1 + (PP-1)/(PP x VP) (Megatron-LM
                         theoretical_memory_usage.py)

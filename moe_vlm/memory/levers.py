@@ -14,6 +14,8 @@ from moe_vlm.memory.predict import estimate
 from moe_vlm.schema import (
     CudaGraphConfig,
     CudaGraphImpl,
+    Engine,
+    OffloadConfig,
     RecomputeConfig,
     RecomputeGranularity,
     RecomputeMethod,
@@ -34,6 +36,7 @@ FULL_RECOMPUTE = RecomputeConfig(
     name="full", granularity=RecomputeGranularity.full, method=RecomputeMethod.uniform, num_layers=1
 )
 NO_GRAPHS = CudaGraphConfig(name="none")
+OPTIMIZER_ON_CPU = OffloadConfig(name="optimizer", optimizer_fraction=1.0)  # conf/offload/optimizer.yaml
 
 
 def with_recompute(spec: RunSpec, recompute: RecomputeConfig) -> RunSpec:
@@ -80,6 +83,10 @@ def memory_variants(spec: RunSpec) -> list[Variant]:
     while mbs > 1:
         mbs //= 2
         variants.append(Variant(f"mbs={mbs}", replace(spec, mbs=mbs)))
+    # Last: the optimizer on the CPU trades a host Adam step and device-host copies every step for
+    # 8 of its 12 bytes per parameter (Megatron engine only; memory/megatron.optimizer_offload).
+    if spec.engine is Engine.megatron and spec.offload.optimizer_fraction < 1.0:
+        variants.append(Variant("offload=optimizer", replace(spec, offload=OPTIMIZER_ON_CPU)))
     return variants
 
 

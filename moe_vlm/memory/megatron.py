@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from moe_vlm.memory.estimate import (
     ADAM_STATE_BYTES,
+    ADAMW_MOMENTS_BYTES,
     BF16,
     CUDA_GRAPH_POOL_CONSTANT_GIB,
     DEEPEP_DEFAULT_NUM_SMS,
@@ -43,30 +44,43 @@ from moe_vlm.schema import (
     CudaGraphImpl,
     Engine,
     FlexBackend,
+    OuterSharding,
     ParallelismFamily,
     Precision,
     ShardingStrategy,
 )
+from moe_vlm.sharding import dp_outer
 from moe_vlm.spec import RunSpec
+
+
+def vision_graph_length(spec: RunSpec) -> int:
+    """ViT patches a vision-encoder CUDA graph is captured for: cuda_graph.vision_max_seq_length, or the
+    encoder's default num_position_embeddings / merge^2 (Bridge qwen_vl/modelling_qwen3_vl/
+    vision_model.py:290-294). Every micro-batch's patches are padded to it (:55-66)."""
+    model = spec.model
+    default = model.vision_num_position_embeddings // model.vision_spatial_merge_size**2
+    return spec.cuda_graph.vision_max_seq_length or default
 
 
 def _vision_bytes(spec: RunSpec, budget: ImageBudget, training: Training) -> tuple[float, str]:
     if budget.patches == 0:
         return 0.0, "no images in the micro-batch"
     model = spec.model
+    patches = max(budget.patches, vision_graph_length(spec)) if spec.cuda_graph.vision else budget.patches
     block, merger = megatron_vision_saved(model)
     vit = bytes_per_token(block, spec, training.vision, training.vision) * model.vision_depth
     mergers = 1 + len(model.vision_deepstack_layers)
     proj_input_grad = training.projector or training.projector_input_grad
     proj = bytes_per_token(merger, spec, training.projector, proj_input_grad) * mergers
     per_patch = vit + proj
+    padded = f" (padded to the vision CUDA graph's {patches})" if patches != budget.patches else ""
     detail = (
-        f"{budget.patches} patches x ({vit / 1024:.1f} KiB ViT over {model.vision_depth} blocks"
+        f"{budget.patches} patches{padded} x ({vit / 1024:.1f} KiB ViT over {model.vision_depth} blocks"
         f"{'' if training.vision else ' (frozen: nothing kept)'} + {proj / 1024:.2f} KiB in "
         f"{mergers} merger(s)"
         f"{'' if training.projector or training.vision else ' (frozen)'}); {budget.source}"
     )
-    return per_patch * budget.patches, detail
+    return per_patch * patches, detail
 
 
 # --- one pipeline stage --------------------------------------------------------------------------
@@ -124,6 +138,11 @@ class Sharding:
     fsdp: bool
     dense_over: int  # DP x CP
     experts_over: int  # expert DP
+    # HSDP (parallelism.dp_outer): each DP group is cut into `outer` replicas that shard inside
+    # themselves (megatron/core/parallel_state.py:922-929, 1447-1451); with outer_optim Megatron FSDP
+    # shards the optimizer state over the replicas too (param_and_grad_buffer.py:2491-2506).
+    outer: int = 1
+    outer_optim: bool = False
 
     @property
     def params(self) -> bool:
@@ -139,10 +158,18 @@ class Sharding:
 
     @property
     def label(self) -> str:
-        return f"Megatron FSDP {self.strategy.value}" if self.fsdp else "3D, distributed optimizer"
+        base = f"Megatron FSDP {self.strategy.value}" if self.fsdp else "3D, distributed optimizer"
+        return base + (f", HSDP {self.outer} replicas" if self.outer > 1 else "")
 
-    def per_gpu(self, dense: float, experts: float, sharded: bool) -> float:
-        return dense / self.dense_over + experts / self.experts_over if sharded else dense + experts
+    def per_gpu(self, dense: float, experts: float, sharded: bool, whole_dp: bool = False) -> float:
+        """Per-GPU share; sharded within an HSDP replica (DP / outer) unless `whole_dp`."""
+        if not sharded:
+            return dense + experts
+        outer = 1 if whole_dp else self.outer
+        return dense * outer / self.dense_over + experts * outer / self.experts_over
+
+    def optimizer_per_gpu(self, dense: float, experts: float) -> float:
+        return self.per_gpu(dense, experts, self.optim, whole_dp=self.outer_optim)
 
 
 def sharding(spec: RunSpec) -> Sharding:
@@ -152,7 +179,21 @@ def sharding(spec: RunSpec) -> Sharding:
         fsdp=fsdp,
         dense_over=max(spec.layout.dp * spec.layout.cp, 1),
         experts_over=max(spec.layout.expert_dp, 1),
+        outer=max(dp_outer(spec), 1),
+        outer_optim=fsdp and spec.parallelism.dp_outer_sharding is OuterSharding.optim,
     )
+
+
+def grad_bytes(spec: RunSpec) -> tuple[int, str]:
+    """Bytes per main-gradient element and why: Megatron DDP keeps fp32 with grad_reduce_in_fp32, else
+    the parameters' bf16 (megatron/core/distributed/param_and_grad_buffer.py:917; null = the perf
+    recipes' false); Megatron FSDP keeps the parameters' dtype whatever it says (its main_grads_dtype
+    None: fsdp/src/megatron_fsdp/param_and_grad_buffer.py:2306-2315; bf16 for FP8 parameters too)."""
+    if spec.family is ParallelismFamily.fsdp:
+        return BF16, "bf16 (Megatron FSDP: the parameters' dtype)"
+    if spec.overlap.grad_reduce_in_fp32:
+        return FP32, "fp32 (grad_reduce_in_fp32)"
+    return BF16, "bf16 (grad_reduce_in_fp32 off, as the perf recipes)"
 
 
 # --- the terms -----------------------------------------------------------------------------------
@@ -227,24 +268,58 @@ def params_terms(stage: Stage) -> list[Term]:
             ),
         ),
         *([quantized_term] if quantized_term else []),
-        Term(
-            "gradients",
-            FP32 * shard.per_gpu(trainable_dense, trainable_experts, shard.grads),
-            f"fp32 main grads of {(trainable_dense + trainable_experts) / 1e9:.3f}B trainable on this GPU"
-            + (f", sharded ({shard.label})" if shard.grads else "")
-            + ("" if training.anything else "; nothing trains"),
-        ),
-        Term(
-            "optimizer_state",
-            ADAM_STATE_BYTES * shard.per_gpu(trainable_dense, trainable_experts, shard.optim),
-            f"{ADAM_STATE_BYTES} B/trainable param (fp32 main + Adam m, v)"
-            + (
-                f" / {shard.dense_over} (dense), / {shard.experts_over} (experts)"
-                if shard.optim
-                else ", not sharded"
-            ),
-        ),
+        gradients(stage, trainable_dense, trainable_experts),
+        optimizer_state(stage, trainable_dense, trainable_experts),
+        *(t for t in (optimizer_offload(stage, trainable_dense, trainable_experts),) if t),
     ]
+
+
+def gradients(stage: Stage, trainable_dense: float, trainable_experts: float) -> Term:
+    """Main gradients of the trainable parameters held on this GPU, in grad_bytes' dtype."""
+    shard, (size, dtype) = sharding(stage.spec), grad_bytes(stage.spec)
+    return Term(
+        "gradients",
+        size * shard.per_gpu(trainable_dense, trainable_experts, shard.grads),
+        f"{dtype} main grads of {(trainable_dense + trainable_experts) / 1e9:.3f}B trainable on this GPU"
+        + (f", sharded ({shard.label})" if shard.grads else "")
+        + ("" if stage.training.anything else "; nothing trains"),
+    )
+
+
+def optimizer_state(stage: Stage, trainable_dense: float, trainable_experts: float) -> Term:
+    """fp32 main weights + Adam m, v: sharded by the distributed optimizer / FSDP strategy (within an
+    HSDP replica, or over all of DP with dp_outer_sharding=optim)."""
+    shard = sharding(stage.spec)
+    over = (
+        (shard.dense_over, shard.experts_over)
+        if shard.outer_optim or shard.outer == 1
+        else (shard.dense_over // shard.outer, shard.experts_over // shard.outer)
+    )
+    return Term(
+        "optimizer_state",
+        ADAM_STATE_BYTES * shard.optimizer_per_gpu(trainable_dense, trainable_experts),
+        f"{ADAM_STATE_BYTES} B/trainable param (fp32 main + Adam m, v)"
+        + (f" / {over[0]} (dense), / {over[1]} (experts)" if shard.optim else ", not sharded")
+        + (f" ({shard.label})" if shard.outer > 1 else ""),
+    )
+
+
+def optimizer_offload(stage: Stage, trainable_dense: float, trainable_experts: float) -> Term | None:
+    """offload.optimizer_fraction: Adam m, v of that share of the optimizer's parameters in pinned host
+    memory. Megatron's HybridDeviceOptimizer clones the first `fraction` of the shard's elements to the
+    CPU and steps them there; the GPU keeps every fp32 main-weight shard it copies results back into
+    (megatron/core/optimizer/cpu_offloading/hybrid_optimizer.py:251-300, 114-130)."""
+    fraction = min(stage.spec.offload.optimizer_fraction, 1.0)
+    if fraction <= 0:
+        return None
+    shard = sharding(stage.spec)
+    moved = fraction * ADAMW_MOMENTS_BYTES * shard.optimizer_per_gpu(trainable_dense, trainable_experts)
+    return Term(
+        "optimizer_offload",
+        -moved,
+        f"{fraction:.0%} of the optimizer on the CPU: its Adam m, v ({ADAMW_MOMENTS_BYTES} B/param) in pinned "
+        "host memory; the fp32 main weights stay on the GPU (HybridDeviceOptimizer)",
+    )
 
 
 def fsdp_buffers(stage: Stage) -> Term | None:
@@ -270,17 +345,33 @@ def fsdp_buffers(stage: Stage) -> Term | None:
     ]
     unit, unit_bytes = max(units, key=lambda u: u[1])
     unsharded_params = 2 * unit_bytes if shard.params else 0.0
+    grad_size, grad_dtype = grad_bytes(spec)
     return Term(
         "fsdp_buffers",
-        unsharded_params + FP32 * unit,
+        unsharded_params + grad_size * unit,
         f"largest FSDP unit {unit / 1e6:.1f}M params: "
         + (
             f"2 x {f'{unit_bytes / unit:.3g} B/param' if quantized(fmt) else 'bf16'} all-gathered (current + prefetch) + "
             if shard.params
             else ""
         )
-        + "1 x fp32 gradient before reduce-scatter",
+        + f"1 x {grad_dtype.split(' ')[0]} gradient before reduce-scatter",
     )
+
+
+def _layer_kept(stage: Stage) -> list[float]:
+    """Bytes per token autograd keeps in each of this stage's decoder layers (no recompute)."""
+    spec, training = stage.spec, stage.training
+    # Gradients cross every layer whenever anything in or before the decoder trains.
+    return [
+        bytes_per_token(
+            megatron_layer_saved(spec.model, i, spec.layout.etp),
+            spec,
+            training.language,
+            training.decoder_saves,
+        )
+        for i in stage.layers
+    ]
 
 
 def decoder_activations(stage: Stage) -> Term:
@@ -288,16 +379,7 @@ def decoder_activations(stage: Stage) -> Term:
     spec, training, tokens = stage.spec, stage.training, stage.tokens
     indices = stage.layers
     sp = sp_ranks(spec)
-    # Gradients cross every layer whenever anything in or before the decoder trains.
-    layer_kept = [
-        bytes_per_token(
-            megatron_layer_saved(spec.model, i, spec.layout.etp),
-            spec,
-            training.language,
-            training.decoder_saves,
-        )
-        for i in indices
-    ]
+    layer_kept = _layer_kept(stage)
     recomputed, rematerialised = full_recompute_layers(spec.recompute, len(indices))
     if not training.decoder_saves:
         decoder_bytes, how = 0.0, "language frozen and nothing before it trains: nothing kept"
@@ -322,6 +404,24 @@ def decoder_activations(stage: Stage) -> Term:
         decoder_bytes,
         f"{len(indices)} layer(s) x {tokens:.0f} tokens (MBS {spec.mbs} x seq {spec.seq_length} / CP"
         f"{' / TP (SP)' if sp > 1 else ''}): {how}",
+    )
+
+
+def activation_offload(stage: Stage) -> Term | None:
+    """offload.activation_layers: TE's CPU offload moves the saved tensors of decoder layers 0..N-1 to pinned
+    host memory during forward and brings them back in time for backward, so that the saved-activation
+    peak is (layers - N) x a layer's (transformer_engine/pytorch/cpu_offload.py:602-626; MCore passes
+    cpu_offloading_num_layers, megatron/core/transformer/transformer_block.py:298-308)."""
+    offloaded = min(stage.spec.offload.activation_layers, len(stage.layers) - 1)
+    if offloaded <= 0 or not stage.training.decoder_saves:
+        return None
+    kept = _layer_kept(stage)
+    moved = stage.tokens * sum(kept[:offloaded])
+    return Term(
+        "activation_offload",
+        -moved,
+        f"saved tensors of decoder layers 0-{offloaded - 1} ({offloaded} of {len(kept)}) in pinned host memory "
+        f"between forward and backward ({stage.tokens * kept[0] / GIB:.2f} GiB per layer)",
     )
 
 
@@ -478,9 +578,9 @@ def megatron_stage(spec: RunSpec, stage: int, budget: ImageBudget, counts: Param
     at = Stage(spec, stage, budget, counts, training_of(spec, budget))
     terms = params_terms(at)
     terms += [t for t in (fsdp_buffers(at),) if t]
-    decoder, vision = decoder_activations(at), vision_activations(at)
-    activations = decoder.bytes + (vision.bytes if vision else 0.0)
-    optional = (vision, pipeline_in_flight(at, activations), logits(at))
+    decoder, vision, offload = decoder_activations(at), vision_activations(at), activation_offload(at)
+    activations = decoder.bytes + (vision.bytes if vision else 0.0) + (offload.bytes if offload else 0.0)
+    optional = (offload, vision, pipeline_in_flight(at, activations), logits(at))
     terms += [decoder, *(t for t in optional if t)]
     terms += [dispatcher_buffers(spec), cuda_graph_pool(at, activations)]
     terms.append(framework_overhead(terms))

@@ -8,6 +8,9 @@ involved and a fix. Codes are grouped by concern:
     D  MoE dispatcher         G  CUDA graphs             R  recompute
     E  engine support         A  data                    W  field-guide warnings
     P  precision (FP8/FP4 number formats)
+    X  MoE routing (capacity, router dtype, aux loss) and kernel fusions
+    O  communication overlap, HSDP, host-memory offload, garbage collection, vision-encoder graphs
+    T  profiling and experiment logging (telemetry)
     M  memory (moe_vlm/memory's per-GPU estimate against cluster.gpu_memory_gib)
 
 Engine rules cite where Megatron enforces them (MLM = Megatron-LM, MB = Megatron-Bridge).
@@ -29,6 +32,9 @@ SECTIONS = (
     "graphs",
     "recompute",
     "precision",
+    "routing",
+    "overlap",
+    "telemetry",
     "engine",
     "data",
     "guide",

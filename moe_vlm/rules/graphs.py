@@ -64,11 +64,13 @@ def _graph_preprocess(spec: RunSpec) -> Iterator[Violation]:
 
 @rule("G005", Level.error, "moe scope only for drop-and-pad MoE (MLM)")
 def _graph_moe_scope(spec: RunSpec) -> Iterator[Violation]:
-    if "moe" in spec.cuda_graph.scope:
+    # transformer_config.py:2504-2509: a capacity factor with padding to capacity (router=drop_and_pad).
+    drop_and_pad = spec.router.capacity_factor is not None and bool(spec.router.pad_to_capacity)
+    if "moe" in spec.cuda_graph.scope and not drop_and_pad:
         yield Violation(
             ("cuda_graph.scope",),
             f"scope 'moe' needs drop-and-pad routing; {spec.model.name} routes dropless.",
-            "use moe_router + moe_preprocess (cuda_graph=te_moe).",
+            "use moe_router + moe_preprocess (cuda_graph=te_moe), or router=drop_and_pad.",
         )
 
 

@@ -52,9 +52,9 @@ def test_default_run_completes_on_two_ranks(tmp_path: Path) -> None:
     assert "commit" in record["env"]["git"] and "dirty" in record["env"]["git"]
 
     steps = read_steps(tmp_path / STEPS_JSONL)
-    assert sorted((s["step"], s["rank"]) for s in steps) == [(n, r) for n in (1, 2, 3) for r in (0, 1)]
-    assert all(s["grad_norm"] == steps[0]["grad_norm"] for s in steps if s["step"] == 1)  # global norm
-    assert all(s["images"] > 0 and s["components_s"]["vision_encoder"] > 0 for s in steps)
+    assert sorted((s.step, s.rank) for s in steps) == [(n, r) for n in (1, 2, 3) for r in (0, 1)]
+    assert all(s.grad_norm == steps[0].grad_norm for s in steps if s.step == 1)  # global norm
+    assert all(s.images > 0 and (s.components_s or {})["vision_encoder"] > 0 for s in steps)
 
     # Console: one progress line per step, then the summary table.
     progress = [line for line in done.stdout.splitlines() if line.startswith("step ")]

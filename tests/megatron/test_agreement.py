@@ -169,7 +169,31 @@ ON_DEVICE = {
             > _first_chunk_layers(cfg)
         ),
     ),
+    # TE's own capability check for the model's format, on the device the cluster declares.
+    "P001": Documented(
+        "transformer_engine.pytorch.quantization",
+        "Device compute capability 10.0 or higher required for MXFP8 execution.",
+        lambda cfg: _te_refuses_the_format(cfg),
+    ),
 }
+
+
+def _te_refuses_the_format(cfg: Any) -> bool:
+    import torch
+    from transformer_engine.pytorch import quantization
+
+    m = cfg.model
+    check = "_compute_mxfp8_support" if m.fp8 and m.fp8_recipe == "mxfp8" else "_compute_fp8_support"
+    check = "_compute_nvfp4_support" if m.fp4 else check if m.fp8 else ""
+    if not check:
+        return False
+    device = torch.cuda.get_device_properties(0)  # the cluster's declared GPU (engine_environment)
+    original = quantization.get_device_compute_capability
+    quantization.get_device_compute_capability = lambda: (device.major, device.minor)
+    try:
+        return not getattr(quantization, check)()[0]
+    finally:
+        quantization.get_device_compute_capability = original
 
 
 def _builds_qwen3vl_model(cfg: Any) -> bool:

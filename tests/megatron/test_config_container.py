@@ -31,6 +31,11 @@ GROUPS = (
     "data",
     "cluster",
     "precision",
+    "router",
+    "fusion",
+    "overlap",
+    "offload",
+    "gc",
 )
 BASE = ("engine=megatron", "dry_run=true", "model=qwen3_vl_30b_a3b", "cluster=gb200", "nodes=2")
 # Options that need a companion value to describe a run at all.

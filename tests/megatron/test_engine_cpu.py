@@ -62,8 +62,8 @@ def test_batch_accounting_counts_what_the_model_sees() -> None:
     counted = list(CountingIterator(batches, stats, pad_token_id=pad, image_token_id=image))
     assert counted == [batch, batch]  # passed through unchanged
     assert stats.micro_batches == 2
-    assert (stats.sequences, stats.padded, stats.real, stats.image) == (4, 32, 20, 6)
-    assert stats.loss == 2 * (4 + 2)
+    assert (stats.sequences, stats.padded_tokens, stats.real_tokens, stats.image_tokens) == (4, 32, 20, 6)
+    assert stats.text_tokens == 20 - 6 and stats.loss_tokens == 2 * (4 + 2)
     assert (stats.images, stats.vision_patches, stats.sum_patches_squared) == (2, 48, 2 * 24**2)
     assert stats.sum_seq_len_squared == 2 * (6**2 + 4**2)
 

@@ -11,6 +11,7 @@ GPU-less machine also shows the recorder makes no other torch.cuda call (synchro
 
 from __future__ import annotations
 
+import json
 import multiprocessing
 import time
 from collections.abc import Iterator
@@ -21,7 +22,7 @@ import pytest
 import torch
 
 from moe_vlm.metrics import summarize
-from moe_vlm.record import STEPS_JSONL, read_steps
+from moe_vlm.record import STEPS_JSONL, StepRecord, read_steps
 from tests.conftest import make_spec
 from tests.megatron.conftest import needs_stack
 from tests.megatron.recording_ranks import (
@@ -87,10 +88,10 @@ def test_peak_memory_is_the_step_s_own_and_buffers_show_beside_it(one_rank: None
     lines = read_steps(tmp_path / STEPS_JSONL)
     assert memory.resets == 3  # once per step start
     # Never reset, max_memory_allocated would say 70 on every step after the first.
-    assert [line["peak_memory_gib"] for line in lines] == [70.0, 45.0, 52.0]
-    assert {line["memory_kind"] for line in lines} == {"cuda_max_allocated"}
-    assert [line["reserved_gib"] for line in lines] == [70.0, 70.0, 70.0]  # the allocator keeps its cache
-    assert [line["device_used_gib"] for line in lines] == [70.0 + OUTSIDE_GIB] * 3
+    assert [line.peak_memory_gib for line in lines] == [70.0, 45.0, 52.0]
+    assert {line.memory_kind for line in lines} == {"cuda_max_allocated"}
+    assert [line.reserved_gib for line in lines] == [70.0, 70.0, 70.0]  # the allocator keeps its cache
+    assert [line.device_used_gib for line in lines] == [70.0 + OUTSIDE_GIB] * 3
 
     summary = summarize(lines, spec)
     assert summary["peak_memory_gib"] == 70.0 and summary["memory_kind"] == "cuda_max_allocated"
@@ -101,6 +102,20 @@ def test_peak_memory_is_the_step_s_own_and_buffers_show_beside_it(one_rank: None
         "reserved_kind": "cuda_memory_reserved",
         "outside_allocator_gib": pytest.approx(OUTSIDE_GIB),
     }
+
+
+@needs_stack
+def test_every_line_is_a_step_record_of_this_version(one_rank: None, tmp_path: Path) -> None:
+    bridge_loop(recorder_for(make_spec(*MEG), tmp_path, FakeCudaMemory(), 2), 3)
+    written = [json.loads(text) for text in (tmp_path / STEPS_JSONL).read_text().splitlines()]
+    assert len(written) == 3
+    for line in written:
+        # Every field of the line contract, each of its type, nothing else (record.StepRecord,
+        # which the torch engine's lines meet too: tests/unit/test_torch_engine.py).
+        record = StepRecord.from_json(line, strict=True)
+        assert record.to_json() == line
+        assert None not in (record.host, record.reserved_gib, record.bridge_step_flops)
+        assert record.skipped_samples == 0 and record.optimizer_s is None  # the torch engine's only
 
 
 @needs_stack
@@ -118,9 +133,9 @@ def test_lines_travel_every_n_steps_and_at_the_end_none_lost_in_order(
     assert gathers == [3, 3, 2]
     assert written_at_start == {1: 0, 2: 0, 3: 0, 4: 3, 5: 3, 6: 3, 7: 6, 8: 6}
     lines = read_steps(tmp_path / STEPS_JSONL)
-    assert [line["step"] for line in lines] == list(range(1, 9))
-    assert all(line["loss"] == 2.0 and line["grad_norm"] == 1.5 and line["lr"] == 3e-4 for line in lines)
-    assert [line["warmup"] for line in lines] == [True] + [False] * 7
+    assert [line.step for line in lines] == list(range(1, 9))
+    assert all(line.loss == 2.0 and line.grad_norm == 1.5 and line.lr == 3e-4 for line in lines)
+    assert [line.warmup for line in lines] == [True] + [False] * 7
 
 
 @needs_stack
@@ -137,11 +152,11 @@ def test_step_time_comes_from_the_marks_and_flops_stay_with_their_step(
     lines = read_steps(tmp_path / STEPS_JSONL)
     # Batched gathers (at steps 3 and 5, and the end) still give each step the FLOPs Bridge
     # added after it, not its neighbour's.
-    assert [line["bridge_step_flops"] for line in lines] == [step * 1e15 for step in range(1, 6)]
-    assert lines[1]["step_time_s"] >= 0.2 > max(lines[i]["step_time_s"] for i in (0, 2, 3, 4))
+    assert [line.bridge_step_flops for line in lines] == [step * 1e15 for step in range(1, 6)]
+    assert lines[1].step_time_s >= 0.2 > max(lines[i].step_time_s for i in (0, 2, 3, 4))
     for line in lines:  # one rank: the slowest rank's time is its own
-        assert line["bridge_tflops_per_gpu"] == pytest.approx(
-            line["bridge_step_flops"] / line["step_time_s"] / 1e12
+        assert line.bridge_tflops_per_gpu == pytest.approx(
+            line.bridge_step_flops / line.step_time_s / 1e12
         )
 
 
@@ -165,10 +180,10 @@ def test_with_pipeline_parallelism_the_loss_reaches_the_line(tmp_path: Path) -> 
     # Megatron's own layout: ranks 0-1 are the first stage, 2-3 the last, DP rank = rank % 2.
     assert placement == {0: (0, 0), 1: (1, 0), 2: (0, 1), 3: (1, 1)}
     lines = read_steps(tmp_path / STEPS_JSONL)
-    assert [(line["step"], line["rank"]) for line in lines] == [
+    assert [(line.step, line.rank) for line in lines] == [
         (s, d) for s in range(1, STEPS + 1) for d in (0, 1)
     ]
     # Each first-stage line carries its DP rank's last-stage loss (before: None on every line).
-    assert [line["loss"] for line in lines] == [10.0 * d + s for s in range(1, STEPS + 1) for d in (0, 1)]
+    assert [line.loss for line in lines] == [10.0 * d + s for s in range(1, STEPS + 1) for d in (0, 1)]
     # Memory: max over the DP rank's peers (DP 0: ranks 0 and 2, DP 1: ranks 1 and 3).
-    assert {line["rank"]: line["peak_memory_gib"] for line in lines} == {0: BASE_GIB + 2, 1: BASE_GIB + 3}
+    assert {line.rank: line.peak_memory_gib for line in lines} == {0: BASE_GIB + 2, 1: BASE_GIB + 3}

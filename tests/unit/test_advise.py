@@ -1,7 +1,9 @@
 """`moe-vlm advise` before any run and on a recorded sweep with known right answers.
 
 tests/fixtures/advise/gb200_30b_sweep holds hand-made run.json records (the record.py format)
-of a Qwen3-VL-30B-A3B sweep on 2 GB200 nodes, each with the .hydra/overrides.yaml Hydra writes:
+of a Qwen3-VL-30B-A3B sweep on 2 GB200 nodes submitted through hydra/launcher=slurm_gb200, each
+with the .hydra/overrides.yaml Hydra writes and the point.json the sweeper writes (its
+`launcher_overrides` name the launcher):
 
     p01 mock data, full recompute, MBS 1             -> "mock data used as evidence"
     p02-p04 synthetic, full recompute, MBS 1/2/4     -> tokens/s 4000 -> 5200 -> 6100: "MBS still rising";
@@ -15,19 +17,25 @@ of a Qwen3-VL-30B-A3B sweep on 2 GB200 nodes, each with the .hydra/overrides.yam
 
 from __future__ import annotations
 
+import json
 import shlex
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from moe_vlm.advise import compose_spec, main
 from moe_vlm.cli import main as cli_main
+from moe_vlm.compose import compose_point
 from moe_vlm.memory import estimate
 from moe_vlm.rules import errors, validate
-from tests.conftest import make_spec
 
 SWEEP = Path(__file__).resolve().parent.parent / "fixtures" / "advise" / "gb200_30b_sweep"
-BASE = "python train.py model=qwen3_vl_30b_a3b cluster=gb200 nodes=2 dispatcher=hybridep"
+# Where the sweep ran: its launcher, cluster, model, nodes and train_iters stay in every suggestion.
+RUN_WHERE = "model=qwen3_vl_30b_a3b cluster=gb200 nodes=2 train_iters=50 dispatcher=hybridep"
+BASE = f"python train.py -m hydra/launcher=slurm_gb200 {RUN_WHERE}"
 
 
 def advise(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
@@ -71,9 +79,84 @@ def test_sweep_suggestions_are_the_known_right_answers(capsys: pytest.CaptureFix
 def test_every_sweep_suggestion_is_a_valid_fitting_run(capsys: pytest.CaptureFixture[str]) -> None:
     _, out, _ = advise(capsys, f"sweep={SWEEP}")
     for line in commands(out):
-        spec = make_spec(*shlex.split(line)[2:])
-        assert not errors(validate(spec)), line
-        assert estimate(spec).fits, line
+        for point in sweep_points(line):
+            spec = compose_spec(point)
+            assert not errors(validate(spec)), line
+            assert estimate(spec).fits, line
+
+
+def test_an_in_process_sweep_gets_in_process_commands(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    # No launcher recorded (no point.json, no .hydra/hydra.yaml): the sweep ran in this process.
+    sweep = tmp_path / "sweep"
+    shutil.copytree(SWEEP, sweep)
+    for point in sweep.glob("*/point.json"):
+        point.unlink()
+    _, out, _ = advise(capsys, f"sweep={sweep}")
+    found = commands(out)
+    assert f"python train.py {RUN_WHERE} data=synthetic recompute=full mbs=8" in found
+    assert not any(" -m " in line or "hydra/launcher" in line for line in found)
+
+
+def test_the_launcher_is_read_from_hydras_saved_config_without_a_point_json(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    sweep = tmp_path / "sweep"
+    shutil.copytree(SWEEP, sweep)
+    for point in sweep.glob("*/point.json"):
+        point.unlink()
+        hydra_overrides = [
+            "hydra/launcher=slurm_gb200",
+            "hydra.launcher.partition=gb200",
+            f"hydra.sweep.dir={sweep}",
+            f"hydra.sweep.subdir={point.parent.name}",
+            "hydra.mode=MULTIRUN",
+        ]
+        (point.parent / ".hydra" / "hydra.yaml").write_text(
+            json.dumps({"hydra": {"overrides": {"hydra": hydra_overrides, "task": []}}})
+        )
+    _, out, _ = advise(capsys, f"sweep={sweep}")
+    launcher = "python train.py -m hydra/launcher=slurm_gb200 hydra.launcher.partition=gb200 "
+    assert commands(out) and all(line.startswith(launcher + RUN_WHERE) for line in commands(out))
+    assert "hydra.sweep" not in out
+
+
+def write_point(sweep: Path, name: str, overrides: list[str], tokens_per_s: float) -> None:
+    """A completed point as a Slurm sweep leaves it: run.json, .hydra/overrides.yaml, point.json."""
+    point = sweep / name
+    (point / ".hydra").mkdir(parents=True)
+    (point / ".hydra" / "overrides.yaml").write_text("".join(f"- {o}\n" for o in overrides))
+    record = {
+        "schema_version": 1,
+        "status": "completed",
+        "point_id": name,
+        "config": compose_point(overrides).config,
+        "data": {"kind": "synthetic"},
+        "summary": {"effective_tokens_per_s_per_gpu": tokens_per_s, "peak_memory_gib": 1.0},
+    }
+    (point / "run.json").write_text(json.dumps(record))
+    launcher = {
+        "overrides": overrides,
+        "launcher_overrides": ["hydra/launcher=slurm", "hydra.launcher.qos=high"],
+    }
+    (point / "point.json").write_text(json.dumps(launcher))
+
+
+def test_a_rising_mbs_axis_is_extended_as_a_sweep_on_the_sweeps_launcher(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    sweep = tmp_path / "sweep"
+    common = ["cluster=local", "train_iters=20", "recompute=selective"]
+    for mbs, rate in ((1, 100.0), (2, 150.0), (4, 210.0)):
+        write_point(sweep, f"p{mbs}", [*common, f"mbs={mbs}"], rate)
+    _, out, _ = advise(capsys, f"sweep={sweep}")
+    assert "[MBS still rising]" in out and "MBS 8 and 16 predicted to fit" in out
+    expected = (
+        "python train.py -m hydra/launcher=slurm hydra.launcher.qos=high model=tiny_moe_vlm nodes=1 "
+        "cluster=local train_iters=20 recompute=selective mbs=8,16"
+    )
+    assert expected in commands(out), out
 
 
 def test_bring_up_on_gb200_starts_on_fsdp_with_full_recompute(capsys: pytest.CaptureFixture[str]) -> None:
@@ -118,6 +201,17 @@ def test_local_cpu_start_uses_the_torch_engine_settings(capsys: pytest.CaptureFi
         (["sweep=/nonexistent/moe_vlm_sweep"], "sweep=/nonexistent/moe_vlm_sweep: no such directory"),
         (["model=gpt5"], "model=gpt5: no such option"),
         (["mbs=1,2"], "advise takes one configuration"),
+        (["sweep="], "sweep=: no path given"),
+        (["sweep=/nonexistent/moe_vlm_sweep", "goal=bring-up"], "no such directory"),
+        (["model=qwen3_vl_30b_a3b", "cluster=gb200", "nodes=0"], "nodes=0 must be a positive integer"),
+        (["cluster=gb200", "mbs=-1"], "mbs=-1 must be a positive integer"),
+        (["cluster=gb200", "tp=0"], "tp=0 must be a positive integer"),
+        (["cluster=gb200", "ep=-2"], "ep=-2 must be >= 0"),
+        (["gbs=0"], "gbs=0 must be a positive integer"),
+        (["mbs=[1,2"], "cannot parse this override"),
+        (["mbs='a"], "cannot parse this override"),
+        (["=1"], "cannot parse this override (no key"),
+        (["mbs=abc"], "mbs: Value 'abc'"),
         (["bring-up"], "not a key=value override"),
         ([f"sweep={SWEEP}", "mbs=2"], "with sweep=PATH the configurations come from"),
     ],
@@ -236,3 +330,14 @@ def test_graph_advice_on_fsdp_names_the_rule_or_uses_the_3d_candidate(
 def test_no_playbook_on_the_local_cpu(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = advise(capsys, "goal=bring-up")
     assert code == 0 and "platform playbook" not in out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("argv", [["nodes=0"], ["mbs=[1,2"], ["sweep="], ["seq_length=-5", "cluster=b200"]])
+def test_bad_input_through_the_command_is_one_line_exit_2(argv: list[str]) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "moe_vlm.cli", "advise", *argv], capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 2 and done.stdout == "", done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1 and "Traceback" not in done.stderr
+    assert done.stderr.startswith("moe-vlm advise: error: ") and "Fix:" in done.stderr

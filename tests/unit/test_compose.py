@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -96,6 +97,8 @@ BAD_INPUT = {
     "bad family": (["parallelism.family=2d"], ["parallelism.family", "fsdp, 3d"]),  # was rule C002
     "bad sweep value": (["-m", "mbs=1,x"], ["mbs", "Integer"]),
     "added key": (["+foo=1"], ["foo", "unknown key"]),
+    "bad dry_run": (["dry_run=maybe"], ["dry_run='maybe'", "false, true, full"]),
+    "bad dry_run in a sweep": (["-m", "dry_run=true,sometimes"], ["dry_run='sometimes'"]),
     "zero size": (["mbs=0"], ["C001", "mbs"]),
     "negative size": (["nodes=-1"], ["C001", "nodes"]),
 }
@@ -154,3 +157,54 @@ def test_hydra_cfg_printing_still_works(tmp_path: Path) -> None:
     done = train("--cfg", "job", "model=qwen3_vl_30b_a3b", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     assert "num_experts: 128" in done.stdout
+
+
+# What Hydra's override grammar rejects, from its lexer (quotes, stray characters) and its parser
+# (brackets, empty sweep values, functions), and keys it cannot read.
+NASTY = [
+    "mbs=[1,2",
+    "mbs='a",
+    "'=",
+    'mbs="a',
+    "mbs=1,,2",
+    "mbs=1,2,",
+    "mbs=}",
+    "mbs=a]",
+    "mbs=${",
+    "a b=1",
+    "mbs=range(1",
+    "mbs=choice(",
+    "=1",
+    "~",
+    "model=1",
+    "model=[a",
+]
+MODES = {
+    "run": ([], {}),
+    "multirun": (["-m"], {}),
+    # A login node whose site file names a launcher: the bare command becomes a one-point sweep.
+    "bare entry": ([], {"MOE_VLM_GPUS_VISIBLE": "0"}),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", sorted(MODES))
+@pytest.mark.parametrize("override", NASTY)
+def test_grammar_errors_are_one_line_exit_2(override: str, mode: str, tmp_path: Path) -> None:
+    flags, env = MODES[mode]
+    site = tmp_path / "site.yaml"
+    site.write_text("cluster: gb200\nlauncher: slurm_gb200\n" if mode == "bare entry" else "")
+    run_dir = tmp_path / "cwd"
+    run_dir.mkdir()
+    done = subprocess.run(
+        [sys.executable, str(REPO / "train.py"), *flags, override, "dry_run=true"],
+        cwd=run_dir,
+        env={**os.environ, "MOE_VLM_SITE_FILE": str(site), **env},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr, done.stderr
+    assert done.stderr.startswith("moe_vlm: error: ") and "Fix:" in done.stderr
+    assert not any(run_dir.iterdir())

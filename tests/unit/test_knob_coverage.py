@@ -51,6 +51,26 @@ ON = {Engine.torch: ("engine=torch",), Engine.megatron: ("engine=megatron", "dry
 # What puts a knob in play: the group choice it belongs to.
 IN_PLAY = {"recompute.modules": ("recompute=selective",)}
 BRIDGE_HYBRIDEP = ("cluster=b200", "model=qwen3_vl_30b_a3b", "dispatcher=hybridep")
+# A set value for each knob whose null means "the recipe's" (the changed value is derived from it).
+NULL_KNOB_STARTS = {
+    **{
+        f"fusion.{name}": "true"
+        for name in ("moe_permute_fusion", "moe_router_fusion", "bias_activation_fusion")
+    },
+    "fusion.cross_entropy": "native",
+    "router.dtype": "fp32",
+    "router.aux_loss_coeff": "0.001",
+    "router.capacity_factor": "1.0",
+    "router.pad_to_capacity": "true",
+    **{
+        f"overlap.{name}": "true"
+        for name in ("grad_reduce", "param_gather", "grad_reduce_in_fp32", "tp_comm")
+    },
+    "overlap.bucket_size": "40000000",
+    "cuda_graph.vision": "true",
+    "gc.manual": "true",
+    "gc.interval": "100",
+}
 # ... and, for the Bridge fields a knob reaches, what makes those rows read it.
 BRIDGE_CONTEXT = {
     **IN_PLAY,
@@ -69,11 +89,25 @@ BRIDGE_CONTEXT = {
     "data.num_workers": ("data.num_workers=2",),  # null resolves from the CPUs here; start from a number
     # null derives USE_MNNVL from the cluster; start from a forced value
     "dispatcher.hybridep_use_mnnvl": (*BRIDGE_HYBRIDEP, "dispatcher.hybridep_use_mnnvl=false"),
+    # null keeps the recipe's value; start from a set one (the fusion, router, overlap and gc knobs).
+    **{knob: (f"{knob}={value}",) for knob, value in NULL_KNOB_STARTS.items()},
+    **{
+        f"cuda_graph.{name}": ("cuda_graph.vision=true",)
+        for name in ("vision_scope", "vision_max_seq_length")
+    },
+    # The window and ranks reach Bridge while a profiler runs; a tracker's fields while it is on.
+    **{f"profiling.{name}": ("profiling=torch",) for name in ("steps", "ranks")},
+    **{f"logger.{name}": ("logger=wandb",) for name in ("project", "run_name", "entity")},
+    "logger.tracking_uri": ("logger=mlflow",),
 }
 # Values to try on list knobs (a list's "other value" is not implied by its type).
 REJECT_WITH: dict[str, list[Any]] = {
     "recompute.modules": [[name] for name in SELECTIVE_RECOMPUTE_MODULES],
     "cuda_graph.scope": [[scope] for scope in CUDA_GRAPH_SCOPES],
+    # Float knobs: a value the engine would otherwise have to honour.
+    "router.aux_loss_coeff": [0.01],
+    "router.capacity_factor": [1.0],
+    "offload.optimizer_fraction": [0.5],
 }
 
 

@@ -98,7 +98,10 @@ def test_3d_parameters_gradients_optimizer_first_stage() -> None:
     dense = (24 * DENSE_LAYER + EMBEDDING + VISION + PROJECTOR) / 2  # 654,588,536
     experts = 24 * EXPERT_LAYER / 4  # 3,623,878,656
     assert terms["parameters"] == 2 * (dense + experts)  # bf16: 8,556,934,384 B
-    assert terms["gradients"] == 4 * (dense + experts)  # fp32 main grads: 17,113,868,768 B
+    # Main grads in the parameters' bf16: the perf recipes' grad_reduce_in_fp32=false (param_and_grad_buffer.py:917).
+    assert terms["gradients"] == 2 * (dense + experts)  # 8,556,934,384 B
+    fp32 = stage_terms([*THREE_D, "overlap.grad_reduce_in_fp32=true"], 0)
+    assert fp32["gradients"] == 4 * (dense + experts)  # fp32 main grads: 17,113,868,768 B
     # Distributed optimizer: 12 B/param over DP x CP = 4 (dense) and expert DP = 2 (experts).
     assert terms["optimizer_state"] == 12 * (dense / 4 + experts / 2)  # 23,707,037,544 B
 
@@ -140,7 +143,8 @@ def test_memory_reads_sequence_parallelism_as_the_engine_runs_it() -> None:
     assert off.to_dict() == on.to_dict()
     decoder = on.term("decoder_activations")
     assert decoder is not None and decoder.bytes == 48 * 4096 * 124_804
-    assert round(decoder.gib, 2) == 22.85 and round(on.total_gib, 2) == 127.85
+    # 111.64 GiB total since gradients are bf16 (grad_reduce_in_fp32 off, as the perf recipes).
+    assert round(decoder.gib, 2) == 22.85 and round(on.total_gib, 2) == 111.64
     # Where no provider forces it, the knob still decides.
     q35 = ["cluster=b200", "parallelism=3d", "model=qwen35_vl_35b_a3b", "tp=2"]
     q35_off = estimate(make_spec(*q35)).gib_of("decoder_activations")
@@ -163,12 +167,12 @@ def test_frozen_modules_hold_no_gradients_or_optimizer_state() -> None:
     base = stage_terms(THREE_D, 0)
     frozen = stage_terms([*THREE_D, "vision_freeze=vision_projector"], 0)
     assert frozen["parameters"] == base["parameters"]  # frozen weights are still there
-    assert base["gradients"] - frozen["gradients"] == 4 * (VISION + PROJECTOR) / 2
+    assert base["gradients"] - frozen["gradients"] == 2 * (VISION + PROJECTOR) / 2  # bf16 main grads
     assert base["optimizer_state"] - frozen["optimizer_state"] == pytest.approx(
         12 * (VISION + PROJECTOR) / 2 / 4
     )
     frozen_lm = stage_terms([*THREE_D, "vision_freeze.language=true"], 0)
-    assert frozen_lm["gradients"] == 4 * (VISION + PROJECTOR) / 2  # only the vision side trains
+    assert frozen_lm["gradients"] == 2 * (VISION + PROJECTOR) / 2  # only the vision side trains
     # Mock data: no images reach the trainable vision side, so the frozen decoder keeps nothing.
     assert frozen_lm["decoder_activations"] == 0
 

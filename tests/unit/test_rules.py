@@ -14,6 +14,7 @@ BIG_3D = ["cluster=b200", "model=qwen3_vl_235b_a22b", "nodes=8", "parallelism=3d
 TE = "cuda_graph=te_moe"
 # Qwen3-VL-235B on 16 GB200 nodes with FSDP, synthetic images: the memory rules' test bed.
 BIG_FSDP = ["cluster=gb200", "model=qwen3_vl_235b_a22b", "nodes=16", "dispatcher=hybridep", "data=synthetic"]
+MLFLOW_PLAN = ["logger=mlflow", "engine=megatron", "dry_run=true"]
 
 # code -> (overrides that fire it, overrides that do not)
 CASES: dict[str, tuple[list[str], list[str]]] = {
@@ -109,6 +110,54 @@ CASES: dict[str, tuple[list[str], list[str]]] = {
     ),
     "P002": ([*MEG, "precision=fp8cs"], MEG),
     "P003": (["precision=fp8cs"], [*MEG, "precision=fp8cs"]),
+    # Routing and fusions (rules/routing.py); 128 experts, alltoall by default.
+    "X001": ([*MEG, "router.pad_to_capacity=true"], [*MEG, "router=drop_and_pad"]),
+    "X002": ([*MEG, "router.capacity_factor=-1"], [*MEG, "router.capacity_factor=1.25"]),
+    "X003": (
+        [*MEG, "dispatcher=deepep", "router=drop_and_pad"],
+        [*MEG, "dispatcher=hybridep", "router=drop_and_pad"],
+    ),
+    "X004": (
+        [*MEG, "parallelism=3d", TE, "router.capacity_factor=1.0"],
+        [*MEG, "parallelism=3d", TE, "router=drop_and_pad"],
+    ),
+    "X005": ([*MEG, "router.dtype=bf16"], [*MEG, "router.dtype=fp32"]),
+    "X006": ([*MEG, "fusion.cross_entropy=te"], [*MEG, "fusion=all"]),
+    "X007": ([*MEG, "router=drop_and_pad"], MEG),
+    "X008": (["fusion=all"], [*MEG, "fusion=all"]),
+    # Overlap, HSDP, offload, GC, vision graphs (rules/overlap.py). MEG is FSDP optim_grads_params, EP 8.
+    "O001": ([*MEG, "overlap=none"], [*MEG, "overlap=none", "parallelism.sharding_strategy=optim"]),
+    "O002": (
+        [*MEG, "parallelism=3d", "overlap.bucket_size=50000000"],
+        [*MEG, "parallelism=3d", "overlap=dp", "overlap.bucket_size=50000000"],
+    ),
+    "O003": (
+        [*MEG, "overlap.grad_reduce_in_fp32=true"],
+        [*MEG, "parallelism=3d", "overlap.grad_reduce_in_fp32=true"],
+    ),
+    # Qwen3-VL-MoE's provider turns sequence parallelism on with TP > 1.
+    "O004": (
+        [*MEG, "parallelism=3d", "overlap.tp_comm=true"],
+        [*MEG, "parallelism=3d", "tp=2", "overlap.tp_comm=true"],
+    ),
+    # EP 8 on 8 GPUs leaves expert DP 1, which 2 replicas cannot divide; EP 4 leaves 2.
+    "O005": ([*MEG, "parallelism.dp_outer=2"], [*MEG, "ep=4", "parallelism.dp_outer=2"]),
+    "O006": (
+        [*MEG, "parallelism.dp_outer_sharding=optim"],
+        [*MEG, "ep=4", "parallelism.dp_outer=2", "parallelism.dp_outer_sharding=optim"],
+    ),
+    # 8 GB200 GPUs sit in one NVL72 segment: 2 replicas of 4 GPUs split it for nothing. 36 nodes span 2.
+    "O007": ([*GB200, "ep=4", "parallelism.dp_outer=2"], [*GB200, "nodes=36", "ep=8", "parallelism=hsdp"]),
+    "O008": ([*MEG, "offload=activations", "recompute=selective"], [*MEG, "offload=activations"]),
+    "O009": ([*MEG, "offload.optimizer_fraction=1.5"], [*MEG, "parallelism=3d", "offload=optimizer"]),
+    "O010": ([*MEG, "offload=optimizer"], [*MEG, "parallelism=3d", "offload=optimizer"]),
+    "O011": ([*MEG, "gc.interval=-1"], [*MEG, "gc=manual"]),
+    # Synthetic data: up to 2 images x 3888 patches per sample; the encoder's default graph length is 576.
+    "O012": (
+        [*MEG, "parallelism=3d", "cuda_graph.vision=true"],
+        [*MEG, "parallelism=3d", "cuda_graph.vision=true", "cuda_graph.vision_max_seq_length=7776"],
+    ),
+    "O013": (["offload=optimizer"], [*MEG, "gc=manual"]),
     "A001": (["data=real"], ["data=real", "data.path=/tmp/shards"]),
     "A002": (["data.min_images=3", "data.max_images=1"], []),
     "A003": (
@@ -134,6 +183,21 @@ CASES: dict[str, tuple[list[str], list[str]]] = {
     "M002": (
         [*BIG_FSDP, "recompute=selective", "recompute.modules=[core_attn,moe_act,layernorm]"],
         [*BIG_FSDP, "recompute=full"],
+    ),
+    # Profiling and logging. Defaults: warmup_steps=2, train_iters=8, 2 ranks on cluster=local.
+    "T001": (["profiling=torch", "profiling.steps=[2,4]"], ["profiling=torch", "profiling.steps=[3,5]"]),
+    "T002": (["profiling=torch", "profiling.ranks=[2]"], ["profiling=torch", "profiling.ranks=[1]"]),
+    "T003": (["profiling=memory"], [*MEG, "profiling=memory"]),
+    "T004": (
+        [*MEG, "profiling=torch", "profiling.steps=[8]"],
+        [*MEG, "profiling=torch", "profiling.steps=[7]"],
+    ),
+    "T005": (["profiling=torch", "train_iters=3"], ["profiling=torch", "train_iters=4"]),
+    # mlflow is not in the venv (T006's own test checks the import it relies on).
+    "T006": (["logger=mlflow"], ["logger=tensorboard"]),
+    "T007": (
+        [*MLFLOW_PLAN, "logger.tracking_uri=https://me:pw@mlflow.example"],
+        [*MLFLOW_PLAN, "logger.tracking_uri=https://mlflow.example"],
     ),
 }
 

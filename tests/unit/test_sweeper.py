@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from moe_vlm.compose import compose_config
+from moe_vlm.launch import points
 from moe_vlm.launch.points import sweep_name
 
 REPO = Path(__file__).resolve().parents[2]
@@ -105,3 +107,62 @@ def test_a_sweep_command_names_the_same_directory_every_time() -> None:
     )  # a dry run shows the real directory
     assert sweep_name(["mbs=1,2"]) != sweep_name(["mbs=1,4"])
     assert "/" not in sweep_name(["data.path=/a/b"])
+
+
+@pytest.mark.slow
+def test_a_big_dry_run_prints_one_line_per_point_and_writes_each_plan(tmp_path: Path) -> None:
+    done = train(
+        tmp_path,
+        "hydra/launcher=slurm",
+        "nproc=1",
+        "mbs=1,2,4",
+        "tp=1,3",
+        "recompute=none,full",
+        "dry_run=true",
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    out, sweep = done.stdout, tmp_path / "sweep"
+    assert "===== point" not in out and "#SBATCH" not in out
+    rows = [line for line in out.splitlines() if line[:5].strip().isdigit()]
+    assert len(rows) == 12
+    rejected = [row for row in rows if row.split()[2] == "REJECTED"]
+    assert len(rejected) == 6 and all("tp=3" in row and "L001" in row for row in rejected)
+    assert all(" GiB per rank " in row and " 1x1 ranks " in row for row in rows)
+    assert "12 point(s), 6 valid, 6 would be rejected (" in out and "L001 x6" in out
+    assert "; nothing was submitted." in out
+    assert "dry_run=full prints them all" in out
+    # Every plan (and every valid point's sbatch script) in the point's directory; nothing submitted.
+    for row in rows:
+        point_dir = sweep / row.split()[1]
+        assert "== moe_vlm plan ==" in (point_dir / "plan.txt").read_text()
+        script = point_dir / "sbatch.txt"
+        assert script.exists() == ("REJECTED" not in row)
+        if script.exists():
+            assert "#SBATCH --ntasks-per-node=1" in script.read_text()
+    assert "moe_vlm.launch.canary" in (sweep / "canaries.txt").read_text()
+    assert (sweep / "dry_run.txt").read_text().count("REJECTED") == 6
+    assert not list(sweep.rglob("point.json")) and not list(sweep.rglob("run.json"))
+    assert not (sweep / "multirun.yaml").exists()
+
+
+@pytest.mark.slow
+def test_dry_run_full_prints_every_plan_of_a_big_sweep(tmp_path: Path) -> None:
+    done = train(tmp_path, "nproc=1", "mbs=1,2,4", "nodes=1,2,4", "dry_run=full")
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.count("===== point") == 9 and done.stdout.count("== moe_vlm plan ==") == 9
+    assert not (tmp_path / "sweep").exists()
+
+
+@pytest.mark.slow
+def test_rejected_points_record_what_hydra_composes_and_the_sweeps_launcher(tmp_path: Path) -> None:
+    done = train(tmp_path, "hydra/launcher=slurm", "hydra.launcher.qos=high", "nproc=1", "tp=3,5", "mbs=1,2")
+    assert done.returncode == 2  # every point rejected: nothing submitted
+    points_written = sorted((tmp_path / "sweep").glob("*/point.json"))
+    assert len(points_written) == 4
+    for path in points_written:
+        point = json.loads(path.read_text())
+        assert point["launcher_overrides"] == ["hydra/launcher=slurm", "hydra.launcher.qos=high"]
+        # The planner's resolved config is Hydra's composition of the point's overrides.
+        hydra = points.resolved(compose_config(point["overrides"]))
+        assert point["config"] == hydra
+        assert json.loads((path.parent / "run.json").read_text())["config"] == hydra

@@ -18,6 +18,7 @@ from torch.distributed.tensor import DTensor
 from moe_vlm.data import Batch, build_batches
 from moe_vlm.engines.torch_engine import Trainer
 from moe_vlm.engines.torch_model import RECOMPUTED_SDPA, apply_recompute, build_model, model_parts
+from moe_vlm.record import StepRecord
 from moe_vlm.schema import RecomputeConfig, RecomputeGranularity
 from moe_vlm.timing import COMPONENTS
 from tests.conftest import make_spec
@@ -35,14 +36,6 @@ IMAGES = [
     "data.min_text_tokens=16",
     "data.max_text_tokens=48",
 ]
-
-# steps.jsonl fields every engine writes (moe_vlm/record.py docstring).
-STEP_KEYS = {
-    "step", "rank", "warmup", "time_unix_s", "step_time_s", "loss", "grad_norm", "lr", "micro_batches",
-    "tokens", "sequences", "images", "vision_patches", "sum_seq_len_squared", "sum_patches_squared",
-    "peak_memory_gib", "memory_kind", "components_s",
-}  # fmt: skip
-TOKEN_KEYS = {"padded", "real", "text", "image", "loss"}
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -79,17 +72,18 @@ class Counting:
         return next(self.batches)
 
 
-def test_step_record_has_the_contract_keys() -> None:
+def test_step_record_is_a_complete_steps_jsonl_line() -> None:
     spec = make_spec(*SHORT, *IMAGES)
     record = Trainer(spec, CPU, 0, 1).step(1)
-    assert set(record) >= STEP_KEYS
-    assert set(record["tokens"]) == TOKEN_KEYS
-    assert set(record["components_s"]) == set(COMPONENTS)
-    assert record["memory_kind"] == "process_peak_rss" and record["peak_memory_gib"] > 0
-    assert record["images"] > 0 and record["tokens"]["image"] > 0 and record["vision_patches"] > 0
-    assert record["tokens"]["padded"] == spec.mbs * spec.seq_length
-    assert record["tokens"]["real"] == record["tokens"]["text"] + record["tokens"]["image"]
-    assert record["grad_norm"] > 0 and record["warmup"] is True
+    # Every field of the line contract, each of its type, nothing else (record.StepRecord).
+    assert StepRecord.from_json(record.to_json(), strict=True) == record
+    assert record.host and record.optimizer_s is not None and record.skipped_samples == 0
+    assert set(record.components_s or {}) == set(COMPONENTS)
+    assert record.memory_kind == "process_peak_rss" and (record.peak_memory_gib or 0) > 0
+    assert record.images > 0 and record.image_tokens > 0 and record.vision_patches > 0
+    assert record.padded_tokens == spec.mbs * spec.seq_length
+    assert record.real_tokens == record.text_tokens + record.image_tokens
+    assert (record.grad_norm or 0) > 0 and record.warmup is True
 
 
 @pytest.mark.parametrize(("gbs", "mbs"), [(4, 1), (4, 2), (3, 1)])
@@ -99,9 +93,9 @@ def test_gradient_accumulation_reaches_gbs(gbs: int, mbs: int) -> None:
     trainer = Trainer(spec, CPU, 0, 1, batches=counting)
     record = trainer.step(1)
     assert spec.accumulation_steps == gbs // mbs
-    assert counting.taken == record["micro_batches"] == gbs // mbs
-    assert record["sequences"] == gbs
-    assert record["tokens"]["padded"] == gbs * spec.seq_length
+    assert counting.taken == record.micro_batches == gbs // mbs
+    assert record.sequences == gbs
+    assert record.padded_tokens == gbs * spec.seq_length
 
 
 def _saved_bytes(*overrides: str) -> int:
@@ -161,7 +155,7 @@ def test_frozen_parts_do_not_change_and_the_rest_trains(freeze: str) -> None:
 
     for step in (1, 2):
         record = trainer.step(step)
-        assert record["images"] > 0  # the vision path really ran
+        assert record.images > 0  # the vision path really ran
     for part in ("vision", "projector", "language"):
         params = list(parts.parameters(part))
         changed = [not torch.equal(old, full(new)) for old, new in zip(before[part], params, strict=True)]
@@ -173,8 +167,8 @@ def test_frozen_parts_do_not_change_and_the_rest_trains(freeze: str) -> None:
             assert sum(changed) > len(params) // 2, f"{part} trains but barely changed"
             assert {id(p) for p in params} <= optimized
     # Nothing is computed backward through a frozen vision encoder.
-    assert record["components_backward_s"]["vision_encoder"] == 0.0
-    assert record["components_forward_s"]["vision_encoder"] > 0.0
+    assert (record.components_backward_s or {})["vision_encoder"] == 0.0
+    assert (record.components_forward_s or {})["vision_encoder"] > 0.0
 
 
 def test_unfrozen_vision_gets_gradients() -> None:
@@ -192,16 +186,16 @@ def test_component_times_cover_each_part() -> None:
     trainer.step(1)
     record = trainer.step(2)
     for name in COMPONENTS:
-        assert record["components_forward_s"][name] > 0, name
-        assert record["components_backward_s"][name] > 0, name
-    assert sum(record["components_s"].values()) < record["step_time_s"]
+        assert (record.components_forward_s or {})[name] > 0, name
+        assert (record.components_backward_s or {})[name] > 0, name
+    assert sum((record.components_s or {}).values()) < record.step_time_s
     untimed = Trainer(spec, CPU, 0, 1, timing=False).step(1)
-    assert untimed["components_s"] is None
+    assert untimed.components_s is None and "components_forward_s" not in untimed.to_json()
 
 
 def test_loss_decreases_over_a_longer_run() -> None:
     spec = make_spec("nproc=1", "seq_length=64", "gbs=2", "mbs=2", "train_iters=30", "lr=2e-3", "data=mock")
     trainer = Trainer(spec, CPU, 0, 1, timing=False)
-    losses = [trainer.step(step)["loss"] for step in range(1, 31)]
+    losses = [trainer.step(step).loss or 0.0 for step in range(1, 31)]
     first, last = sum(losses[:5]) / 5, sum(losses[-5:]) / 5
     assert last < first - 0.1, losses

@@ -17,6 +17,7 @@ from moe_vlm.engines import EngineUnavailable
 from moe_vlm.engines.bridge_fields import (
     HYBRID_EP_ENV_NAMES,
     KEEP,
+    RUN_DIR,
     SEEDED_DATASET,
     BridgeOverride,
     Recipe,
@@ -250,3 +251,15 @@ def check_overrides(cfg: Any, spec: RunSpec) -> list[str]:
         if actual != wanted:
             problems.append(f"{row.field} = {actual!r}, table wants {wanted!r} (knob {row.knob})")
     return problems
+
+
+def place_in_run_dir(cfg: Any, spec: RunSpec, run_dir: Path) -> list[str]:
+    """Point the table's run-directory paths (TensorBoard, the profiler trace's parent, W&B, the
+    memory snapshot) at this run's directory; returns the fields set. Called just before Bridge
+    runs: the plan, check_overrides and the effective record keep the RUN_DIR placeholder."""
+    placed = []
+    for row in bridge_overrides(spec):
+        if isinstance(row.value, str) and RUN_DIR in row.value:
+            set_field(cfg, row.field, row.value.replace(RUN_DIR, str(run_dir)))
+            placed.append(row.field)
+    return placed

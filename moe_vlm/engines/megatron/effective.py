@@ -36,14 +36,13 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from moe_vlm.engines.bridge_fields import Recipe
+from moe_vlm.engines.bridge_fields import RUN_DIR, Recipe  # RUN_DIR: this run's directory in values
 from moe_vlm.spec import RunSpec
 
 # The sections the issue names first (what a performance engineer reads first), then every other
 # ConfigContainer section in declaration order.
 LEADING_SECTIONS = ("model", "ddp", "optimizer", "comm_overlap", "mixed_precision", "scheduler", "env_vars")
 EFFECTIVE_JSON = "bridge_effective.json"  # in the run directory, written before pretrain starts
-RUN_DIR = "<run_dir>"  # stands for this run's directory in values (the materialised HF config's path)
 NO_DEFAULT = "<required>"  # a field the library gives no default
 ABSENT = "<absent>"  # a nested key one side lacks
 NOT_A_FIELD = "<not a field>"  # an attribute the recipe set that the section's class does not declare
@@ -60,6 +59,9 @@ class Effective:
     # env_vars names this process already had: setdefault kept its value, not the recipe's
     env_from_process: dict[str, str] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)  # what Bridge printed or logged while updating
+    # Each bridge_fields.FIELD_MAP field as the run gets it, at the library default or not (the plan's
+    # tuning block shows what a null "the recipe's" knob resolves to)
+    table: dict[str, Any] = field(default_factory=dict)
 
     def to_record(self) -> dict[str, Any]:
         """run.json's ``bridge.effective``."""
@@ -317,7 +319,23 @@ def effective_config(cfg: Any, spec: RunSpec, run_dir: Path | None = None, *, pl
     result.error = error
     result.notes = notes
     result.env_from_process = {name: value for name, value in own.items() if value != str(cfg.env_vars[name])}
+    result.table = table_values(updated, str(run_dir) if run_dir else None)
     return result
+
+
+def table_values(cfg: Any, run_dir: str | None = None) -> dict[str, Any]:
+    """Every plain FIELD_MAP field of `cfg` (class, named-recipe and env rows aside) and the fields the
+    runtime update carries them on to (RESOLVED_FIELDS), JSON-safe."""
+    from moe_vlm.engines.bridge_fields import FIELD_MAP, RESOLVED_FIELDS
+    from moe_vlm.engines.megatron.config import CLASS_ROWS, NAMED_ROWS, get_field
+
+    skip = {*CLASS_ROWS, *NAMED_ROWS, "env_vars"}
+    fields = [row.field for row in FIELD_MAP if row.field not in skip]
+    out: dict[str, Any] = {}
+    for name in [*fields, *(f for resolved in RESOLVED_FIELDS.values() for f in resolved)]:
+        with contextlib.suppress(AttributeError):  # a field of the other dataset/provider class
+            out[name] = plain(get_field(cfg, name), run_dir)
+    return out
 
 
 # --- side by side -----------------------------------------------------------------------------

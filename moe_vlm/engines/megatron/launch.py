@@ -11,11 +11,11 @@ from pathlib import Path
 from typing import Any
 
 from moe_vlm.engines import EngineUnavailable
-from moe_vlm.engines.megatron.config import BuiltConfig, build_config, check_overrides
+from moe_vlm.engines.megatron.config import BuiltConfig, build_config, check_overrides, place_in_run_dir
 from moe_vlm.engines.megatron.effective import EFFECTIVE_JSON, Effective, effective_config
 from moe_vlm.engines.megatron.recording import StepRecorder, counting_forward_step
 from moe_vlm.engines.megatron.stack import stack_problem, versions
-from moe_vlm.record import REPO_ROOT, RUN_JSON, STEPS_JSONL, base_record, read_steps, write_json_atomic
+from moe_vlm.record import REPO_ROOT, STEPS_JSONL, RunRecord, read_steps, write_json_atomic
 from moe_vlm.spec import RunSpec
 
 
@@ -140,6 +140,7 @@ def launch(spec: RunSpec, config: dict[str, Any], run_dir: Path) -> None:
         effective = effective_config(built.cfg, spec, run_dir, planned=False)
         write_json_atomic(run_dir / EFFECTIVE_JSON, effective.to_record())
     recorder = StepRecorder(spec, run_dir)
+    place_in_run_dir(built.cfg, spec, run_dir)  # TensorBoard, profiler and W&B files go in the run dir
     pretrain(built.cfg, forward_step_func=counting_forward_step(recorder), callbacks=[recorder])
 
     if effective is not None:
@@ -149,20 +150,16 @@ def launch(spec: RunSpec, config: dict[str, Any], run_dir: Path) -> None:
 def _write_run_json(
     spec: RunSpec, config: dict[str, Any], run_dir: Path, built: BuiltConfig, effective: Effective
 ) -> None:
-    from moe_vlm.metrics import summarize
-
     steps = read_steps(run_dir / STEPS_JSONL)
-    record = base_record(spec, config, status="completed")
-    record["summary"] = summarize(steps, spec)
     # One Bridge FLOP count per step; its time is the slowest rank's, as Bridge's own log divides.
     steady: dict[int, tuple[float, float]] = {}
     for line in steps:
-        if line.get("warmup") or line.get("exclude") or line.get("bridge_step_flops") is None:
+        if line.warmup or line.exclude or line.bridge_step_flops is None:
             continue
-        flops, slowest = steady.get(line["step"], (line["bridge_step_flops"], 0.0))
-        steady[line["step"]] = (flops, max(slowest, line["step_time_s"]))
+        flops, slowest = steady.get(line.step, (line.bridge_step_flops, 0.0))
+        steady[line.step] = (flops, max(slowest, line.step_time_s))
     steady_time_s = sum(time_s for _flops, time_s in steady.values())
-    record["bridge"] = {
+    bridge = {
         "recipe": built.recipe.name,
         "recipe_kind": built.recipe.kind,
         "recipe_family": built.recipe.family,
@@ -180,4 +177,4 @@ def _write_run_json(
             else None
         ),
     }
-    write_json_atomic(run_dir / RUN_JSON, record)
+    RunRecord.completed(spec, config, steps, bridge=bridge).write(run_dir)

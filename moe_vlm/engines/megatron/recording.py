@@ -13,8 +13,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from moe_vlm import profiling
+from moe_vlm.data.batch import BatchStats
 from moe_vlm.metrics import MemoryKind
-from moe_vlm.record import STEPS_JSONL, StepWriter
+from moe_vlm.record import STEPS_JSONL, StepRecord, StepWriter
 from moe_vlm.schema import CudaGraphImpl
 from moe_vlm.spec import RunSpec
 
@@ -25,20 +27,13 @@ GIB = 1024**3
 
 
 @dataclass
-class StepStats:
-    """What one rank fed the model during one optimizer step (summed over micro-batches)."""
+class StepStats(BatchStats):
+    """What one rank fed the model during one optimizer step, summed over micro-batches: the torch
+    engine's BatchStats counts, as far as Bridge's batch shows them (skipped_samples: draws our
+    seeded data replaced, engines/megatron/data.py; samples, vision markers and truncation are
+    not in the batch and stay 0)."""
 
     micro_batches: int = 0
-    sequences: int = 0
-    padded: int = 0
-    real: int = 0
-    image: int = 0
-    loss: int = 0
-    images: int = 0
-    vision_patches: int = 0
-    sum_seq_len_squared: int = 0
-    sum_patches_squared: int = 0
-    skipped_samples: int = 0  # samples our seeded data redrew (engines/megatron/data.py)
     # Host seconds the training loop spent in next(data_iterator): the loader's queue was empty,
     # or (no workers) the batch was built right there. The GPU may still have been running queued
     # work meanwhile, so this bounds the input-bound time from above.
@@ -52,7 +47,7 @@ class StepStats:
             return
         self.micro_batches += 1
         self.sequences += int(tokens.shape[0])
-        self.padded += int(tokens.numel())
+        self.padded_tokens += int(tokens.numel())
         # Bridge's collate pads with the tokenizer's pad id; an attention mask, when the batch
         # carries one, is the better witness.
         attention = batch.get("attention_mask")
@@ -61,12 +56,14 @@ class StepStats:
         else:
             real_mask = tokens != pad_token_id
         real_per_sequence = real_mask.sum(dim=-1)
-        self.real += int(real_per_sequence.sum())
+        real, image = int(real_per_sequence.sum()), int((tokens == image_token_id).sum())
+        self.real_tokens += real
         self.sum_seq_len_squared += int((real_per_sequence.long() ** 2).sum())
-        self.image += int((tokens == image_token_id).sum())
+        self.image_tokens += image
+        self.text_tokens += real - image  # vision markers included, as the torch engine counts them
         loss_mask = batch.get("loss_mask")
         if loss_mask is not None:
-            self.loss += int(loss_mask.sum())
+            self.loss_tokens += int(loss_mask.sum())
         skipped = batch.get("skipped_samples")
         if skipped is not None:
             self.skipped_samples += int(skipped)
@@ -441,7 +438,7 @@ class StepRecorder:
             "grad_norm": pending.grad_norm,
             "lr": pending.lr,
             "skipped": pending.skipped,
-            "stats": dataclasses.asdict(pending.stats),
+            "stats": pending.stats,
             "components_s": None
             if pending.spans is None
             else BridgeComponentTimer.seconds_of(pending.spans, self.clock),
@@ -472,9 +469,7 @@ class StepRecorder:
             for line in self._lines(records, flops_by_step.get(step), world):
                 self.writer.write(line)
 
-    def _lines(
-        self, records: list[dict[str, Any]], step_flops: float | None, world: int
-    ) -> list[dict[str, Any]]:
+    def _lines(self, records: list[dict[str, Any]], step_flops: float | None, world: int) -> list[StepRecord]:
         """One step's lines, one per data-parallel rank, from every rank's record of that step."""
         step_time_max = max(record["step_time_s"] for record in records)
         memory_by_dp: dict[int, dict[str, float]] = {}
@@ -506,52 +501,39 @@ class StepRecorder:
         step_flops: float | None,
         step_time_max: float,
         world: int,
-    ) -> dict[str, Any]:
-        stats = record["stats"]
+    ) -> StepRecord:
         bridge_tflops = (
             step_flops / step_time_max / world / 1e12
             if step_flops is not None and step_time_max > 0
             else None
         )
-        return {
-            "step": record["step"],
-            "rank": record["dp_rank"],
-            "host": record["host"],  # the straggler view names the node (moe_vlm/stragglers.py)
-            "warmup": record["step"] <= self.spec.warmup_steps,
-            "time_unix_s": record["time_unix_s"],
-            "step_time_s": record["step_time_s"],
+        # A skipped iteration, or a step the profiler slows (moe_vlm/profiling.py).
+        exclude = "skipped_iter" if record["skipped"] else profiling.exclude_reason(self.spec, record["step"])
+        return StepRecord.measured(
+            record["stats"],  # the counts and micro_batches, data_wait_s
+            step=record["step"],
+            rank=record["dp_rank"],
+            host=record["host"],  # the straggler view names the node (moe_vlm/stragglers.py)
+            warmup=record["step"] <= self.spec.warmup_steps,
+            time_unix_s=record["time_unix_s"],
+            step_time_s=record["step_time_s"],
             # From this DP rank's last pipeline stage: with PP > 1 the line's own (first-stage)
             # rank has no loss_dict.
-            "loss": loss,
-            "grad_norm": record["grad_norm"],
-            "lr": record["lr"],
-            "micro_batches": stats["micro_batches"],
-            "tokens": {
-                "padded": stats["padded"],
-                "real": stats["real"],
-                "text": stats["real"] - stats["image"],
-                "image": stats["image"],
-                "loss": stats["loss"],
-            },
-            "sequences": stats["sequences"],
-            "images": stats["images"],
-            "vision_patches": stats["vision_patches"],
-            "sum_seq_len_squared": stats["sum_seq_len_squared"],
-            "sum_patches_squared": stats["sum_patches_squared"],
-            "skipped_samples": stats["skipped_samples"],
-            "data_wait_s": stats["data_wait_s"],
+            loss=loss,
+            grad_norm=record["grad_norm"],
+            lr=record["lr"],
             # Each the max over this DP rank's model-parallel peers (its worst GPU).
-            "peak_memory_gib": memory["peak_allocated_gib"],  # this step's, reset at its start
-            "memory_kind": MemoryKind.cuda_max_allocated.value,
-            "reserved_gib": memory["reserved_gib"],
-            "device_used_gib": memory["device_used_gib"],
-            "components_s": record["components_s"],  # first pipeline stage when PP > 1
+            peak_memory_gib=memory["peak_allocated_gib"],  # this step's, reset at its start
+            memory_kind=MemoryKind.cuda_max_allocated.value,
+            reserved_gib=memory["reserved_gib"],
+            device_used_gib=memory["device_used_gib"],
+            components_s=record["components_s"],  # first pipeline stage when PP > 1
             # Bridge's own figure for the same step: its FLOP count (padded tokens, frozen modules
             # counted x3) over the slowest rank's step time, per GPU.
-            "bridge_tflops_per_gpu": bridge_tflops,
-            "bridge_step_flops": step_flops,
-            **({"exclude": "skipped_iter"} if record["skipped"] else {}),
-        }
+            bridge_tflops_per_gpu=bridge_tflops,
+            bridge_step_flops=step_flops,
+            exclude=exclude,
+        )
 
 
 def counting_forward_step(recorder: StepRecorder) -> Any:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from moe_vlm.schema import DataKind, FlexBackend, TokenDispatcher
+from moe_vlm.schema import DataKind, ExperimentLogger, FlexBackend, TokenDispatcher
 
 if TYPE_CHECKING:
     from moe_vlm.spec import RunSpec
@@ -150,11 +150,34 @@ FLA = StackModule(
     "the version megatron-core pins)",
 )
 
+# Experiment trackers Bridge imports when the logger group turns one on.
+TENSORBOARD = StackModule(
+    "TensorBoard",
+    ("torch.utils.tensorboard.writer:SummaryWriter",),
+    "tensorboard",
+    "logger=tensorboard or profiling=torch: Bridge's writer (megatron/bridge/training/state.py:181-187)",
+    "`pip install tensorboard`, or logger=none",
+)
+WANDB = StackModule(
+    "Weights & Biases",
+    ("wandb",),
+    "wandb",
+    "logger=wandb: Bridge's tracker (megatron/bridge/training/state.py:197-221)",
+    "`pip install wandb` in the job environment, or logger=tensorboard",
+)
+MLFLOW = StackModule(
+    "MLflow",
+    ("mlflow",),
+    "mlflow",
+    "logger=mlflow: Bridge's config check imports it (megatron/bridge/training/config.py:699-708)",
+    "`pip install mlflow` in the job environment, or logger=tensorboard",
+)
+
 
 def required(spec: RunSpec) -> list[StackModule]:
     """Every module a run with these options imports, in import order (no import here)."""
     from moe_vlm.arch import profile
-    from moe_vlm.engines.bridge_fields import select_recipe
+    from moe_vlm.engines.bridge_fields import select_recipe, tensorboard_dir
 
     modules = [*LIBRARY, RESILIENCY, PRETRAIN, FORWARD_STEP]
     recipe = select_recipe(spec)
@@ -179,6 +202,11 @@ def required(spec: RunSpec) -> list[StackModule]:
             modules.append(HYBRID_EP)
     if profile(spec.model.arch).linear_attention:
         modules.append(FLA)
+    if tensorboard_dir(spec) is not None:
+        modules.append(TENSORBOARD)
+    trackers = {ExperimentLogger.wandb: WANDB, ExperimentLogger.mlflow: MLFLOW}
+    if spec.logger.backend in trackers:
+        modules.append(trackers[spec.logger.backend])
     return modules
 
 

@@ -1,0 +1,124 @@
+"""Profiling and experiment-logging rules (T...): the window, the ranks, what needs a GPU, trackers.
+
+The window and the steps a profiler slows are moe_vlm/profiling.py's; the trackers' packages are
+moe_vlm/explog.py's.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+
+from moe_vlm import explog, profiling
+from moe_vlm.rules.catalogue import Level, Violation, rule
+from moe_vlm.schema import Engine, ExperimentLogger, Profiler
+from moe_vlm.spec import RunSpec
+
+# scheme://user:password@host — credentials typed into a URI end up in every record of the run.
+_URI_CREDENTIALS = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://[^/@\s]+@")
+
+
+def _window_ok(spec: RunSpec) -> bool:
+    steps = spec.profiling.steps
+    if len(steps) > 2:
+        return False
+    first, last = profiling.window(spec)
+    return spec.warmup_steps < first <= last <= spec.train_iters
+
+
+@rule("T001", Level.error, "profiled steps follow warm-up and fit in train_iters")
+def _window(spec: RunSpec) -> Iterator[Violation]:
+    if not profiling.active(spec) or _window_ok(spec):
+        return
+    yield Violation(
+        ("profiling.steps", "warmup_steps", "train_iters"),
+        f"profiling.steps={list(spec.profiling.steps)} must be [first, last] or [step] with "
+        f"warmup_steps ({spec.warmup_steps}) < first <= last <= train_iters ({spec.train_iters}): "
+        "warm-up steps measure start-up, not the steady state.",
+        f"set profiling.steps=[{spec.warmup_steps + 1}] (the first step after warm-up; [] says the same), "
+        "or raise train_iters.",
+    )
+
+
+@rule("T002", Level.error, "profiled ranks exist")
+def _ranks(spec: RunSpec) -> Iterator[Violation]:
+    world = spec.layout.world_size
+    outside = [r for r in spec.profiling.ranks if not 0 <= r < world]
+    if profiling.active(spec) and outside:
+        yield Violation(
+            ("profiling.ranks", "nodes", "nproc"),
+            f"profiling.ranks {outside} are outside the job's {world} rank(s) (0-{world - 1}).",
+            f"use ranks below {world}, e.g. profiling.ranks=[0], or [] for every rank.",
+        )
+
+
+@rule("T003", Level.error, "nsys and memory profiling record CUDA activity")
+def _needs_gpu(spec: RunSpec) -> Iterator[Violation]:
+    tool = spec.profiling.tool
+    if tool in (Profiler.nsys, Profiler.memory) and not spec.cluster.is_gpu_cluster:
+        what = (
+            "nsys's capture range opens on the CUDA profiler API"
+            if tool is Profiler.nsys
+            else "the allocator history is the CUDA caching allocator's"
+        )
+        yield Violation(
+            ("profiling", "cluster"),
+            f"profiling={tool.value}: {what}, and cluster={spec.cluster.name} has no GPU, so the run "
+            "would record nothing.",
+            "use profiling=torch (CPU operators too), or a GPU cluster profile (cluster=gb200|b200|h100|...).",
+        )
+
+
+@rule("T004", Level.error, "Bridge saves a PyTorch trace when the step after the window starts (MB)")
+def _bridge_torch_tail(spec: RunSpec) -> Iterator[Violation]:
+    # Bridge stops and exports the torch profiler at profile_step_end = last + 1 (training/train.py:
+    # 718-724, training/profiling.py:101-107), a step that must run.
+    _, last = profiling.window(spec)
+    torch_on_megatron = spec.profiling.tool is Profiler.torch and spec.engine is Engine.megatron
+    if torch_on_megatron and _window_ok(spec) and last >= spec.train_iters:
+        yield Violation(
+            ("profiling.steps", "train_iters"),
+            f"profiling=torch on engine=megatron: Bridge writes the trace when step {last + 1} starts, "
+            f"and train_iters={spec.train_iters} ends before it.",
+            f"raise train_iters to {last + 1} or more, or end the window earlier.",
+        )
+
+
+@rule("T005", Level.error, "the profiler leaves steady steps to measure")
+def _steady_left(spec: RunSpec) -> Iterator[Violation]:
+    if not profiling.active(spec) or not _window_ok(spec) or spec.warmup_steps >= spec.train_iters:
+        return  # T001 and C003 report those
+    excluded = set(profiling.excluded_steps(spec))
+    if all(step in excluded for step in range(spec.warmup_steps + 1, spec.train_iters + 1)):
+        yield Violation(
+            ("profiling.steps", "train_iters"),
+            f"profiling={spec.profiling.tool.value} slows steps {profiling.step_ranges(sorted(excluded))}; with warmup_steps={spec.warmup_steps} and train_iters={spec.train_iters} no steady step is "
+            "left to measure.",
+            f"raise train_iters to {max(excluded) + 1} or more.",
+        )
+
+
+@rule("T006", Level.error, "the torch engine's tracker is installed")
+def _tracker_installed(spec: RunSpec) -> Iterator[Violation]:
+    backend = spec.logger.backend
+    missing = explog.missing_package(backend) if spec.engine is Engine.torch else None
+    if missing:
+        yield Violation(
+            ("logger",),
+            f"logger={backend.value}: the {missing} package does not import in this environment, so "
+            "the torch engine could not log to it.",
+            f"pip install {missing}, or logger=tensorboard|none.",
+        )
+
+
+@rule("T007", Level.error, "tracker credentials come from the environment")
+def _no_credentials_in_uri(spec: RunSpec) -> Iterator[Violation]:
+    uri = spec.logger.tracking_uri
+    if spec.logger.backend is ExperimentLogger.mlflow and uri and _URI_CREDENTIALS.match(uri):
+        yield Violation(
+            ("logger.tracking_uri",),
+            "logger.tracking_uri carries a user name or password, which would be written into run.json, "
+            "the plan and the job script.",
+            "drop them from the URI and export MLFLOW_TRACKING_USERNAME / MLFLOW_TRACKING_PASSWORD "
+            "(or MLFLOW_TRACKING_TOKEN) in the shell you submit from.",
+        )
