@@ -160,7 +160,8 @@ class Composed:
 
     config: OmegaConf.to_container(task config, resolve=True, enum_to_str=True);
     train: OmegaConf.to_object(task config); hydra: the HYDRA_KEYS values known without a
-    composition of the whole point (hydra_value composes it when a key is missing).
+    composition of the whole point (hydra_value composes it when a key is missing). A point is
+    kept and handed to every caller that asks for it again: read it, never modify it.
     """
 
     overrides: tuple[str, ...]
@@ -279,7 +280,8 @@ def _holds_interpolation(node: Any) -> bool:
         return True
     if isinstance(node, ValueNode) or node._is_none():
         return False
-    children = node._content.values() if isinstance(node, DictConfig) else node._content
+    content: Any = node._content  # a dict of nodes (DictConfig) or a list of them (ListConfig)
+    children = content.values() if isinstance(node, DictConfig) else content
     return any(_holds_interpolation(child) for child in children)
 
 
@@ -396,14 +398,10 @@ def _hydra_point(overrides: tuple[str, ...]) -> Composed:
 
 def _late_hydra(parsed: Override) -> bool:
     """hydra.sweep.dir=..., hydra.sweep.subdir=..., hydra.mode=...: set after everything else."""
-    return (
-        parsed.key_or_group in _LATE_HYDRA_KEYS
-        and parsed.type is OverrideType.CHANGE
-        and parsed.package is None
-        and not parsed.is_sweep_override()
-        and isinstance(parsed.value(), str)
-        and "${" not in parsed.value()
-    )
+    if parsed.key_or_group not in _LATE_HYDRA_KEYS or parsed.type is not OverrideType.CHANGE:
+        return False
+    value = parsed.value()
+    return parsed.package is None and isinstance(value, str) and "${" not in value
 
 
 def compose_point(overrides: Sequence[str]) -> Composed:

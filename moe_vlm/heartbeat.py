@@ -29,8 +29,6 @@ HEARTBEAT_S = 30.0
 # in a C call that holds the GIL (graph capture, a large pickle). On the same host the PID decides.
 STALE_AFTER_S = 300.0
 
-# --- the running record and its heartbeat ----------------------------------------------------
-
 # Held around every beat and across fork(): the torch engine forks its ranks while the heartbeat
 # thread runs, and a child must never inherit the thread's write half done.
 _BEAT_LOCK = threading.Lock()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import textwrap
 from typing import TYPE_CHECKING, Any
 
 from moe_vlm.data.workers import data_workers
@@ -11,6 +12,7 @@ from moe_vlm.engines.hf_config import is_local_checkpoint
 from moe_vlm.memory import MemoryEstimate, estimate
 from moe_vlm.metrics import peak_of, precision_peak_of
 from moe_vlm.precision import profile as precision_profile
+from moe_vlm.record import choices
 from moe_vlm.rules import Finding
 from moe_vlm.spec import RunSpec
 
@@ -225,11 +227,9 @@ def render(
 ) -> str:
     """The whole plan. deep=False leaves out what takes seconds per point on the Megatron engine
     (the stack probe, Bridge's effective configuration): a big dry run writes every plan."""
+    # Every config group's choice (record.GROUPS), then the top-level knobs.
     knobs = [
-        f"model={spec.model.name} parallelism={spec.family} dispatcher={spec.dispatcher.name} "
-        f"recompute={spec.recompute.name} cuda_graph={spec.cuda_graph.name} vision_freeze={spec.freeze.name} "
-        f"data={spec.data.kind.value} cluster={spec.cluster.name} router={spec.router.name} "
-        f"precision={spec.precision.format.value}",
+        *textwrap.wrap(" ".join(f"{group}={choice}" for group, choice in choices(spec).items()), 110),
         f"engine={spec.engine} (requested {spec.engine_requested}) nodes={spec.layout.nodes} mbs={spec.mbs} "
         f"gbs={spec.gbs} seq_length={spec.seq_length} train_iters={spec.train_iters} seed={spec.seed}",
     ]

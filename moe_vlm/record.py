@@ -44,9 +44,21 @@ if TYPE_CHECKING:
 
 RUN_JSON = "run.json"
 STEPS_JSONL = "steps.jsonl"
-RUNNING = "running"
+
+
+class RunStatus(StrEnum):
+    """run.json's `status`."""
+
+    completed = "completed"
+    failed = "failed"
+    rejected = "rejected"  # by the rules, or bad input data, before any work
+    running = "running"  # written at the start; replaced by the final record (heartbeat.gone: killed)
+    requeued = "requeued"  # stopped by a USR2 for a requeue; the next attempt replaces it
+
+
+RUNNING = RunStatus.running
 # An attempt that a USR2 stopped for a requeue (launch/requeue.py); the job reruns the point.
-REQUEUED = "requeued"
+REQUEUED = RunStatus.requeued
 SCHEMA_VERSION = 1
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -257,12 +269,10 @@ class StepRecord:
         tokens = line.get("tokens") or {}
         if strict:
             _check_line(line, tokens)
-        try:
-            values = {"step": line["step"], "step_time_s": line["step_time_s"]}
-        except KeyError as exc:
-            raise ValueError(f"steps.jsonl line without {exc.args[0]!r}: {dict(line)}") from None
-        for name in _STEP_PLAIN[2:]:
-            values[name] = line.get(name, _STEP_ABSENT.get(name))
+        missing = [name for name in _STEP_REQUIRED if name not in line]
+        if missing:
+            raise ValueError(f"steps.jsonl line without {', '.join(missing)}: {dict(line)}")
+        values = {name: line.get(name, _STEP_ABSENT.get(name)) for name in _STEP_PLAIN}
         for kind, name in _TOKENS.items():
             values[name] = tokens.get(kind, 0)
         for name in _STEP_OPTIONAL:
@@ -274,12 +284,10 @@ class StepRecord:
 _STEP_FIELDS = [f for f in dataclass_fields(StepRecord) if f.name != "extra"]
 _STEP_NAMES = frozenset(f.name for f in _STEP_FIELDS)
 _STEP_OPTIONAL = tuple(f.name for f in _STEP_FIELDS if f.default is None)
-# step and step_time_s first: every line has them.
-_STEP_PLAIN = tuple(
-    sorted(
-        (f.name for f in _STEP_FIELDS if f.name not in _STEP_OPTIONAL and f.name not in _TOKENS.values()),
-        key=lambda name: name not in ("step", "step_time_s"),
-    )
+_STEP_REQUIRED = ("step", "step_time_s")  # every line has them, whatever version wrote it
+# The fields written as they are, always (the token counts go under "tokens").
+_STEP_PLAIN = _STEP_REQUIRED + tuple(
+    f.name for f in _STEP_FIELDS if f.name not in (*_STEP_REQUIRED, *_STEP_OPTIONAL, *_TOKENS.values())
 )
 _STEP_KEYS = frozenset({*_STEP_PLAIN, *_STEP_OPTIONAL, "tokens"})
 # What an older line lacks reads as: nothing counted on rank 0, outside warm-up.
@@ -332,16 +340,6 @@ def _check_line(line: Mapping[str, Any], tokens: Any) -> None:
 
 def as_step(line: StepRecord | Mapping[str, Any]) -> StepRecord:
     return line if isinstance(line, StepRecord) else StepRecord.from_json(line)
-
-
-class RunStatus(StrEnum):
-    """run.json's `status`."""
-
-    completed = "completed"
-    failed = "failed"
-    rejected = "rejected"  # by the rules, or bad input data, before any work
-    running = "running"  # written at the start; replaced by the final record (heartbeat.gone: killed)
-    requeued = "requeued"  # stopped by a USR2 for a requeue; the next attempt replaces it
 
 
 @dataclass(frozen=True)
@@ -605,14 +603,19 @@ class RunRecord:
     def of(cls, record: RunRecord | Mapping[str, Any]) -> RunRecord:
         return record if isinstance(record, RunRecord) else cls.from_json(record)
 
-    def knob(self, name: str) -> Any:
-        """A KNOBS value: from the spec, else the config (None when the record has neither)."""
+    def knobs(self, names: Iterable[str] = KNOBS) -> dict[str, Any]:
+        """KNOBS values: each from the spec, else the config (None when the record has neither)."""
         view = {"spec": self.spec, "config": self.config, "engine": self.engine, **self.sections}
-        for path in KNOBS[name]:
-            value = _dig(view, path)
-            if value is not None:
-                return value
-        return None
+        out: dict[str, Any] = {}
+        for name in names:
+            for path in KNOBS[name]:
+                out[name] = value = _dig(view, path)
+                if value is not None:
+                    break
+        return out
+
+    def knob(self, name: str) -> Any:
+        return self.knobs((name,))[name]
 
     def setting(self, *path: str) -> Any:
         """A config value by its Hydra path (`cluster`, `gpu`): the RunSpec's, else the config's."""

@@ -96,7 +96,7 @@ def row_of(run_file: Path, record: RunRecord | Mapping[str, Any]) -> dict[str, A
     """One table row: the knobs, the status, and the summary numbers a report shows."""
     run = RunRecord.of(record)
     row: dict[str, Any] = {"run_dir": str(run_file.parent)}
-    row |= {knob: run.knob(knob) for knob in KNOBS}
+    row |= run.knobs()
     row["status"] = run.status
     row["point_id"] = run.point_id
     gbs, seq = row.get("gbs"), row.get("seq_length")

@@ -20,7 +20,7 @@ from moe_vlm.launch.failures import Diagnosis, launch_info, record_exception, wr
 from moe_vlm.launch.requeue import global_rank
 from moe_vlm.launch.safety import scrub, scrub_files
 from moe_vlm.plan import render
-from moe_vlm.record import RUN_JSON, RUNNING, RunRecord, base_record
+from moe_vlm.record import RUN_JSON, RUNNING, RunRecord
 from moe_vlm.rules import errors, validate
 from moe_vlm.spec import RunSpec
 
@@ -65,7 +65,7 @@ def run(cfg: DictConfig) -> None:
 
     main = global_rank() == 0
     if main:
-        write_running(run_dir, scrub({**base_record(spec, config, status=RUNNING), "launch": launch_info()}))
+        write_running(run_dir, RunRecord.new(spec, config, RUNNING).with_launch(launch_info()).to_json())
     try:
         with Heartbeat(run_dir) if main else contextlib.nullcontext():
             launch(spec, config, run_dir)
@@ -75,7 +75,7 @@ def run(cfg: DictConfig) -> None:
             diagnosis = Diagnosis(
                 "stack", f"the engine cannot run here: {message}", (message.splitlines() or [""])[0][:300]
             )
-            write_failure(run_dir, diagnosis, [], base_record(spec, config, status="failed"), launch_info())
+            write_failure(run_dir, diagnosis, [], RunRecord.failed(spec, config).to_json(), launch_info())
         print(f"moe_vlm: error: {exc}", file=sys.stderr)
         sys.exit(EXIT_INVALID)
     except RunFailed as exc:

@@ -12,8 +12,8 @@ For `python train.py -m mbs=1,2,4 recompute=full,selective` (or `sweep=<preset>`
    rerunning the command resumes the sweep; `hydra.sweeper.force=true` reruns completed ones;
 5. with `dry_run=true`, prints each point's plan and, on Slurm, its sbatch script and srun
    line and those of the canary the points wait on, and submits nothing; beyond COMPACT_ABOVE
-   points it prints one line per point and a summary, and writes each plan and script to the
-   point's directory (`dry_run=full` prints them all);
+   points it prints one line per point and a summary, and writes every plan and script to one
+   file in the sweep directory (`dry_run=full` prints them all);
 6. hands the rest to the launcher; on Slurm that returns once the jobs are queued.
 """
 
@@ -21,6 +21,7 @@ For `python train.py -m mbs=1,2,4 recompute=full,selective` (or `sweep=<preset>`
 # sys.modules, where dataclasses cannot resolve string annotations.
 import logging
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -38,6 +39,7 @@ from moe_vlm.errors import EXIT_INVALID, BadInput
 from moe_vlm.launch import points
 from moe_vlm.launch.safety import scrub, scrub_text, secret_values
 from moe_vlm.launch.status import collect
+from moe_vlm.memory import MemoryEstimate
 from moe_vlm.plan import POINT_LINE_HEADER, memory_of, point_line, render
 from moe_vlm.record import RunRecord, git_state
 from moe_vlm.rules import Finding, errors, validate
@@ -47,9 +49,8 @@ from moe_vlm.spec import RunSpec
 log = logging.getLogger(__name__)
 # A dry run of more points prints one line per point; its plans and scripts go to files.
 COMPACT_ABOVE = 8
-PLAN_FILE = "plan.txt"
-SBATCH_FILE = "sbatch.txt"
-DRY_RUN_FILE = "dry_run.txt"
+DRY_RUN_FILE = "dry_run.txt"  # the table
+PLANS_FILE = "dry_run_plans.txt"  # every point's plan and sbatch script, as dry_run=full prints them
 
 
 @dataclass
@@ -259,61 +260,61 @@ class PlanningSweeper(Sweeper):
         if len(dry) > COMPACT_ABOVE and not full:
             self.print_compact_dry_run(dry, sweep_dir)
             return
-        renderer = getattr(self.launcher, "render", None)
-        for number, point in enumerate(dry, start=1):
-            print(f"===== point {number}/{len(dry)}: {point.label()}  (id {point.point_id}) =====")
-            print(render(point.spec, point.findings))
-            if point.valid and renderer is not None:
-                print()
-                print(scrub_text(renderer(self.job_overrides(point, sweep_dir))))
-            print()
-        canaries = self.canary_text(dry, sweep_dir)
-        if canaries:
-            print(f"===== canary: runs first; the points above depend on it =====\n{canaries}\n")
+        for section in self.plans(dry, sweep_dir, deep=True):
+            print(section)
         rejected = sum(not p.valid for p in dry)
         print(
             f"moe_vlm: dry run: {len(dry)} point(s), {len(dry) - rejected} valid, "
             f"{rejected} would be rejected; nothing was submitted."
         )
 
-    def canary_text(self, dry: list[Point], sweep_dir: Path) -> str:
+    def plans(
+        self, dry: list[Point], sweep_dir: Path, deep: bool, memory: list[MemoryEstimate | str] | None = None
+    ) -> Iterator[str]:
+        """Each point's plan and, on Slurm, its sbatch script and srun line; then the canary's."""
+        renderer = getattr(self.launcher, "render", None)
+        for number, point in enumerate(dry, start=1):
+            found = memory[number - 1] if memory else None
+            text = [
+                f"===== point {number}/{len(dry)}: {point.label()}  (id {point.point_id}) =====",
+                render(point.spec, point.findings, deep=deep, memory=found),
+            ]
+            if point.valid and renderer is not None:
+                text += ["", scrub_text(renderer(self.job_overrides(point, sweep_dir)))]
+            yield "\n".join(text) + "\n"
         canaries = getattr(self.launcher, "render_canaries", None)
         valid = [self.job_overrides(p, sweep_dir) for p in dry if p.valid]
-        return scrub_text(canaries(valid)) if valid and canaries is not None else ""
+        canary = scrub_text(canaries(valid)) if valid and canaries is not None else ""
+        if canary:
+            yield f"===== canary: runs first; the points above depend on it =====\n{canary}\n"
 
     def print_compact_dry_run(self, dry: list[Point], sweep_dir: Path) -> None:
-        """One line per point and a summary; every plan and sbatch script in the point's directory."""
-        renderer = getattr(self.launcher, "render", None)
+        """One line per point and a summary; every plan and sbatch script in one file (one file,
+        not one per point: on a parallel file system each file created costs a metadata round trip)."""
+        memory = [memory_of(point.spec) for point in dry]
         lines = [f"{'#':>5}  {'point id':<16}  {POINT_LINE_HEADER}  overrides"]
         codes: dict[str, int] = {}
-        for number, point in enumerate(dry, start=1):
-            memory = memory_of(point.spec)
-            point_dir = sweep_dir / point.point_id
-            point_dir.mkdir(parents=True, exist_ok=True)
-            (point_dir / PLAN_FILE).write_text(
-                render(point.spec, point.findings, deep=False, memory=memory) + "\n"
-            )
-            if point.valid and renderer is not None:
-                (point_dir / SBATCH_FILE).write_text(
-                    scrub_text(renderer(self.job_overrides(point, sweep_dir))) + "\n"
-                )
+        for number, (point, found) in enumerate(zip(dry, memory, strict=True), start=1):
             for code in {f.code for f in errors(point.findings)}:
                 codes[code] = codes.get(code, 0) + 1
-            line = point_line(point.spec, point.findings, memory)
+            line = point_line(point.spec, point.findings, found)
             lines.append(f"{number:>5}  {point.point_id:<16}  {line}  {point.label()}")
-        canaries = self.canary_text(dry, sweep_dir)
-        if canaries:
-            (sweep_dir / "canaries.txt").write_text(canaries + "\n")
+        sweep_dir.mkdir(parents=True, exist_ok=True)
+        with (sweep_dir / PLANS_FILE).open("w") as out:
+            out.writelines(
+                f"{section}\n" for section in self.plans(dry, sweep_dir, deep=False, memory=memory)
+            )
         rejected = sum(not p.valid for p in dry)
-        why = ", ".join(f"{code} x{count}" for code, count in sorted(codes.items(), key=lambda kv: -kv[1]))
+        why = ", ".join(
+            f"{code} x{count}" for code, count in sorted(codes.items(), key=lambda kv: (-kv[1], kv[0]))
+        )
+        scripts = " and sbatch script" if getattr(self.launcher, "render", None) else ""
         summary = [
             f"moe_vlm: dry run: {len(dry)} point(s), {len(dry) - rejected} valid, {rejected} would be rejected"
             + (f" ({why})" if why else "")
             + "; nothing was submitted.",
-            f"moe_vlm: each point's plan{' and sbatch script' if renderer else ''}: {sweep_dir}/<point id>/"
-            f"{PLAN_FILE}{f', {SBATCH_FILE}' if renderer else ''}"
-            + (f"; the canary's: {sweep_dir}/canaries.txt" if canaries else "")
-            + f"; this table: {sweep_dir}/{DRY_RUN_FILE}. dry_run=full prints them all.",
+            f"moe_vlm: every point's plan{scripts}: {sweep_dir / PLANS_FILE} (dry_run=full prints them); "
+            f"this table: {sweep_dir / DRY_RUN_FILE}",
         ]
         (sweep_dir / DRY_RUN_FILE).write_text("\n".join(lines + summary) + "\n")
         print("\n".join(lines + summary))

@@ -16,19 +16,17 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from moe_vlm import explog, profiling
 from moe_vlm.arch import PROFILES
 from moe_vlm.data.workers import data_workers
+from moe_vlm.engines.telemetry_fields import ROWS as TELEMETRY_ROWS
 from moe_vlm.precision import profile as precision_profile
 from moe_vlm.schema import (
     ClusterConfig,
     CrossEntropyFusion,
     CudaGraphImpl,
     DataKind,
-    ExperimentLogger,
     FlexBackend,
     ParallelismFamily,
-    Profiler,
     RecomputeGranularity,
     RecomputeMethod,
     RouterDtype,
@@ -223,38 +221,6 @@ def _processor_path(spec: RunSpec) -> str:
 
 
 _NULL_TOKENIZER = "as the perf recipes: no hub id, no tokenizer files"
-
-# Stands for this run's directory in a value: the plan prints it, the engine replaces it before
-# Bridge runs (engines/megatron/config.place_in_run_dir); effective.py writes paths back with it.
-RUN_DIR = "<run_dir>"
-
-
-def in_run_dir(name: str) -> str:
-    return f"{RUN_DIR}/{name}"
-
-
-def _profiler(spec: RunSpec) -> Profiler:
-    return spec.profiling.tool
-
-
-def _if_profiling(value: Callable[[RunSpec], Any]) -> Callable[[RunSpec], Any]:
-    return lambda s: KEEP if _profiler(s) is Profiler.none else value(s)
-
-
-def tensorboard_dir(spec: RunSpec) -> str | None:
-    # Bridge writes the PyTorch profiler's trace to <tensorboard_dir>/../torch_profile
-    # (training/profiling.py:135-138), so profiling=torch needs the directory too.
-    on = spec.logger.backend is ExperimentLogger.tensorboard or _profiler(spec) is Profiler.torch
-    return in_run_dir(profiling.TENSORBOARD_DIR) if on else None
-
-
-def _logging_to(backend: ExperimentLogger, value: Callable[[RunSpec], Any]) -> Callable[[RunSpec], Any]:
-    """The value for this backend's field, None otherwise: Bridge starts a tracker (and its
-    finalize imports mlflow) whenever one of its fields is set (training/config.py:686-708)."""
-    return lambda s: value(s) if s.logger.backend is backend else None
-
-
-_WANDB, _MLFLOW = ExperimentLogger.wandb, ExperimentLogger.mlflow
 
 
 FIELD_MAP: tuple[FieldMap, ...] = (
@@ -650,80 +616,8 @@ FIELD_MAP: tuple[FieldMap, ...] = (
     ),
     FieldMap("logger", "logger.log_interval", lambda s: 1, "per-step records"),
     FieldMap("logger", "logger.log_throughput", lambda s: True, "Bridge's own TFLOP/s kept beside ours"),
-    # Experiment logging (logger group; the torch engine's is moe_vlm/explog.py). Keys come from the
-    # environment (WANDB_API_KEY, MLFLOW_TRACKING_*), never from here.
-    FieldMap(
-        "logger",
-        "logger.tensorboard_dir",
-        tensorboard_dir,
-        "in the run directory for logger=tensorboard and profiling=torch; None: steps.jsonl is the record",
-    ),
-    *(
-        FieldMap("logger", f"logger.{name}", lambda s: s.logger.backend is not ExperimentLogger.none)
-        for name in ("log_timers_to_tensorboard", "log_memory_to_tensorboard")
-    ),
-    FieldMap("logger.project", "logger.wandb_project", _logging_to(_WANDB, lambda s: s.logger.project)),
-    FieldMap("logger.run_name", "logger.wandb_exp_name", _logging_to(_WANDB, explog.run_name)),
-    FieldMap("logger.entity", "logger.wandb_entity", _logging_to(_WANDB, lambda s: s.logger.entity)),
-    FieldMap(
-        "logger",
-        "logger.wandb_save_dir",
-        _logging_to(_WANDB, lambda s: RUN_DIR),
-        "wandb writes <run_dir>/wandb (Bridge's default is under checkpoint.save, which runs leave unset)",
-    ),
-    FieldMap("logger.project", "logger.mlflow_experiment", _logging_to(_MLFLOW, lambda s: s.logger.project)),
-    FieldMap(
-        "logger.run_name",
-        "logger.mlflow_run_name",
-        _logging_to(_MLFLOW, explog.run_name),
-        "Bridge requires one with an experiment (training/config.py:686-687)",
-    ),
-    FieldMap(
-        "logger.tracking_uri",
-        "logger.mlflow_tracking_uri",
-        _logging_to(_MLFLOW, lambda s: s.logger.tracking_uri),
-        "None: MLFLOW_TRACKING_URI from the environment, else ./mlruns",
-    ),
-    # Profiling (moe_vlm/profiling.py): one window, profiling.steps, for every tool.
-    FieldMap("profiling", "profiling.use_nsys_profiler", lambda s: _profiler(s) is Profiler.nsys),
-    FieldMap("profiling", "profiling.use_pytorch_profiler", lambda s: _profiler(s) is Profiler.torch),
-    FieldMap("profiling", "profiling.record_memory_history", lambda s: _profiler(s) is Profiler.memory),
-    FieldMap(
-        "profiling",
-        "profiling.nvtx_ranges",
-        lambda s: _profiler(s) is Profiler.nsys,
-        "Megatron's NVTX ranges name the parts of the nsys timeline",
-    ),
-    FieldMap(
-        "profiling",
-        "profiling.pytorch_profiler_collect_callstack",
-        lambda s: _profiler(s) is Profiler.torch,
-        "call stacks name every module in the trace: the report's per-module table",
-    ),
-    FieldMap(
-        "profiling.steps",
-        "profiling.profile_step_start",
-        _if_profiling(lambda s: profiling.bridge_window(s)[0]),
-        "Bridge counts completed steps: first - 1 (nsys, memory) or first (torch) records steps first..last",
-    ),
-    FieldMap(
-        "profiling.steps",
-        "profiling.profile_step_end",
-        _if_profiling(lambda s: profiling.bridge_window(s)[1]),
-        "last (nsys, memory) or last + 1 (torch: its trace is saved when that step starts)",
-    ),
-    FieldMap(
-        "profiling.ranks",
-        "profiling.profile_ranks",
-        _if_profiling(profiling.ranks),
-        "empty = every rank, listed: Bridge's memory recording reads [] as none (train_utils.py:208)",
-    ),
-    FieldMap(
-        "profiling",
-        "profiling.memory_snapshot_path",
-        lambda s: in_run_dir(profiling.MEMORY_SNAPSHOT) if _profiler(s) is Profiler.memory else KEEP,
-        "in the run directory, not Bridge's /nemo_run default",
-    ),
+    # Profiling and experiment logging: engines/telemetry_fields.py.
+    *(FieldMap(*row) for row in TELEMETRY_ROWS),
     FieldMap("train_iters", "checkpoint.save", lambda s: None, "benchmark runs write no checkpoints"),
     FieldMap(
         "train_iters",

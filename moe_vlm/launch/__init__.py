@@ -7,6 +7,7 @@ safety     what may reach a shell, and what must never be written down
 points     the sweep directory, one subdirectory per point
 failures   why a run failed: classes, log tails, run.json failure records
 requeue    surviving preemption and time limits inside a Slurm task
+pack       several points in one Slurm job, one srun step after another
 canary     the short job a Slurm sweep submits first: the stack imports, the config builds
 entry      where a bare `python train.py ...` runs: in place, or submitted as a one-point sweep
 """

@@ -279,7 +279,8 @@ def _state(
         job.state if job else None,
         job.exit_code if job else None,
         job.signal if job else None,
-        job.restarts if job else None,
+        # A packed point keeps the restarts it recorded: the job's may belong to another point.
+        job.restarts if job and _pack_of(point) is None else None,
     )
     status = str(failed.get("status"))
     return status, _finished_detail(failed)

@@ -157,7 +157,8 @@ def _outer_sharding(spec: RunSpec) -> Iterator[Violation]:
         yield Violation(
             ("parallelism.dp_outer_sharding",),
             f"dp_outer_sharding=optim: {'; '.join(why)}.",
-            "use parallelism=hsdp (fsdp, optim_grads_params, dp_outer=0) on a multi-domain job, or "
+            "use parallelism=fsdp with parallelism.dp_outer=0 (one replica per NVLink-domain segment) on a "
+            "multi-domain job, or "
             "parallelism.dp_outer_sharding=no_shard.",
         )
 
@@ -167,8 +168,8 @@ def _hsdp_segment(spec: RunSpec) -> Iterator[Violation]:
     # The launcher's segment=auto (the GB200/GB300 presets) keeps each block of nodes on one NVLink
     # domain (moe_vlm/launch/slurm.segment_nodes); an explicit segment is checked when launching.
     cluster, lay = spec.cluster, spec.layout
-    if spec.engine != Engine.megatron or not cluster.is_gpu_cluster:
-        return
+    if spec.engine != Engine.megatron or not cluster.is_gpu_cluster or min(lay.nodes, lay.ranks_per_node) < 1:
+        return  # C001 reports the sizes
     problem = segment_mismatch(spec, "auto")
     if problem:
         message, _, fix = problem.partition(" Fix: ")
@@ -180,7 +181,7 @@ def _hsdp_segment(spec: RunSpec) -> Iterator[Violation]:
             ("parallelism.dp_outer", "parallelism"),
             f"Megatron FSDP shards over all {lay.world_size} GPUs, {segments} NVLink-domain segments: every "
             "parameter all-gather and gradient reduce-scatter crosses the scale-out network.",
-            "use parallelism=hsdp (or parallelism.dp_outer=0): FSDP inside each segment, replicas across.",
+            "set parallelism.dp_outer=0 (HSDP: FSDP inside each segment, replicas across).",
         )
 
 

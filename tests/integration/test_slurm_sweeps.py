@@ -104,7 +104,12 @@ def scontrol_job(job_id: str) -> dict[str, str]:
 
 
 def rank_pid(job_id: str, rank: int) -> int | None:
-    """The process of one rank of a running job (the srun task running submitit)."""
+    """The process of one rank of a running job (the srun task running submitit); the job of an
+    array task is ARRAY_TASK, as the launcher records it."""
+    array, _, task = job_id.partition("_")
+    job = (
+        [f"SLURM_ARRAY_JOB_ID={array}", f"SLURM_ARRAY_TASK_ID={task}"] if task else [f"SLURM_JOB_ID={job_id}"]
+    )
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit():
             continue
@@ -114,7 +119,7 @@ def rank_pid(job_id: str, rank: int) -> int | None:
         except OSError:
             continue
         if (
-            f"SLURM_JOB_ID={job_id}".encode() in environ
+            all(item.encode() in environ for item in job)
             and f"SLURM_PROCID={rank}".encode() in environ
             and b"submitit.core._submit" in cmdline
         ):

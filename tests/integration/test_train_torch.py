@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from moe_vlm.record import RUN_JSON, STEPS_JSONL, read_steps
+from moe_vlm.record import RUN_JSON, STEPS_JSONL, RunRecord, StepRecord, read_steps
 from tests.conftest import REPO
 
 # The default run (tiny_moe_vlm, synthetic images, 2 CPU ranks, FSDP2) with smaller photos and
@@ -51,6 +51,10 @@ def test_default_run_completes_on_two_ranks(tmp_path: Path) -> None:
         assert record["env"][package], package
     assert "commit" in record["env"]["git"] and "dirty" in record["env"]["git"]
 
+    # The records as typed: every line meets the line contract, run.json reads back unchanged.
+    for text in (tmp_path / STEPS_JSONL).read_text().splitlines():
+        StepRecord.from_json(json.loads(text), strict=True)
+    assert RunRecord.read(tmp_path / RUN_JSON).to_json() == record
     steps = read_steps(tmp_path / STEPS_JSONL)
     assert sorted((s.step, s.rank) for s in steps) == [(n, r) for n in (1, 2, 3) for r in (0, 1)]
     assert all(s.grad_norm == steps[0].grad_norm for s in steps if s.step == 1)  # global norm

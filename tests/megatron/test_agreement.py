@@ -57,6 +57,10 @@ ENGINE_CPU = {
     "L006": "ConfigContainer.validate: the (eval) global batch divisible by MBS x DP",
     "L007": "ConfigContainer.validate: seq_length multiple of the CP/SP collate padding",
     "G001": "TransformerConfig: cuda_graph_modules are CudaGraphModule names",
+    "X001": "TransformerConfig: padding to capacity needs a capacity factor",
+    "X003": "TransformerConfig: the DeepEP flex backend cannot pad to capacity",
+    "X004": "TransformerConfig: no moe_preprocess graph while alltoall drops tokens",
+    "O008": "TransformerConfig: CPU activation offload needs PP 1, no recompute, no per-layer graphs",
 }
 
 

@@ -359,7 +359,7 @@ def test_full_iteration_replay_never_runs_the_counting_forward_step(monkeypatch:
     )
     assert graph.replays == 1 and steps == []  # the step's Python never ran
     assert len(list(data)) == 1  # yet the wrapper read both micro-batches (full_cuda_graph.py:203)
-    assert stats.micro_batches == 0 and stats.padded == 0  # so the record would say 0 tokens
+    assert stats.micro_batches == 0 and stats.padded_tokens == 0  # so the record would say 0 tokens
 
 
 # --- 4. EP overlap on Qwen3VLModel ----------------------------------------------------------------

@@ -155,9 +155,7 @@ def test_step_time_comes_from_the_marks_and_flops_stay_with_their_step(
     assert [line.bridge_step_flops for line in lines] == [step * 1e15 for step in range(1, 6)]
     assert lines[1].step_time_s >= 0.2 > max(lines[i].step_time_s for i in (0, 2, 3, 4))
     for line in lines:  # one rank: the slowest rank's time is its own
-        assert line.bridge_tflops_per_gpu == pytest.approx(
-            line.bridge_step_flops / line.step_time_s / 1e12
-        )
+        assert line.bridge_tflops_per_gpu == pytest.approx(line.bridge_step_flops / line.step_time_s / 1e12)
 
 
 @pytest.mark.slow
@@ -180,9 +178,7 @@ def test_with_pipeline_parallelism_the_loss_reaches_the_line(tmp_path: Path) -> 
     # Megatron's own layout: ranks 0-1 are the first stage, 2-3 the last, DP rank = rank % 2.
     assert placement == {0: (0, 0), 1: (1, 0), 2: (0, 1), 3: (1, 1)}
     lines = read_steps(tmp_path / STEPS_JSONL)
-    assert [(line.step, line.rank) for line in lines] == [
-        (s, d) for s in range(1, STEPS + 1) for d in (0, 1)
-    ]
+    assert [(line.step, line.rank) for line in lines] == [(s, d) for s in range(1, STEPS + 1) for d in (0, 1)]
     # Each first-stage line carries its DP rank's last-stage loss (before: None on every line).
     assert [line.loss for line in lines] == [10.0 * d + s for s in range(1, STEPS + 1) for d in (0, 1)]
     # Memory: max over the DP rank's peers (DP 0: ranks 0 and 2, DP 1: ranks 1 and 3).

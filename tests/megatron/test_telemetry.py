@@ -25,7 +25,7 @@ import pytest
 import torch
 
 from moe_vlm import profiling
-from moe_vlm.engines.bridge_fields import RUN_DIR
+from moe_vlm.engines.telemetry_fields import RUN_DIR
 from moe_vlm.module_table import DISPATCH_FUNCTIONS, PATTERNS
 from moe_vlm.spec import RunSpec
 from tests.conftest import CONF, make_spec
@@ -190,7 +190,8 @@ def test_the_tables_megatron_names_exist_in_the_installed_library() -> None:
     # Token moves are functions (dispatchers are no modules): as the trace names a Python call.
     moe_layer = cls("megatron.core.transformer.moe.moe_layer.MoELayer")
     dispatcher = cls("megatron.core.transformer.moe.token_dispatcher.MoEAlltoAllTokenDispatcher")
-    for function in (moe_layer.dispatch, moe_layer.combine, moe_layer.preprocess, dispatcher.token_dispatch):
+    for method in (moe_layer.dispatch, moe_layer.combine, moe_layer.preprocess, dispatcher.token_dispatch):
+        function = inspect.unwrap(method)  # the trace names the decorated function's own frame too
         path = inspect.getsourcefile(function) or ""
         relative = path[path.index("megatron/") :]
         line = inspect.getsourcelines(function)[1]

@@ -217,3 +217,19 @@ def test_bucket_size_counts_parameters_and_reaches_ddp(recipes: RecipeCache, eng
     (training/comm_overlap.py:576-577); with it, ours."""
     _, cfg = updated(recipes, engine_environment, *THREE_D, "overlap=dp")
     assert cfg.ddp.bucket_size == 128 * 1024 * 1024
+
+
+@needs_stack
+def test_a_negative_capacity_factor_becomes_dropless(recipes: RecipeCache, engine_environment: Any) -> None:
+    """Rule X002: Megatron Core turns a negative factor into None, dropless (transformer_config.py:1660-1662)."""
+    from megatron.bridge.training.config import runtime_config_update
+
+    spec = make_spec(*B200, "router.capacity_factor=-1")
+    assert "X002" in {f.code for f in validate(spec) if f.is_error}
+    cfg = recipes.config(spec)
+    apply_overrides(cfg, spec)
+    engine_environment(spec)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        runtime_config_update(cfg)
+    assert cfg.model.moe_expert_capacity_factor is None

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from moe_vlm import explog
-from moe_vlm.engines.bridge_fields import KEEP, RUN_DIR, bridge_overrides
+from moe_vlm.engines.bridge_fields import KEEP, bridge_overrides
+from moe_vlm.engines.telemetry_fields import RUN_DIR
 from moe_vlm.launch.safety import SECRET_NAME
 from moe_vlm.record import RUN_JSON
 from moe_vlm.rules import validate

@@ -112,7 +112,8 @@ CASES: dict[str, tuple[list[str], list[str]]] = {
     "P003": (["precision=fp8cs"], [*MEG, "precision=fp8cs"]),
     # Routing and fusions (rules/routing.py); 128 experts, alltoall by default.
     "X001": ([*MEG, "router.pad_to_capacity=true"], [*MEG, "router=drop_and_pad"]),
-    "X002": ([*MEG, "router.capacity_factor=-1"], [*MEG, "router.capacity_factor=1.25"]),
+    # 0 keeps every expert empty (a negative factor Megatron turns into dropless itself).
+    "X002": ([*MEG, "router.capacity_factor=0"], [*MEG, "router.capacity_factor=1.25"]),
     "X003": (
         [*MEG, "dispatcher=deepep", "router=drop_and_pad"],
         [*MEG, "dispatcher=hybridep", "router=drop_and_pad"],
@@ -147,7 +148,10 @@ CASES: dict[str, tuple[list[str], list[str]]] = {
         [*MEG, "ep=4", "parallelism.dp_outer=2", "parallelism.dp_outer_sharding=optim"],
     ),
     # 8 GB200 GPUs sit in one NVL72 segment: 2 replicas of 4 GPUs split it for nothing. 36 nodes span 2.
-    "O007": ([*GB200, "ep=4", "parallelism.dp_outer=2"], [*GB200, "nodes=36", "ep=8", "parallelism=hsdp"]),
+    "O007": (
+        [*GB200, "ep=4", "parallelism.dp_outer=2"],
+        [*GB200, "nodes=36", "ep=8", "parallelism.dp_outer=0"],
+    ),
     "O008": ([*MEG, "offload=activations", "recompute=selective"], [*MEG, "offload=activations"]),
     "O009": ([*MEG, "offload.optimizer_fraction=1.5"], [*MEG, "parallelism=3d", "offload=optimizer"]),
     "O010": ([*MEG, "offload=optimizer"], [*MEG, "parallelism=3d", "offload=optimizer"]),

@@ -130,17 +130,17 @@ def test_a_big_dry_run_prints_one_line_per_point_and_writes_each_plan(tmp_path: 
     assert all(" GiB per rank " in row and " 1x1 ranks " in row for row in rows)
     assert "12 point(s), 6 valid, 6 would be rejected (" in out and "L001 x6" in out
     assert "; nothing was submitted." in out
-    assert "dry_run=full prints them all" in out
-    # Every plan (and every valid point's sbatch script) in the point's directory; nothing submitted.
+    assert "(dry_run=full prints them)" in out
+    # Every plan, every valid point's sbatch script and the canary's in one file; nothing submitted.
+    plans = (sweep / "dry_run_plans.txt").read_text()
+    assert plans.count("===== point") == 12 and plans.count("== moe_vlm plan ==") == 12
+    assert plans.count("#SBATCH --ntasks-per-node=1") == 6 + 1  # the valid points and the canary
     for row in rows:
-        point_dir = sweep / row.split()[1]
-        assert "== moe_vlm plan ==" in (point_dir / "plan.txt").read_text()
-        script = point_dir / "sbatch.txt"
-        assert script.exists() == ("REJECTED" not in row)
-        if script.exists():
-            assert "#SBATCH --ntasks-per-node=1" in script.read_text()
-    assert "moe_vlm.launch.canary" in (sweep / "canaries.txt").read_text()
+        section = plans.split(f"(id {row.split()[1]}) =====", 1)[1].split("===== ", 1)[0]
+        assert ("-- sbatch script --" in section) == (row.split()[2] == "valid")
+    assert "moe_vlm.launch.canary" in plans
     assert (sweep / "dry_run.txt").read_text().count("REJECTED") == 6
+    assert sorted(p.name for p in sweep.iterdir()) == ["dry_run.txt", "dry_run_plans.txt"]
     assert not list(sweep.rglob("point.json")) and not list(sweep.rglob("run.json"))
     assert not (sweep / "multirun.yaml").exists()
 

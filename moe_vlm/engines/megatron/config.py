@@ -17,7 +17,6 @@ from moe_vlm.engines import EngineUnavailable
 from moe_vlm.engines.bridge_fields import (
     HYBRID_EP_ENV_NAMES,
     KEEP,
-    RUN_DIR,
     SEEDED_DATASET,
     BridgeOverride,
     Recipe,
@@ -26,6 +25,7 @@ from moe_vlm.engines.bridge_fields import (
 )
 from moe_vlm.engines.hf_config import hf_model_dir
 from moe_vlm.engines.megatron.stack import PINNED, versions
+from moe_vlm.engines.telemetry_fields import RUN_DIR
 from moe_vlm.spec import RunSpec
 
 

@@ -36,7 +36,8 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from moe_vlm.engines.bridge_fields import RUN_DIR, Recipe  # RUN_DIR: this run's directory in values
+from moe_vlm.engines.bridge_fields import Recipe
+from moe_vlm.engines.telemetry_fields import RUN_DIR  # this run's directory in values
 from moe_vlm.spec import RunSpec
 
 # The sections the issue names first (what a performance engineer reads first), then every other

@@ -177,7 +177,8 @@ MLFLOW = StackModule(
 def required(spec: RunSpec) -> list[StackModule]:
     """Every module a run with these options imports, in import order (no import here)."""
     from moe_vlm.arch import profile
-    from moe_vlm.engines.bridge_fields import select_recipe, tensorboard_dir
+    from moe_vlm.engines.bridge_fields import select_recipe
+    from moe_vlm.engines.telemetry_fields import tensorboard_dir
 
     modules = [*LIBRARY, RESILIENCY, PRETRAIN, FORWARD_STEP]
     recipe = select_recipe(spec)
