@@ -3,6 +3,7 @@ and the refusal to start where there is no GPU."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -83,7 +84,10 @@ def test_running_without_a_gpu_is_refused_in_one_line(tmp_path: Path) -> None:
         "moe_vlm: error: engine=megatron needs GPUs and this machine has none visible; "
         "plan with dry_run=true, or use engine=torch."
     ]
-    assert not (run_dir / "run.json").exists() and not (run_dir / "steps.jsonl").exists()
+    # The run.json written when the run started is settled as a failure before any step: no steps.
+    record = json.loads((run_dir / "run.json").read_text())
+    assert record["status"] == "failed" and record["failure"]["class"] == "stack", record
+    assert not (run_dir / "steps.jsonl").exists()
 
 
 @needs_stack
