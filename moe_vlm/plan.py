@@ -14,6 +14,7 @@ from moe_vlm.metrics import peak_of, precision_peak_of
 from moe_vlm.precision import profile as precision_profile
 from moe_vlm.record import choices
 from moe_vlm.rules import Finding
+from moe_vlm.schema import Engine
 from moe_vlm.spec import RunSpec
 
 if TYPE_CHECKING:
@@ -43,7 +44,9 @@ def routing_line(spec: RunSpec) -> str:
 def precision_line(spec: RunSpec) -> str:
     fmt, profile = spec.precision.format, precision_profile(spec.precision.format)
     how = (
-        f"Bridge {profile.bridge_recipe}" if spec.engine == "megatron" else "torch: bf16 on GPUs, fp32 on CPU"
+        f"Bridge {profile.bridge_recipe}"
+        if spec.engine == Engine.megatron
+        else "torch: bf16 on GPUs, fp32 on CPU"
     )
     peaks = dict.fromkeys(p["name"] for p in (peak_of(spec), precision_peak_of(spec)) if p["name"])
     mfu = f"MFU vs {' and vs '.join(peaks)}" if peaks else "no MFU: the cluster declares no peak"
@@ -239,7 +242,7 @@ def render(
     out.append(f"-- findings: {len(errors)} error(s), {len(findings) - len(errors)} warning(s) --")
     out += [f.line() for f in findings] or ["none"]
     out.append("")
-    if spec.engine == "megatron":
+    if spec.engine == Engine.megatron:
         # An invalid plan never runs: skip the seconds of importing Megatron to probe its stack.
         if errors:
             stack = ["-- stack --", "not checked: the plan is INVALID"]

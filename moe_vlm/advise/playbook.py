@@ -21,7 +21,7 @@ from enum import Enum
 from moe_vlm.compose import compose_spec, set_overrides
 from moe_vlm.engines.bridge_fields import select_recipe
 from moe_vlm.rules import errors, validate
-from moe_vlm.schema import FlexBackend
+from moe_vlm.schema import Arch, Engine, FlexBackend
 from moe_vlm.spec import RunSpec, hybridep_topology
 
 SKILLS = "sister-skills.md"
@@ -174,7 +174,7 @@ PLAYBOOKS: dict[str, Playbook] = {
 
 
 def _graph_advice(spec: RunSpec) -> Advice:
-    if spec.model.arch == "qwen3_5_moe":
+    if spec.model.arch == Arch.qwen3_5_moe:
         return Advice(
             Topic.graphs,
             "Qwen3.5-VL: Bridge's perf recipes run without CUDA graphs for variable-length VLM inputs; the "
@@ -287,7 +287,7 @@ def playbook_lines(spec: RunSpec, start: list[str], candidate_3d: list[str] | No
     [] off the GPU clusters the sister skills cover, and for the torch engine.
     """
     playbook = PLAYBOOKS.get(spec.cluster.name)
-    if playbook is None or spec.engine != "megatron":
+    if playbook is None or spec.engine != Engine.megatron:
         return []
     bases = [("start above", start)]
     if candidate_3d is not None:

@@ -18,7 +18,7 @@ from moe_vlm.errors import BadInput
 from moe_vlm.memory import THIN_HEADROOM_FRACTION, MemoryEstimate, estimate, memory_variants
 from moe_vlm.rules import Finding, errors, validate
 from moe_vlm.rules.catalogue import CATALOGUE
-from moe_vlm.schema import CudaGraphImpl, DataKind, RecomputeGranularity
+from moe_vlm.schema import CudaGraphImpl, DataKind, Engine, RecomputeGranularity
 from moe_vlm.spec import PipelineSplit, RunSpec
 
 GOALS = ("bring-up", "peak-throughput")
@@ -121,7 +121,7 @@ def starting_point(base: list[str], goal: str, family: str) -> Start | None:
     probe = compose_spec(base)
     choices = {
         "parallelism": family,
-        "dispatcher": probe.cluster.default_dispatcher if probe.engine == "megatron" else "alltoall",
+        "dispatcher": probe.cluster.default_dispatcher if probe.engine == Engine.megatron else "alltoall",
         "cuda_graph": _graph_choice(probe, goal)[0],
         "vision_freeze": "none",
         "recompute": "full" if goal == "bring-up" else "selective",
@@ -162,7 +162,7 @@ def knob_reasons(spec: RunSpec, goal: str, user: set[str], changed_for_memory: b
         + ("; ETP=1: ETP is a fitting tool, not a default" if lay.etp == 1 else "")
     ]
     dispatcher = spec.dispatcher.name
-    if spec.engine == "torch":
+    if spec.engine == Engine.torch:
         why.append(f"dispatcher={dispatcher}: the torch engine keeps every expert on each rank")
     elif dispatcher == "hybridep":
         why.append(f"dispatcher=hybridep: the strong default on {spec.cluster.name}")
@@ -266,7 +266,7 @@ def before_any_run(base: list[str], goal: str) -> list[str]:
         "",
     ]
     start = starting_point(base, goal, family)
-    if start is None and family == "fsdp" and not user_family and probe.engine == "megatron":
+    if start is None and family == "fsdp" and not user_family and probe.engine == Engine.megatron:
         out.append(
             "  - FSDP is predicted not to fit on this world size: 3D parallel (with PP) is needed for memory"
         )
@@ -280,7 +280,7 @@ def before_any_run(base: list[str], goal: str) -> list[str]:
         return out
     out += _describe_start("start", start)
     nxt: Start | None = None
-    if probe.engine == "megatron" and start.family == "fsdp":
+    if probe.engine == Engine.megatron and start.family == "fsdp":
         nxt = starting_point(set_overrides(base, "parallelism=3d"), "peak-throughput", "3d")
         if nxt is not None:
             out += ["", *(_describe_start("next, once stable on FSDP (3D candidate)", nxt))]

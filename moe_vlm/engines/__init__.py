@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from moe_vlm.schema import Engine
 from moe_vlm.spec import RunSpec
 
 
@@ -17,12 +18,12 @@ class RunFailed(RuntimeError):
 
 
 def launch(spec: RunSpec, config: dict[str, Any], run_dir: Path) -> None:
-    if spec.engine == "torch":
+    if spec.engine == Engine.torch:
         from moe_vlm.engines import torch_engine
 
         torch_engine.launch(spec, config, run_dir)
         return
-    if spec.engine == "megatron":
+    if spec.engine == Engine.megatron:
         # Imports the Megatron stack lazily; raises EngineUnavailable with the reason when it
         # (or a GPU) is missing.
         from moe_vlm.engines import megatron

@@ -29,6 +29,8 @@ import traceback
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from moe_vlm.schema import Engine
+
 if TYPE_CHECKING:
     from moe_vlm.spec import RunSpec
 
@@ -53,7 +55,7 @@ def compose_spec(overrides: list[str]) -> RunSpec:
 
 def check_engine(spec: RunSpec, workdir: Path) -> str:
     """Import what the point's engine imports; for Megatron, build its ConfigContainer."""
-    if spec.engine == "megatron":
+    if spec.engine == Engine.megatron:
         from moe_vlm.engines.megatron.config import build_config, check_overrides
         from moe_vlm.engines.megatron.stack import stack_problem, versions
 

@@ -27,6 +27,7 @@ from typing import Any
 from moe_vlm import profiling
 from moe_vlm.errors import BadInput
 from moe_vlm.launch import safety, site
+from moe_vlm.schema import Engine
 from moe_vlm.spec import RunSpec
 
 # Exit status of a rank that was asked to stop for a requeue (EX_TEMPFAIL): not a failure.
@@ -152,7 +153,7 @@ def checked(settings: SlurmSettings, spec: RunSpec) -> SlurmSettings:
         raise BadInput(
             f"hydra.launcher.segment={out.segment!r}: expected auto, a node count or null. Fix: segment=auto."
         )
-    if out.segment not in (None, "auto") and spec.engine == "megatron":
+    if out.segment not in (None, "auto") and spec.engine == Engine.megatron:
         from moe_vlm.sharding import segment_mismatch  # HSDP's sharding block should be one segment
 
         problem = segment_mismatch(spec, str(out.segment))

@@ -14,6 +14,7 @@ from moe_vlm.rules.catalogue import (
 )
 from moe_vlm.schema import (
     DataKind,
+    Engine,
 )
 from moe_vlm.spec import RunSpec
 
@@ -52,7 +53,7 @@ def _packing_mbs(spec: RunSpec) -> Iterator[Violation]:
     # sequence per micro-batch there is nothing to pack, and ConfigContainer.validate rejects it.
     # Only Energon's config carries the field (data=real); A008 rejects packing on this engine anyway.
     if (
-        spec.engine == "megatron"
+        spec.engine == Engine.megatron
         and spec.data.kind is DataKind.real
         and spec.data.pack_sequences
         and spec.mbs < 2
@@ -146,7 +147,7 @@ def _no_packing_on_megatron(spec: RunSpec) -> Iterator[Violation]:
     # nothing (data/builders/energon.py:203, data/datasets/direct_sft.py:91) and the step builds one
     # cu_seqlens segment per padded row (models/qwen_vl/qwen3_vl_step.py:192-197): rows never hold
     # two samples and no padding is saved, yet the batch turns THD with variable_seq_lengths.
-    if spec.engine == "megatron" and spec.data.pack_sequences:
+    if spec.engine == Engine.megatron and spec.data.pack_sequences:
         yield Violation(
             ("data.pack_sequences",),
             "data.pack_sequences=true never packs on the Megatron engine: Bridge's Qwen3-VL step keeps one "
@@ -160,7 +161,7 @@ def _no_packing_on_megatron(spec: RunSpec) -> Iterator[Violation]:
 def _loader_on_training_thread(spec: RunSpec) -> Iterator[Violation]:
     # Bridge's DataLoader with num_workers=0 builds each batch inside next(data_iterator), which
     # qwen3_vl_step calls inside the step (models/qwen_vl/qwen3_vl_step.py:60, 240-250).
-    if spec.engine == "megatron" and spec.data.num_workers == 0:
+    if spec.engine == Engine.megatron and spec.data.num_workers == 0:
         yield Violation(
             ("data.num_workers",),
             "data.num_workers=0: the Qwen image processor and the collate run on the training thread inside "

@@ -11,6 +11,7 @@ from moe_vlm.rules.catalogue import (
     rule,
 )
 from moe_vlm.schema import (
+    Engine,
     FlexBackend,
     RecomputeGranularity,
     TokenDispatcher,
@@ -162,7 +163,7 @@ def _ep_overlap_qwen3vl(spec: RunSpec) -> Iterator[Violation]:
     # GPTModel has it (megatron/core/models/gpt/gpt_model.py:798), and get_attr_wrapped_model
     # raises when it is missing (megatron/core/utils.py:664-666). Both providers build Qwen3VLModel
     # (qwen3_vl_provider.py:322, qwen35_vl_provider.py:428), a MegatronModule without it: step 1 crashes.
-    if spec.engine == "megatron" and spec.dispatcher.overlap_moe_expert_parallel_comm:
+    if spec.engine == Engine.megatron and spec.dispatcher.overlap_moe_expert_parallel_comm:
         yield Violation(
             ("dispatcher.overlap_moe_expert_parallel_comm",),
             "the EP-overlap schedule calls build_schedule_plan on the model, which Qwen3VLModel (every "

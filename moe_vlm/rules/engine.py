@@ -18,6 +18,7 @@ from moe_vlm.rules.catalogue import (
 )
 from moe_vlm.schema import (
     Engine,
+    ParallelismFamily,
     RecomputeGranularity,
     RecomputeMethod,
 )
@@ -98,7 +99,7 @@ def _torch_arch(spec: RunSpec) -> Iterator[Violation]:
 @rule("E006", Level.error, "the torch engine's FSDP2 has no optimizer-only sharding")
 def _torch_sharding(spec: RunSpec) -> Iterator[Violation]:
     par = spec.parallelism
-    if not _torch_only(spec) or spec.family != "fsdp":
+    if not _torch_only(spec) or spec.family != ParallelismFamily.fsdp:
         return
     if not accepts(TORCH, "parallelism.sharding_strategy", par.sharding_strategy):
         yield Violation(
@@ -121,7 +122,7 @@ def _torch_sharding(spec: RunSpec) -> Iterator[Violation]:
 
 @rule("E007", Level.error, "engine=megatron needs a GPU to run")
 def _megatron_needs_gpu(spec: RunSpec) -> Iterator[Violation]:
-    if spec.engine == "megatron" and not spec.cluster.is_gpu_cluster and not spec.dry_run:
+    if spec.engine == Engine.megatron and not spec.cluster.is_gpu_cluster and not spec.dry_run:
         yield Violation(
             ("engine", "cluster"),
             "engine=megatron runs on GPU clusters; cluster=local has no GPU profile.",

@@ -12,6 +12,8 @@ from moe_vlm.rules.catalogue import (
 )
 from moe_vlm.schema import (
     CudaGraphImpl,
+    Engine,
+    ParallelismFamily,
     ShardingStrategy,
 )
 from moe_vlm.spec import RunSpec
@@ -20,7 +22,7 @@ from moe_vlm.spec import RunSpec
 @rule("F001", Level.error, "Megatron FSDP v2 is data-parallel only")
 def _fsdp_v2(spec: RunSpec) -> Iterator[Violation]:
     par, lay = spec.parallelism, spec.layout
-    if spec.family != "fsdp" or par.fsdp_version != 2:
+    if spec.family != ParallelismFamily.fsdp or par.fsdp_version != 2:
         return
     blockers = [
         name for name, size in (("tp", lay.tp), ("pp", lay.pp), ("cp", lay.cp), ("ep", lay.ep)) if size > 1
@@ -40,7 +42,7 @@ def _fsdp_v2(spec: RunSpec) -> Iterator[Violation]:
 @rule("F002", Level.error, "FSDP-only knobs need parallelism=fsdp")
 def _fsdp_knobs_on_3d(spec: RunSpec) -> Iterator[Violation]:
     par = spec.parallelism
-    if spec.family != "3d":
+    if spec.family != ParallelismFamily["3d"]:
         return
     ignored = []
     if par.sharding_strategy is not ShardingStrategy.no_shard:
@@ -61,7 +63,7 @@ def _fsdp_knobs_on_3d(spec: RunSpec) -> Iterator[Violation]:
 
 @rule("F003", Level.warning, "FSDP with PP > 1 is not validated upstream")
 def _fsdp_pp(spec: RunSpec) -> Iterator[Violation]:
-    if spec.family == "fsdp" and spec.layout.pp > 1:
+    if spec.family == ParallelismFamily.fsdp and spec.layout.pp > 1:
         yield Violation(
             ("pp",),
             "Megatron FSDP with PP > 1 is 'intended to work, not fully validated' upstream.",
@@ -71,7 +73,7 @@ def _fsdp_pp(spec: RunSpec) -> Iterator[Violation]:
 
 @rule("F004", Level.warning, "FSDP family is TP=CP=1")
 def _fsdp_tp_cp(spec: RunSpec) -> Iterator[Violation]:
-    if spec.family == "fsdp" and (spec.layout.tp > 1 or spec.layout.cp > 1):
+    if spec.family == ParallelismFamily.fsdp and (spec.layout.tp > 1 or spec.layout.cp > 1):
         yield Violation(
             ("tp", "cp"),
             "parallelism=fsdp is the TP=CP=PP=1 bring-up family; TP/CP > 1 leaves it.",
@@ -88,8 +90,8 @@ def _fsdp_te_graphs(spec: RunSpec) -> Iterator[Violation]:
     # refuses a hooked module (transformer_engine/pytorch/graph.py:386-400): capture fails at
     # step cuda_graph.warmup_steps. With no_shard no hook lands on a layer.
     if (
-        spec.engine == "megatron"
-        and spec.family == "fsdp"
+        spec.engine == Engine.megatron
+        and spec.family == ParallelismFamily.fsdp
         and spec.parallelism.sharding_strategy is not ShardingStrategy.no_shard
         and spec.cuda_graph.impl is CudaGraphImpl.transformer_engine
     ):

@@ -14,6 +14,7 @@ from moe_vlm.rules.catalogue import (
 )
 from moe_vlm.schema import (
     CudaGraphImpl,
+    Engine,
     RecomputeGranularity,
 )
 from moe_vlm.spec import RunSpec
@@ -124,7 +125,11 @@ def _graph_attn_mrope(spec: RunSpec) -> Iterator[Violation]:
     # An empty scope captures the whole layer, attention included. (With impl=none the scope is
     # ignored: G011.)
     captures_attn = te_graphs and ("attn" in graph.scope or not graph.scope)
-    if captures_attn and not profile(spec.model.arch).graphs_capture_attention and spec.engine == "megatron":
+    if (
+        captures_attn
+        and not profile(spec.model.arch).graphs_capture_attention
+        and spec.engine == Engine.megatron
+    ):
         yield Violation(
             ("cuda_graph",),
             f"CUDA graphs that capture attention ('attn' or whole-layer scope) would run {spec.model.arch}'s "
@@ -163,7 +168,7 @@ def _graph_full_iteration_qwen3vl(spec: RunSpec) -> Iterator[Violation]:
     # captured, replays skip Python (full_cuda_graph.py:241) and read the data before the forward
     # step (:203), so our counting forward step would record 0 tokens on every steady step.
     # Every model this engine builds goes through that step.
-    if spec.engine == "megatron" and spec.cuda_graph.impl is CudaGraphImpl.full_iteration:
+    if spec.engine == Engine.megatron and spec.cuda_graph.impl is CudaGraphImpl.full_iteration:
         yield Violation(
             ("cuda_graph",),
             "full-iteration CUDA graphs cannot be captured around the Qwen3-VL forward step (it reads "

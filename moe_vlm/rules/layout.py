@@ -10,7 +10,7 @@ from moe_vlm.rules.catalogue import (
     Violation,
     rule,
 )
-from moe_vlm.schema import Engine
+from moe_vlm.schema import Arch, Engine
 from moe_vlm.spec import RunSpec
 
 
@@ -210,7 +210,7 @@ def _vp_qwen3vl_moe(spec: RunSpec) -> Iterator[Violation]:
     # (megatron/core/transformer/transformer_layer.py:116-119, 189-192). The Qwen3.5 provider
     # passes it (qwen35_vl_provider.py:428-437).
     lay = spec.layout
-    if spec.engine is Engine.megatron and spec.model.arch == "qwen3_vl_moe" and lay.pp > 1 and lay.vp > 1:
+    if spec.engine is Engine.megatron and spec.model.arch == Arch.qwen3_vl_moe and lay.pp > 1 and lay.vp > 1:
         yield Violation(
             ("vp",),
             f"vp={lay.vp}: Megatron Bridge's Qwen3-VL-MoE provider does not pass the virtual pipeline stage "
