@@ -172,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
             for _ in range(steps):
                 step_number += 1
                 cpu_started = time.process_time()
-                wall.append(trainer.step(step_number)["step_time_s"])
+                wall.append(trainer.step(step_number).step_time_s)
                 cpu.append(time.process_time() - cpu_started)
             if isinstance(timer, MeteredTimer):
                 inside_hooks_s += timer.spent_s if counted else 0.0
