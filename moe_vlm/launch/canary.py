@@ -29,8 +29,6 @@ import traceback
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from moe_vlm.schema import Engine
-
 if TYPE_CHECKING:
     from moe_vlm.spec import RunSpec
 
@@ -55,6 +53,8 @@ def compose_spec(overrides: list[str]) -> RunSpec:
 
 def check_engine(spec: RunSpec, workdir: Path) -> str:
     """Import what the point's engine imports; for Megatron, build its ConfigContainer."""
+    from moe_vlm.schema import Engine  # not at module level: a missing Hydra is a finding
+
     if spec.engine == Engine.megatron:
         from moe_vlm.engines.megatron.config import build_config, check_overrides
         from moe_vlm.engines.megatron.stack import stack_problem, versions
