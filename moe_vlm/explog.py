@@ -83,11 +83,12 @@ def summary_metrics(summary: dict[str, Any]) -> dict[str, float]:
     return {k: float(v) for k, v in picked.items() if isinstance(v, int | float)}
 
 
-def _flat(value: Any, prefix: str = "") -> dict[str, Any]:
+def flatten(value: Any, prefix: str = "") -> dict[str, Any]:
+    """Nested dicts as one level of dotted keys (the console summary and the tracker's hparams)."""
     if isinstance(value, dict):
         flat: dict[str, Any] = {}
         for key, item in value.items():
-            flat.update(_flat(item, f"{prefix}.{key}" if prefix else str(key)))
+            flat.update(flatten(item, f"{prefix}.{key}" if prefix else str(key)))
         return flat
     return {prefix: value}
 
@@ -149,7 +150,7 @@ class MlflowLog(ExperimentLog):
             mlflow.set_tracking_uri(spec.logger.tracking_uri)
         mlflow.set_experiment(spec.logger.project)
         mlflow.start_run(run_name=run_name(spec))
-        mlflow.log_params({k: str(v)[:MLFLOW_PARAM_CHARS] for k, v in _flat(config).items()})
+        mlflow.log_params({k: str(v)[:MLFLOW_PARAM_CHARS] for k, v in flatten(config).items()})
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         self.mlflow.log_metrics(metrics, step=step)

@@ -242,6 +242,18 @@ class DataConfig:
     max_pixels: int = 1280 * 28 * 28
 
 
+# The DataConfig fields a synthetic sample is drawn from (both engines' seeded data reads them).
+SYNTHETIC_DRAW_FIELDS = (
+    "min_images",
+    "max_images",
+    "min_long_side_px",
+    "max_long_side_px",
+    "aspect_ratios",
+    "min_text_tokens",
+    "max_text_tokens",
+)
+
+
 @dataclass
 class ClusterConfig:
     name: str = "local"

@@ -21,6 +21,7 @@ from moe_vlm.data.workers import data_workers
 from moe_vlm.engines.telemetry_fields import ROWS as TELEMETRY_ROWS
 from moe_vlm.precision import profile as precision_profile
 from moe_vlm.schema import (
+    SYNTHETIC_DRAW_FIELDS,
     ClusterConfig,
     CrossEntropyFusion,
     CudaGraphImpl,
@@ -169,17 +170,7 @@ def _if_vision_graphs(value: Callable[[RunSpec], Any]) -> Callable[[RunSpec], An
 # The Megatron engine's config class for mock and synthetic data (engines/megatron/data.py), and
 # the knobs it carries: the project's own seeded samples, the ones the torch engine feeds.
 SEEDED_DATASET = "MoeVlmDatasetConfig"
-SEEDED_DATA_FIELDS = (
-    "min_images",
-    "max_images",
-    "min_long_side_px",
-    "max_long_side_px",
-    "aspect_ratios",
-    "min_text_tokens",
-    "max_text_tokens",
-    "min_pixels",
-    "max_pixels",
-)
+SEEDED_DATA_FIELDS = (*SYNTHETIC_DRAW_FIELDS, "min_pixels", "max_pixels")
 SEEDED_MODEL_FIELDS = (
     "vision_patch_size",
     "vision_temporal_patch_size",

@@ -29,6 +29,7 @@ from typing import Any
 
 from moe_vlm.arch import PROFILES
 from moe_vlm.schema import (
+    SYNTHETIC_DRAW_FIELDS,
     CudaGraphImpl,
     Engine,
     OuterSharding,
@@ -244,18 +245,7 @@ TORCH: Mapping[str, Support] = {
     "data.path": Honoured("data=real: Energon shards read in the training loop"),
     "data.pack_sequences": Honoured("rows packed or padded"),
     "data.num_workers": Honoured("batches are built in the training loop; no dataloader workers", (None, 0)),
-    **{
-        f"data.{name}": Honoured("data=synthetic draws")
-        for name in (
-            "min_images",
-            "max_images",
-            "min_long_side_px",
-            "max_long_side_px",
-            "aspect_ratios",
-            "min_text_tokens",
-            "max_text_tokens",
-        )
-    },
+    **{f"data.{name}": Honoured("data=synthetic draws") for name in SYNTHETIC_DRAW_FIELDS},
     "data.min_pixels": Honoured("the image processor's bounds"),
     "data.max_pixels": Honoured("the image processor's bounds"),
     # transformers' router picks experts from its own logits; random logits are Megatron's (E011).

@@ -37,7 +37,7 @@ from moe_vlm import profiling
 from moe_vlm.data import Batch, BatchStats, DataStats, build_batches
 from moe_vlm.engines import EngineUnavailable, RunFailed
 from moe_vlm.engines.torch_model import apply_freeze, apply_recompute, build_model
-from moe_vlm.explog import ExperimentLog, open_log, step_metrics, summary_metrics
+from moe_vlm.explog import ExperimentLog, flatten, open_log, step_metrics, summary_metrics
 from moe_vlm.launch.dist_env import DistEnv
 from moe_vlm.launch.failures import LOG_TAIL_LINES, classify, launch_info, write_failure
 from moe_vlm.profiling import StepProfiler
@@ -471,22 +471,13 @@ class Console:
             ("status", str(record["status"])),
             ("data", str(record["data"]["kind"])),
         ]
-        for key, value in sorted(_flatten(summary).items()):
+        for key, value in sorted(flatten(summary).items()):
             rows.append((key, _format(value)))
         width = max(len(key) for key, _ in rows)
         print("-" * (width + 30), flush=True)
         for key, value in rows:
             print(f"{key:<{width}}  {value}", flush=True)
         print("-" * (width + 30), flush=True)
-
-
-def _flatten(value: Any, prefix: str = "") -> dict[str, Any]:
-    if isinstance(value, dict):
-        flat: dict[str, Any] = {}
-        for key, item in value.items():
-            flat.update(_flatten(item, f"{prefix}.{key}" if prefix else str(key)))
-        return flat
-    return {prefix: value}
 
 
 def _format(value: Any) -> str:
