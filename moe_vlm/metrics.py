@@ -35,7 +35,7 @@ from statistics import median
 from typing import Any
 
 from moe_vlm.flops import MODULES, Workload, step_flops
-from moe_vlm.precision import peak_flops
+from moe_vlm.precision import PeakKind, peak_flops
 from moe_vlm.precision import profile as precision_profile
 from moe_vlm.record import TOKEN_KINDS, StepRecord, as_step
 from moe_vlm.spec import RunSpec
@@ -135,21 +135,52 @@ def peak_of(spec: RunSpec) -> dict[str, Any]:
     }
 
 
-def precision_peak_of(spec: RunSpec) -> dict[str, Any]:
-    """The second MFU denominator: the dense peak of the run's own number format, named.
+# The modules whose GEMMs run BF16 whatever the precision: Qwen3VLModel builds the vision tower
+# (ViT blocks, patch merger, deepstack mergers) from get_vision_model_config, which sets neither
+# fp8 nor fp4 (megatron/bridge/models/qwen_vl/modelling_qwen3_vl/transformer_config.py:63-158,
+# model.py:313-324), so its blocks never enter an FP8/FP4 autocast (transformer_block.py:313-335);
+# tests/megatron/test_effective.py reads both off the real provider.
+BF16_MODULES = ("vision_encoder", "projector")
 
-    BF16 runs repeat the BF16 peak. FP8/FP4 runs quote the FP8/FP4 peak, an upper bound for the
-    whole step: attention, norms, the router, the vision tower and the optimizer stay BF16/FP32.
+
+def module_peaks(spec: RunSpec) -> dict[str, dict[str, Any]]:
+    """Each module's dense peak under the run's precision: the decoder at its format's, the vision
+    tower at BF16 (BF16_MODULES)."""
+    own = precision_profile(spec.precision.format).peak
+    kinds = {module: PeakKind.bf16 if module in BF16_MODULES else own for module in MODULES}
+    return {m: {"kind": kind.value, "flops": peak_flops(spec.cluster, kind)} for m, kind in kinds.items()}
+
+
+def precision_peak_of(spec: RunSpec, flops_by_module: Mapping[str, float] | None = None) -> dict[str, Any]:
+    """The second MFU denominator: the dense peaks of the run's own number format, per module, named.
+
+    BF16 runs repeat the BF16 peak. FP8/FP4 runs quote the decoder against the FP8/FP4 peak and the
+    vision encoder and projector against the BF16 one (they run BF16: BF16_MODULES). `flops` is the
+    one peak that gives the same MFU: the step's FLOPs over the time each module's FLOPs would take
+    at its own peak (sum of flops_m / peak_m), so MFU = that ideal time over the measured one. With no
+    FLOPs split given, the decoder's. Still an upper bound for the decoder: its attention core,
+    norms, router and output layer stay BF16/FP32.
     """
+    cluster, peaks = spec.cluster, module_peaks(spec)
     kind = precision_profile(spec.precision.format).peak
-    flops = peak_flops(spec.cluster, kind)
-    if flops <= 0:
-        return {"name": None, "flops": None, "kind": kind.value}
-    return {
-        "name": f"{spec.cluster.gpu} dense {kind.value.upper()} {flops / TERA:g} TFLOP/s (cluster={spec.cluster.name})",
-        "flops": flops,
-        "kind": kind.value,
-    }
+    by_module = {"by_module": peaks}
+    if any(p["flops"] <= 0 for p in peaks.values()):
+        missing = next(p["kind"] for p in peaks.values() if p["flops"] <= 0)
+        return {"name": None, "flops": None, "kind": missing, **by_module}
+    decoder = peaks["decoder"]["flops"]
+    if kind is PeakKind.bf16:
+        name = f"{cluster.gpu} dense BF16 {decoder / TERA:g} TFLOP/s (cluster={cluster.name})"
+    else:
+        name = (
+            f"{cluster.gpu} dense {kind.value.upper()} {decoder / TERA:g} TFLOP/s for the decoder, dense "
+            f"BF16 {cluster.peak_bf16_flops / TERA:g} TFLOP/s for the vision encoder and projector "
+            f"(cluster={cluster.name})"
+        )
+    flops = decoder
+    total = sum(flops_by_module.values()) if flops_by_module else 0.0
+    if flops_by_module and total > 0:
+        flops = total / sum(flops_by_module[m] / peaks[m]["flops"] for m in MODULES)
+    return {"name": name, "flops": flops, "kind": kind.value, **by_module}
 
 
 def mfu_of(
@@ -208,13 +239,11 @@ def summarize(steps: Iterable[StepRecord | Mapping[str, Any]], spec: RunSpec) ->
 
     steady = [grouped[n] for n in window.steps]
     step_times = [max(float(r.step_time_s) for r in records) for records in steady]
-    total_time = sum(step_times)
-    summary["step_time_s"] = {
-        "p10": _percentile(step_times, 0.1),
-        "p50": median(step_times),
-        "p90": _percentile(step_times, 0.9),
-        "mean": total_time / len(step_times),
-    }
+    summary["step_time_s"] = _spread(step_times)
+    basis = time_basis(steady, step_times)
+    summary["time_basis"] = basis.describe()
+    summary["step_period_s"] = _spread(basis.seconds) if basis.periods else None
+    summary["between_steps_s"] = basis.between_steps()
 
     nominal_per_step = spec.gbs * spec.seq_length
     totals = {
@@ -223,7 +252,14 @@ def summarize(steps: Iterable[StepRecord | Mapping[str, Any]], spec: RunSpec) ->
     }
     totals["nominal"] = nominal_per_step * len(steady)
     summary["tokens_per_step"] = {kind: total / len(steady) for kind, total in totals.items()}
-    per_gpu_second = total_time * world
+    # The rates: what the rated steps did over the seconds they took (time_basis), per GPU.
+    rated = [steady[i] for i in basis.indices]
+    totals = {
+        kind: sum(int(getattr(r, f"{kind}_tokens")) for records in rated for r in records)
+        for kind in TOKEN_KINDS
+    }
+    totals["nominal"] = nominal_per_step * len(rated)
+    per_gpu_second = sum(basis.seconds) * world
     summary["effective_tokens_per_s_per_gpu"] = totals["real"] / per_gpu_second
     summary["nominal_tokens_per_s_per_gpu"] = totals["nominal"] / per_gpu_second
     summary["padded_tokens_per_s_per_gpu"] = totals["padded"] / per_gpu_second
@@ -231,28 +267,29 @@ def summarize(steps: Iterable[StepRecord | Mapping[str, Any]], spec: RunSpec) ->
     summary["image_tokens_per_s_per_gpu"] = totals["image"] / per_gpu_second
 
     flops = [step_flops(spec, workload_of(records)) for records in steady]
-    model_flops = sum(f.model for f in flops)
     summary["flops_per_step"] = {
-        "model": model_flops / len(flops),
+        "model": sum(f.model for f in flops) / len(flops),
         "bridge": sum(f.bridge for f in flops) / len(flops),
         "hardware": sum(f.hardware for f in flops) / len(flops),
         "recompute": sum(f.recompute for f in flops) / len(flops),
         "model_by_module": {m: sum(f.model_by_module[m] for f in flops) / len(flops) for m in MODULES},
         "multipliers": {m: vars(multiplier) for m, multiplier in flops[0].multipliers.items()},
     }
+    rated_flops = [flops[i] for i in basis.indices]
+    model_flops = sum(f.model for f in rated_flops)
     summary["tflops_per_gpu"] = model_flops / per_gpu_second / TERA
-    summary["bridge_tflops_per_gpu"] = (
-        summary["flops_per_step"]["bridge"] * len(flops) / per_gpu_second / TERA
-    )
-    summary["hardware_tflops_per_gpu"] = (
-        summary["flops_per_step"]["hardware"] * len(flops) / per_gpu_second / TERA
-    )
+    summary["bridge_tflops_per_gpu"] = sum(f.bridge for f in rated_flops) / per_gpu_second / TERA
+    summary["hardware_tflops_per_gpu"] = sum(f.hardware for f in rated_flops) / per_gpu_second / TERA
     mfu, note = mfu_of(model_flops / per_gpu_second, spec)
     summary["mfu"] = mfu
     summary["mfu_note"] = note
     if note and note.startswith("ERROR"):
         summary["errors"].append(note)
-    # The same run against its own format's peak (precision=fp8cs|fp8mx|nvfp4), beside the BF16 one.
+    # The same run against its own format's peaks (precision=fp8cs|fp8mx|nvfp4), beside the BF16 one:
+    # each module at the peak it runs at, blended by this window's FLOPs.
+    summary["precision_peak"] = precision_peak_of(
+        spec, {m: sum(f.model_by_module[m] for f in rated_flops) for m in MODULES}
+    )
     summary["mfu_precision"], summary["mfu_precision_note"] = mfu_of(
         model_flops / per_gpu_second, spec, summary["precision_peak"]
     )
@@ -278,6 +315,84 @@ def summarize(steps: Iterable[StepRecord | Mapping[str, Any]], spec: RunSpec) ->
     summary["data_wait"] = data_wait_of(steady)
     summary["per_rank"] = rank_medians(steady)  # the report's straggler view (moe_vlm/stragglers.py)
     return summary
+
+
+def _spread(seconds: list[float]) -> dict[str, float]:
+    return {
+        "p10": _percentile(seconds, 0.1),
+        "p50": median(seconds),
+        "p90": _percentile(seconds, 0.9),
+        "mean": sum(seconds) / len(seconds),
+    }
+
+
+class TimeBasis(StrEnum):
+    """What the summary's rates (tokens/s, TFLOP/s, MFU) divide by."""
+
+    # Step start to next step start (StepRecord.step_period_s): the step plus what the loop runs
+    # before the next one (logging, barriers, manual GC, checkpoints), as wall clock sees it.
+    step_period = "step_period"
+    # The step alone (step_time_s): records without periods (older lines, a window of only the
+    # run's last step). Overstates throughput against wall clock; not comparable with the above.
+    step_time = "step_time"
+
+
+@dataclass
+class RatedSteps:
+    """The steady steps the rates are taken over and the seconds each took (max over its ranks)."""
+
+    basis: TimeBasis
+    indices: list[int]  # into the steady steps
+    seconds: list[float]
+    step_times: list[float]  # the same steps' step_time_s (max over ranks)
+    steady_steps: int
+
+    @property
+    def periods(self) -> bool:
+        return self.basis is TimeBasis.step_period
+
+    def describe(self) -> dict[str, Any]:
+        left = self.steady_steps - len(self.indices)
+        if self.periods:
+            text = (
+                f"rates over the full step period (step start to next step start) of "
+                f"{len(self.indices)} steady step(s)"
+                + (f"; {left} without a period (the run's last step) left out" if left else "")
+            )
+        else:
+            text = (
+                "rates over step_time_s (the step alone): no step period recorded; between-step "
+                "time (logging, GC, checkpoints) is not counted"
+            )
+        return {"name": self.basis.value, "steps": len(self.indices), "text": text}
+
+    def between_steps(self) -> dict[str, float] | None:
+        """Seconds per step the loop spent between steps, and their share of the period."""
+        if not self.periods:
+            return None
+        gaps = [period - step for period, step in zip(self.seconds, self.step_times, strict=True)]
+        total = sum(self.seconds)
+        return {
+            "mean": sum(gaps) / len(gaps),
+            "max": max(gaps),
+            "fraction_of_period": sum(gaps) / total if total > 0 else 0.0,
+        }
+
+
+def time_basis(steady: list[list[StepRecord]], step_times: list[float]) -> RatedSteps:
+    """The steady steps whose every line has a step period, timed by it (max over ranks, as step
+    time); when none has one, every steady step timed by its step time."""
+    indices, periods = [], []
+    for i, records in enumerate(steady):
+        values = [r.step_period_s for r in records]
+        if all(value is not None for value in values):
+            indices.append(i)
+            periods.append(max(float(value) for value in values if value is not None))
+    if indices:
+        chosen_times = [step_times[i] for i in indices]
+        return RatedSteps(TimeBasis.step_period, indices, periods, chosen_times, len(steady))
+    everything = list(range(len(steady)))
+    return RatedSteps(TimeBasis.step_time, everything, list(step_times), list(step_times), len(steady))
 
 
 def data_wait_of(steady: list[list[StepRecord]]) -> dict[str, Any] | None:

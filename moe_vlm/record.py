@@ -222,6 +222,11 @@ class StepRecord:
     # Fields with a default are absent from a line when None (an engine that does not measure
     # them, or a line written before they existed):
     host: str | None = None  # the process that measured it
+    # From this step's start to the next step's start: step_time_s plus what the training loop
+    # runs before the next step (Bridge: training_log with its barrier and tracker writes,
+    # train.py:633, manual GC, :725-729, checkpointing; torch engine: the gather, steps.jsonl,
+    # console and tracker). Same clock as step_time_s. None on the last step (no next start).
+    step_period_s: float | None = None
     # Why this step is outside the steady window besides warm-up ("profiler", "checkpoint",
     # "cuda_graph_capture", "skipped_iter").
     exclude: str | None = None

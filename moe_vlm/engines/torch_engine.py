@@ -193,11 +193,8 @@ def run_rank(spec: RunSpec, config: dict[str, Any], run_dir: Path, env: DistEnv)
             tracker = open_log(spec, config, run_dir)
             if profiling.active(spec):
                 print(f"moe_vlm {profiling.describe(spec)}", flush=True)
-        for step in range(1, spec.train_iters + 1):
-            profiler.begin(step)
-            line = trainer.step(step)
-            line.exclude = line.exclude or profiling.exclude_reason(spec, step)
-            profiler.end(step)  # outside the step's timing: the trace export and the snapshot dump
+
+        def publish(line: StepRecord) -> None:
             gathered: list[StepRecord] | None = [line] * env.world_size if is_main else None
             dist.gather_object(line, gathered, dst=0)
             if writer is not None and console is not None and gathered is not None:
@@ -205,7 +202,24 @@ def run_rank(spec: RunSpec, config: dict[str, Any], run_dir: Path, env: DistEnv)
                     writer.write(rank_record)
                 console.step(gathered)
                 if tracker is not None:
-                    tracker.log(step, step_metrics(gathered))
+                    tracker.log(line.step, step_metrics(gathered))
+
+        # A step's line waits for the next step's start, where its period ends: the profiler's
+        # export and snapshot dump, the gather, steps.jsonl, the console and the tracker all run
+        # between two steps, outside step_time_s and inside step_period_s.
+        held: tuple[StepRecord, float] | None = None
+        for step in range(1, spec.train_iters + 1):
+            profiler.begin(step)
+            line = trainer.step(step)
+            line.exclude = line.exclude or profiling.exclude_reason(spec, step)
+            if held is not None:
+                previous, previous_start = held
+                previous.step_period_s = trainer.started_s - previous_start
+                publish(previous)
+            profiler.end(step)  # outside the step's timing: the trace export and the snapshot dump
+            held = (line, trainer.started_s)
+        if held is not None:
+            publish(held[0])  # the last step: no next start, no period
         data_stats = trainer.gather_data_stats()
         if writer is not None:
             writer.close()
@@ -329,6 +343,7 @@ class Trainer:
         self.batches = batches if batches is not None else build_batches(spec, rank, world_size)
         self.data_stats = DataStats()
         self.micro_batches_run = 0
+        self.started_s = 0.0  # perf_counter at the last step's start (after the device drained)
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -350,7 +365,7 @@ class Trainer:
         spec = self.spec
         accumulation = spec.accumulation_steps
         self._synchronize()
-        started = time.perf_counter()
+        started = self.started_s = time.perf_counter()
         losses: list[torch.Tensor] = []
         consumed: list[Batch] = []
         data_wait_s = 0.0

@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 import torch
 
+from moe_vlm.engines.megatron.recording import StepRecorder
 from moe_vlm.metrics import summarize
 from moe_vlm.record import STEPS_JSONL, StepRecord, read_steps
 from tests.conftest import make_spec
@@ -183,3 +184,32 @@ def test_with_pipeline_parallelism_the_loss_reaches_the_line(tmp_path: Path) -> 
     assert [line.loss for line in lines] == [10.0 * d + s for s in range(1, STEPS + 1) for d in (0, 1)]
     # Memory: max over the DP rank's peers (DP 0: ranks 0 and 2, DP 1: ranks 1 and 3).
     assert {line.rank: line.peak_memory_gib for line in lines} == {0: BASE_GIB + 2, 1: BASE_GIB + 3}
+
+
+@needs_stack
+def test_virtual_pipeline_chunks_count_each_micro_batch_once(tmp_path: Path) -> None:
+    """vp=2: Bridge hands both model chunks a view of one cache over the step's iterator
+    (training/train.py:896-901, data/iterator_utils.py:23-90), and each chunk's forward step reads
+    every micro-batch from its own view. Counted per view, 4 micro-batches were 8, 48 real tokens 96."""
+    from megatron.bridge.data.iterator_utils import make_data_iterator_list
+
+    from moe_vlm.engines.megatron.recording import StepStats, counted
+
+    spec = make_spec(*MEG, "model=qwen35_vl_35b_a3b", "parallelism=3d", "pp=2", "vp=2")
+    recorder = StepRecorder(spec, tmp_path)
+    pad, image = spec.model.pad_token_id, spec.model.image_token_id
+    row = torch.full((1, 16), pad)
+    row[0, :12] = 7  # 12 real tokens of 16
+    row[0, 3:5] = image
+    source = [{"input_ids": row.clone(), "loss_mask": torch.ones(1, 16)} for _ in range(4)]
+    for chunks in (2, 1):  # vp=2, and vp=1 (make_data_iterator_list hands the iterator back)
+        recorder.stats = StepStats()
+        views = make_data_iterator_list(model=[object()] * chunks, data_iterator=iter(source))
+        views = views if isinstance(views, list) else [views]
+        # The interleaved schedule: every chunk's forward step reads every micro-batch, each
+        # through a fresh counting wrapper as counting_forward_step makes one per call.
+        seen = [next(counted(views[c], recorder)) for m in range(4) for c in range(chunks)]
+        assert [id(b) for b in seen] == [id(source[m]) for m in range(4) for _ in range(chunks)]
+        stats = recorder.stats
+        assert (stats.micro_batches, stats.sequences, stats.real_tokens) == (4, 4, 48), chunks
+        assert (stats.image_tokens, stats.padded_tokens, stats.loss_tokens) == (8, 64, 64), chunks

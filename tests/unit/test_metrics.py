@@ -178,12 +178,15 @@ def test_no_steady_steps_is_reported_not_divided_by_zero() -> None:
     assert "no steady steps" in summary["errors"][0]
 
 
+SPLIT = "TFLOP/s for the decoder, dense BF16 2500 TFLOP/s for the vision encoder and projector (cluster=gb200)"
+
+
 @pytest.mark.parametrize(
     ("overrides", "own_peak", "own_mfu"),
     [
         (("precision=bf16",), "NVIDIA GB200 dense BF16 2500 TFLOP/s (cluster=gb200)", 0.2412383487),
-        (("precision=fp8mx",), "NVIDIA GB200 dense FP8 5000 TFLOP/s (cluster=gb200)", 0.1206191744),
-        (("precision=nvfp4",), "NVIDIA GB200 dense FP4 10000 TFLOP/s (cluster=gb200)", 0.0603095872),
+        (("precision=fp8mx",), f"NVIDIA GB200 dense FP8 5000 {SPLIT}", 0.1206191744),
+        (("precision=nvfp4",), f"NVIDIA GB200 dense FP4 10000 {SPLIT}", 0.0603095872),
     ],
 )
 def test_mfu_against_the_precisions_own_peak_beside_the_bf16_one(
@@ -191,7 +194,7 @@ def test_mfu_against_the_precisions_own_peak_beside_the_bf16_one(
 ) -> None:
     """The run above (603.1 TFLOP/s/GPU): MFU stays against the dense BF16 peak whatever the
     precision; beside it, the same FLOPs against the format's dense peak: 603.1e12 / 5e15 (FP8) =
-    12.06%, / 1e16 (FP4) = 6.03%."""
+    12.06%, / 1e16 (FP4) = 6.03% (no images here: all of it is decoder FLOPs)."""
     s = spec(*GB200_30B, *overrides)
     summary = summarize(step_records(s, [10.0] * 8, sequences_per_rank=64), s)
     assert summary["mfu"] == pytest.approx(0.2412383487, rel=1e-9)
@@ -207,3 +210,54 @@ def test_a_cluster_without_the_formats_peak_says_so() -> None:
     summary = summarize(step_records(s, [10.0] * 8, sequences_per_rank=64), s)
     assert summary["mfu"] is not None and summary["mfu_precision"] is None
     assert "no dense FP4 peak (cluster.peak_fp4_flops=0)" in summary["mfu_precision_note"]
+
+
+def test_under_fp8_the_vision_tower_is_held_to_the_bf16_peak() -> None:
+    """FP8: the decoder's FLOPs at the FP8 peak, the ViT's and merger's at the BF16 one (Bridge builds
+    the vision config without fp8: metrics.BF16_MODULES). MFU = the time each module's FLOPs take at
+    its own peak, over the measured time; dividing everything by the FP8 peak understates it."""
+    s = spec(*GB200_30B, "precision=fp8mx")
+    records = step_records(s, [3.0] * 8, sequences_per_rank=4, images_per_rank=4, patches_per_image=1024)
+    summary = summarize(records, s)
+    by_module = summary["flops_per_step"]["model_by_module"]
+    assert by_module["vision_encoder"] > 0 and by_module["projector"] > 0
+    ideal_s = (by_module["vision_encoder"] + by_module["projector"]) / 2.5e15 + by_module["decoder"] / 5e15
+    # 3 s per step on each of the world's GPUs
+    assert summary["mfu_precision"] == pytest.approx(ideal_s / (3.0 * s.layout.world_size), rel=1e-9)
+    everything_at_fp8 = summary["tflops_per_gpu"] * 1e12 / 5e15
+    assert summary["mfu_precision"] > everything_at_fp8
+    peak = summary["precision_peak"]
+    assert peak["by_module"] == {
+        "vision_encoder": {"kind": "bf16", "flops": 2.5e15},
+        "projector": {"kind": "bf16", "flops": 2.5e15},
+        "decoder": {"kind": "fp8", "flops": 5e15},
+    }
+    assert 2.5e15 < peak["flops"] < 5e15 and peak["kind"] == "fp8"
+    assert peak["name"] == f"NVIDIA GB200 dense FP8 5000 {SPLIT}"
+    # BF16: one peak for every module, the blend is that peak.
+    b = spec(*GB200_30B)
+    bf16 = summarize(step_records(b, [3.0] * 8, sequences_per_rank=4, images_per_rank=4, patches_per_image=1024), b)
+    assert bf16["precision_peak"]["flops"] == pytest.approx(2.5e15) and bf16["mfu_precision"] == pytest.approx(bf16["mfu"])
+
+
+def test_rates_divide_by_the_full_step_period_when_recorded() -> None:
+    """Each step 2 s of work, then 0.5 s between steps (logging, manual GC): throughput over the
+    period (step start to next step start), 2.5 s, not over the 2 s window; the last step has no
+    next start, so no period, and is left out of the rates."""
+    s = spec(*GB200_30B)
+    records = step_records(s, [2.0] * 8, sequences_per_rank=64, real_len=3072)
+    for record in records:
+        if record["step"] < 8:
+            record["step_period_s"] = 2.5 + 0.1 * record["rank"]  # the slowest rank's counts
+    summary = summarize(records, s)
+    assert summary["time_basis"]["name"] == "step_period" and summary["time_basis"]["steps"] == 5
+    assert "1 without a period" in summary["time_basis"]["text"]
+    assert summary["step_time_s"]["p50"] == 2.0  # the window alone, as before
+    assert summary["step_period_s"]["p50"] == pytest.approx(3.2)  # 2.5 + 0.1 x 7
+    assert summary["between_steps_s"]["mean"] == pytest.approx(1.2)
+    assert summary["between_steps_s"]["fraction_of_period"] == pytest.approx(1.2 / 3.2)
+    assert summary["effective_tokens_per_s_per_gpu"] == pytest.approx(1_572_864 / (3.2 * 8))
+    # Without periods (older lines): the window, and the summary says so.
+    plain = summarize(step_records(s, [2.0] * 8, sequences_per_rank=64, real_len=3072), s)
+    assert plain["time_basis"]["name"] == "step_time" and plain["step_period_s"] is None
+    assert plain["between_steps_s"] is None and plain["effective_tokens_per_s_per_gpu"] == 98_304

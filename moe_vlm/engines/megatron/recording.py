@@ -313,6 +313,7 @@ class PendingStep:
     spans: dict[str, list[tuple[Any, Any]]] | None
     memory: MemorySample
     flops: float | None = None  # Bridge adds the step's FLOPs after on_train_step_end (train.py:608)
+    next_start: Any = None  # the mark at the next step's start, where this step's period ends
 
 
 # Records travel to rank 0 once per this many steps (and at on_train_end). gather_object is a
@@ -375,6 +376,11 @@ class StepRecorder:
 
     def on_train_step_start(self, context: Any) -> None:
         assert self.clock is not None and self.memory is not None, "on_train_start comes first"
+        # The previous step's period ends here: after everything Bridge runs between its
+        # on_train_step_end and this callback (training_log, manual GC, checkpoints:
+        # train.py:497-729), before this recorder's own gather, which is measuring, not training.
+        if self._pending and self._pending[-1].next_start is None:
+            self._pending[-1].next_start = self.clock.mark()
         self._take_flops(context)
         if len(self._pending) >= self.gather_every:
             self._gather()
@@ -434,6 +440,9 @@ class StepRecorder:
             "step": pending.step,
             "time_unix_s": pending.time_unix_s,
             "step_time_s": completed_seconds(self.clock, pending.start, pending.end),
+            "step_period_s": None
+            if pending.next_start is None
+            else completed_seconds(self.clock, pending.start, pending.next_start),
             "loss": loss,
             "grad_norm": pending.grad_norm,
             "lr": pending.lr,
@@ -517,6 +526,7 @@ class StepRecorder:
             warmup=record["step"] <= self.spec.warmup_steps,
             time_unix_s=record["time_unix_s"],
             step_time_s=record["step_time_s"],
+            step_period_s=record["step_period_s"],  # None on the run's last step
             # From this DP rank's last pipeline stage: with PP > 1 the line's own (first-stage)
             # rank has no loss_dict.
             loss=loss,
@@ -536,19 +546,38 @@ class StepRecorder:
         )
 
 
+def counted(data_iterator: Any, recorder: StepRecorder) -> Any:
+    """The iterator one forward step reads, with each micro-batch counted once, at its source.
+
+    With virtual pipeline stages (vp > 1) Bridge hands every model chunk its own view of one
+    shared cache over the step's data iterator (training/train.py:896-901 ->
+    data/iterator_utils.py:56-90: SharedCache.iterator, CacheView.cache), and each chunk's
+    forward step reads the same micro-batch from it (qwen3_vl_step.py:60). Counting each view
+    would count every micro-batch vp times, so the cache's source iterator is wrapped instead,
+    once: only a read that reaches the source is a new micro-batch (and a wait for data).
+    tests/megatron/test_recording.py drives Bridge's own make_data_iterator_list through this."""
+    model_cfg = recorder.spec.model
+
+    def counting(inner: Any) -> CountingIterator:
+        return CountingIterator(inner, recorder.stats, model_cfg.pad_token_id, model_cfg.image_token_id)
+
+    cache = getattr(data_iterator, "cache", None)
+    if cache is not None and hasattr(cache, "iterator"):  # a CacheView of make_data_iterator_list
+        if not isinstance(cache.iterator, CountingIterator) and cache.iterator is not None:
+            cache.iterator = counting(cache.iterator)
+        return data_iterator
+    return counting(data_iterator)
+
+
 def counting_forward_step(recorder: StepRecorder) -> Any:
     """Bridge's Qwen3-VL forward step, fed through an iterator that counts each micro-batch."""
     from megatron.bridge.models.qwen_vl.qwen3_vl_step import forward_step
-
-    model_cfg = recorder.spec.model
 
     def qwen3_vl_forward_step(
         state: Any, data_iterator: Any, model: Any, return_schedule_plan: bool = False
     ) -> Any:
         if data_iterator is not None:
-            data_iterator = CountingIterator(
-                data_iterator, recorder.stats, model_cfg.pad_token_id, model_cfg.image_token_id
-            )
+            data_iterator = counted(data_iterator, recorder)
         return forward_step(state, data_iterator, model, return_schedule_plan=return_schedule_plan)
 
     return qwen3_vl_forward_step
