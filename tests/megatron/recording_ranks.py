@@ -61,9 +61,10 @@ def bridge_loop(
     loss_of: Callable[[int], float] | None = lambda step: 2.0,
     during_step: Callable[[int], None] = lambda step: None,
     at_step_start: Callable[[int], None] = lambda step: None,
+    between_steps: Callable[[int], None] = lambda step: None,
 ) -> None:
-    """Bridge's train() around the recorder: its events in its order, and the two updates it
-    makes after on_train_step_end (train.py:454-506, 564, 608). The tests pass Bridge's own
+    """Bridge's train() around the recorder: its events in its order, the two updates it makes
+    after on_train_step_end (train.py:454-506, 564, 608), and what runs before the next step. The tests pass Bridge's own
     CallbackManager.fire, CallbackContext and TrainState; the forked ranks, which skip importing
     Bridge, plain objects with the same attributes."""
     fire = fire or (lambda event, ctx: getattr(recorder, event)(ctx))
@@ -86,6 +87,7 @@ def bridge_loop(
         )
         train_state.step += 1  # train.py:564
         train_state.floating_point_operations_so_far += flops_of(step)  # train.py:608
+        between_steps(step)  # training_log (train.py:633), manual GC (:725-729), checkpoints
     fire("on_train_end", context(state=state, model=[], optimizer=optimizer))
 
 

@@ -213,3 +213,27 @@ def test_virtual_pipeline_chunks_count_each_micro_batch_once(tmp_path: Path) -> 
         stats = recorder.stats
         assert (stats.micro_batches, stats.sequences, stats.real_tokens) == (4, 4, 48), chunks
         assert (stats.image_tokens, stats.padded_tokens, stats.loss_tokens) == (8, 64, 64), chunks
+
+
+@needs_stack
+def test_what_runs_between_steps_is_in_the_step_period_not_the_step_time(
+    one_rank: None, tmp_path: Path
+) -> None:
+    """Bridge's manual GC and training_log run after on_train_step_end (train.py:633, 725-729):
+    outside the step window, inside the period from this step's start to the next one's."""
+    pauses = {2: 0.3}  # a collection after step 2
+    bridge_loop(
+        recorder_for(make_spec(*MEG), tmp_path, FakeCudaMemory(), 2),
+        4,
+        between_steps=lambda step: time.sleep(pauses.get(step, 0.0)),
+    )
+    lines = read_steps(tmp_path / STEPS_JSONL)
+    assert all(line.step_time_s < 0.3 for line in lines)
+    periods = [line.step_period_s for line in lines]
+    assert periods[3] is None  # the last step: no next start
+    assert periods[1] is not None and periods[1] >= 0.3 + lines[1].step_time_s
+    assert all(p is not None and p < 0.3 for p in (periods[0], periods[2]))
+    summary = summarize(lines, make_spec(*MEG, "train_iters=4"))
+    # Steady steps 2-4 (warm-up 1): steps 2 and 3 have periods, and the rates divide by them.
+    assert summary["time_basis"]["name"] == "step_period" and summary["time_basis"]["steps"] == 2
+    assert summary["between_steps_s"]["max"] >= 0.3
