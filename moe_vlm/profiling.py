@@ -13,7 +13,11 @@ inclusive; empty = the first step after warm-up), on ``profiling.ranks`` (empty 
   moe_vlm/module_table.py turns into the per-module table.
 - ``memory``: the CUDA allocator's history from before the model is built, a snapshot when the
   window's last step ends and one on out-of-memory, named as Bridge names them
-  (training/utils/train_utils.py:194-240, 833-842).
+  (training/utils/train_utils.py:194-240, 833-842). Recording every allocation with its stack
+  slows every step of a profiled rank, and a step takes as long as its slowest rank; Bridge never
+  turns it off (train_utils.py:206-217). So both engines turn it off once the snapshot is written
+  (``stop_memory_history``), and every step up to the snapshot is left out of the steady window;
+  an out-of-memory snapshot after that has no history.
 
 The steps a profiler slows are left out of the steady window (``"exclude": "profiler"`` in
 steps.jsonl), so a profiled run's throughput is still measured on clean steps.
@@ -78,8 +82,9 @@ def active(spec: RunSpec) -> bool:
 
 def excluded_steps(spec: RunSpec) -> list[int]:
     """The steps the profiler slows: the torch profiler's warm-up step and window (on Megatron also
-    the step after it, at whose start Bridge saves the trace), nsys's window (emit_nvtx), and the
-    step whose end dumps the memory snapshot."""
+    the step after it, at whose start Bridge saves the trace), nsys's window (emit_nvtx), and for
+    the memory profile every step up to the one whose end dumps the snapshot (the allocator's
+    history records from before the model is built until then: stop_memory_history)."""
     tool = spec.profiling.tool
     first, last = window(spec)
     if tool is Profiler.torch:
@@ -88,8 +93,17 @@ def excluded_steps(spec: RunSpec) -> list[int]:
     if tool is Profiler.nsys:
         return list(range(first, last + 1))
     if tool is Profiler.memory:
-        return [last]
+        return list(range(1, last + 1))
     return []
+
+
+def stop_memory_history() -> None:
+    """Turn the CUDA allocator's history off: ``enabled=None`` disables it, whichever call
+    started it (torch/cuda/memory.py _record_memory_history). Called once the window's snapshot
+    is written, so the steps after it run at full speed on the profiled ranks."""
+    import torch
+
+    torch.cuda.memory._record_memory_history(enabled=None)
 
 
 def exclude_reason(spec: RunSpec, step: int) -> str | None:
@@ -218,6 +232,7 @@ class StepProfiler:
             self._nvtx = None
         elif self.tool is Profiler.memory:
             self._dump(snapshot_path(self.run_dir, self.rank))
+            stop_memory_history()  # the steps after the snapshot run unslowed
 
     def close(self) -> None:
         """Leave nothing running when a run ends early (an exception inside the window)."""

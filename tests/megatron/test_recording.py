@@ -237,3 +237,27 @@ def test_what_runs_between_steps_is_in_the_step_period_not_the_step_time(
     # Steady steps 2-4 (warm-up 1): steps 2 and 3 have periods, and the rates divide by them.
     assert summary["time_basis"]["name"] == "step_period" and summary["time_basis"]["steps"] == 2
     assert summary["between_steps_s"]["max"] >= 0.3
+
+
+@needs_stack
+@pytest.mark.parametrize(("ranks", "stops"), [("[]", [4]), ("[0]", [4]), ("[1]", [])])
+def test_the_memory_history_stops_after_the_snapshot_on_profiled_ranks(
+    one_rank: None, tmp_path: Path, ranks: str, stops: list[int]
+) -> None:
+    """profiling=memory: Bridge records every allocation with its Python stack on the profiled
+    ranks from before the model is built and never stops (train_utils.py:206-217), slowing every
+    step. The recorder stops it when the step after the snapshot (step 3, dumped in training_log)
+    starts; steps 1-3 are out of the steady window. The stop itself is torch.cuda's allocator (a GPU
+    call), so a spy stands in for it and says when it ran."""
+    spec = make_spec(*MEG, "profiling=memory", "profiling.steps=[3]", f"profiling.ranks={ranks}")
+    recorder = recorder_for(spec, tmp_path, FakeCudaMemory(), 10)
+    current: list[int] = [0]
+    stopped: list[int] = []
+    recorder.history_off = lambda: stopped.append(current[0] + 1)  # during the next step's start
+    bridge_loop(recorder, 5, at_step_start=lambda step: current.__setitem__(0, step))
+    assert stopped == stops
+    lines = read_steps(tmp_path / STEPS_JSONL)
+    assert [line.exclude for line in lines] == ["profiler"] * 3 + [None] * 2
+    assert summarize(lines, make_spec(*MEG, "train_iters=5", "profiling=memory", "profiling.steps=[3]"))[
+        "steady_window"
+    ]["text"] == "steps 4-5 (2 steps); excluded warm-up: 1; profiler: 2-3"

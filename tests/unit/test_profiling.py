@@ -49,6 +49,14 @@ def test_the_default_window_is_the_first_step_after_warm_up() -> None:
     assert profiling.excluded_steps(make_spec("profiling=none")) == []
 
 
+def test_the_memory_profile_slows_every_step_up_to_its_snapshot() -> None:
+    # The allocator's history records from before the model is built until the snapshot is written
+    # (then both engines stop it: profiling.stop_memory_history).
+    spec = make_spec(*GB200, "profiling=memory", "profiling.steps=[4,5]", "train_iters=8")
+    assert profiling.excluded_steps(spec) == [1, 2, 3, 4, 5]
+    assert profiling.exclude_reason(spec, 5) == "profiler" and profiling.exclude_reason(spec, 6) is None
+
+
 @pytest.mark.parametrize(
     ("tool", "bridge"),
     # Bridge counts completed steps (see profiling.bridge_window); all three record steps 4-5.

@@ -17,10 +17,12 @@ from moe_vlm import profiling
 from moe_vlm.data.batch import BatchStats
 from moe_vlm.metrics import MemoryKind
 from moe_vlm.record import STEPS_JSONL, StepRecord, StepWriter
-from moe_vlm.schema import CudaGraphImpl
+from moe_vlm.schema import CudaGraphImpl, Profiler
 from moe_vlm.spec import RunSpec
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from moe_vlm.timing import Clock
 
 GIB = 1024**3
@@ -343,6 +345,10 @@ class StepRecorder:
     memory: MemorySource | None = None
     gather_every: int = GATHER_EVERY_STEPS
     writer: StepWriter | None = None
+    # Turns the CUDA allocator's history off (profiling=memory); on_train_start picks
+    # profiling.stop_memory_history when left None.
+    history_off: Callable[[], None] | None = None
+    _history_until: int | None = None  # the step whose end dumps the snapshot, on a profiled rank
     _placement: Placement | None = None
     _pending: list[PendingStep] = field(default_factory=list)
     _started: Any = None
@@ -372,6 +378,12 @@ class StepRecorder:
         )
         if torch.distributed.get_rank() == 0:
             self.writer = StepWriter(self.run_dir / STEPS_JSONL)
+        # Bridge starts the allocator's history on the profiled ranks before the model is built and
+        # never stops it (training/utils/train_utils.py:206-217): stopped here after the snapshot.
+        profiled = torch.distributed.get_rank() in profiling.ranks(self.spec)
+        if self.spec.profiling.tool is Profiler.memory and profiled:
+            self._history_until = profiling.window(self.spec)[1]
+            self.history_off = self.history_off or profiling.stop_memory_history
         self._flops_before = float(context.state.train_state.floating_point_operations_so_far)
 
     def on_train_step_start(self, context: Any) -> None:
@@ -384,6 +396,12 @@ class StepRecorder:
         self._take_flops(context)
         if len(self._pending) >= self.gather_every:
             self._gather()
+        # Bridge dumped the snapshot in training_log once step `_history_until` ended
+        # (train_utils.py:833-842, iteration == profile_step_end): the history's work is done.
+        step = int(context.state.train_state.step) + 1
+        if self._history_until is not None and step > self._history_until and self.history_off:
+            self.history_off()
+            self._history_until = None
         self.stats = StepStats()
         self.memory.reset_peak()
         self._started = self.clock.mark()
