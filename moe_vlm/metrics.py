@@ -9,12 +9,18 @@ applies by hand:
   checkpoint steps). The window and what it left out are part of the summary.
 - Tokens per step, summed over data-parallel ranks: nominal (GBS x seq_length), padded (what was
   computed), real (unpadded: text + image placeholders), loss-bearing, image.
-- Throughput per GPU = tokens / (step time x world size), so FSDP and 3D layouts of the same
-  world compare; sums over the window divided by summed step time (a ratio of totals, not a
-  mean of ratios). The ranking metric is effective (real) tokens/s/GPU; nominal sits beside it.
+- Throughput per GPU = tokens / (step period x world size), so FSDP and 3D layouts of the same
+  world compare; sums over the window divided by summed seconds (a ratio of totals, not a mean of
+  ratios). The seconds are each step's full period, from its start to the next step's start
+  (``time_basis``): what the loop runs between steps (logging, barriers, manual GC) is part of
+  the run's wall clock, and a knob that moves work there (gc=manual) must not look faster for it.
+  Records without periods fall back to the step time, and the summary says so. ``step_time_s``
+  (the step alone), ``step_period_s`` and ``between_steps_s`` sit beside each other. The ranking
+  metric is effective (real) tokens/s/GPU; nominal sits beside it.
 - FLOPs from ``moe_vlm.flops``: ours (model), Bridge-comparable, hardware. TFLOP/s/GPU and MFU
   from ours, against the cluster's dense BF16 peak, named in the summary; beside it the same run's
-  MFU against its precision's own dense peak (``mfu_precision``: FP8 or FP4), named. A cluster without a
+  MFU against its precision's own dense peaks (``mfu_precision``: the decoder at FP8 or FP4, the
+  vision encoder and projector at BF16, which they run in), named. A cluster without a
   peak (cluster=local) gets no MFU and a reason; an MFU above 100% means the FLOPs or the timing
   are wrong, so it is reported as an error, never as a number.
 - Peak memory per GPU (max over ranks), and the vision encoder / projector / decoder shares of
@@ -329,12 +335,23 @@ def _spread(seconds: list[float]) -> dict[str, float]:
 class TimeBasis(StrEnum):
     """What the summary's rates (tokens/s, TFLOP/s, MFU) divide by."""
 
-    # Step start to next step start (StepRecord.step_period_s): the step plus what the loop runs
-    # before the next one (logging, barriers, manual GC, checkpoints), as wall clock sees it.
     step_period = "step_period"
-    # The step alone (step_time_s): records without periods (older lines, a window of only the
-    # run's last step). Overstates throughput against wall clock; not comparable with the above.
     step_time = "step_time"
+
+    @property
+    def meaning(self) -> str:
+        return TIME_BASIS_MEANING[self]
+
+
+TIME_BASIS_MEANING = {
+    # StepRecord.step_period_s: as wall clock sees the run.
+    TimeBasis.step_period: "the full step period, step start to next step start: logging, barriers, "
+    "manual GC and checkpoints between steps included",
+    # StepRecord.step_time_s: records without periods (older lines, a window of only the run's
+    # last step). Not comparable with the above.
+    TimeBasis.step_time: "the step time alone (no step period recorded): what runs between steps is "
+    "left out, so the rates overstate wall-clock throughput",
+}
 
 
 @dataclass
@@ -353,17 +370,9 @@ class RatedSteps:
 
     def describe(self) -> dict[str, Any]:
         left = self.steady_steps - len(self.indices)
-        if self.periods:
-            text = (
-                f"rates over the full step period (step start to next step start) of "
-                f"{len(self.indices)} steady step(s)"
-                + (f"; {left} without a period (the run's last step) left out" if left else "")
-            )
-        else:
-            text = (
-                "rates over step_time_s (the step alone): no step period recorded; between-step "
-                "time (logging, GC, checkpoints) is not counted"
-            )
+        text = f"rates over {self.basis.meaning}; {len(self.indices)} steady step(s)"
+        if left:
+            text += f"; {left} without a period (the run's last step) left out of the rates"
         return {"name": self.basis.value, "steps": len(self.indices), "text": text}
 
     def between_steps(self) -> dict[str, float] | None:

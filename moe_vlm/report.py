@@ -40,6 +40,7 @@ import pandas as pd
 from moe_vlm import module_table, plots, stragglers
 from moe_vlm.errors import EXIT_FAILED, EXIT_INVALID, BadInput
 from moe_vlm.launch.failures import settle_running
+from moe_vlm.metrics import TimeBasis
 from moe_vlm.record import KNOBS, RUN_JSON, RunRecord, write_atomic
 
 EXIT_OK = 0
@@ -134,6 +135,7 @@ def row_of(run_file: Path, record: RunRecord | Mapping[str, Any]) -> dict[str, A
         "step_time_p90_s": step_time.get("p90"),
         "steady_steps": _steady(summary.get("steady_steps")),
         "steady_window": (summary.get("steady_window") or {}).get("text"),
+        "time_basis": (summary.get("time_basis") or {}).get("name"),  # None: written before it
         "peak_memory_gib": summary.get("peak_memory_gib"),
         "memory_kind": summary.get("memory_kind"),
         "real_tokens_per_step": tokens.get("real"),
@@ -321,6 +323,8 @@ def _peak_lines(rows: pd.DataFrame, top: int = DEFAULT_TOP) -> list[str]:
         lines.append(f"**ERROR** in {len(failing) - top} more runs: see the errors column of results.csv.")
     windows = {str(w) for w in rows["steady_window"].dropna()}
     lines += sorted(f"Steady window: {w}." for w in windows)
+    for basis, runs in rows["time_basis"].fillna(TimeBasis.step_time.value).value_counts().sort_index().items():
+        lines.append(f"Rates of {runs} run(s) over {TimeBasis(basis).meaning}.")
     return lines
 
 

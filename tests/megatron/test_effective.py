@@ -257,3 +257,77 @@ def test_run_json_records_the_effective_config_and_report_diff_reads_it(tmp_path
     assert "model.moe_a2a_overlap" in effective_part and "hf_model_id" not in effective_part
     assert "cluster.name" in text.split("## Knobs")[1]
     assert "A runs at 1.333x B's effective tokens/s/GPU" in text
+
+
+# --- the vision model's TransformerConfig ---------------------------------------------------------
+
+
+@pytest.fixture
+def one_rank() -> Any:
+    from tests.megatron.recording_ranks import free_port, join_megatron, leave_megatron
+
+    join_megatron(0, 1, free_port(), pp=1)
+    try:
+        yield
+    finally:
+        leave_megatron()
+
+
+def provided_vision_config(model: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """The TransformerConfig the real provide() hands the vision model: Qwen3VLModel is built by the
+    provider (layer specs, process groups, get_vision_model_config) up to the vision tower, whose
+    construction (TE layers: a GPU) is stopped once it receives its config."""
+    from megatron.bridge.models.qwen_vl.modelling_qwen3_vl import model as qwen3_vl_model
+
+    class Received(Exception):
+        pass
+
+    def vision_model(config: Any, *_args: Any, **_kwargs: Any) -> Any:
+        raise Received(config)
+
+    monkeypatch.setattr(qwen3_vl_model, "Qwen3VLVisionModel", vision_model)
+    with pytest.raises(Received) as received:
+        model.provide(pre_process=True, post_process=True)
+    return received.value.args[0]
+
+
+@needs_stack
+@pytest.mark.parametrize(
+    "knobs",
+    [
+        ("precision=fp8mx", "recompute=full"),
+        ("precision=nvfp4", "parallelism=3d", "tp=2", "ep=4"),
+        ("precision=bf16", "parallelism=3d", "ep=8", "cuda_graph.vision=true", "cuda_graph.vision_max_seq_length=8192"),
+    ],
+)
+def test_the_effective_config_shows_the_vision_config_provide_builds(
+    recipes: RecipeCache, one_rank: None, monkeypatch: pytest.MonkeyPatch, knobs: tuple[str, ...]
+) -> None:
+    import copy
+
+    from megatron.bridge.training.config import runtime_config_update
+
+    from moe_vlm.engines.megatron import effective as eff
+
+    spec, cfg, result = effective(recipes, *GB200, *knobs)
+    updated = copy.deepcopy(cfg)
+    with eff._environment(spec, set(cfg.env_vars), planned=True), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        runtime_config_update(updated)  # what effective_config ran on its copy
+    provided = provided_vision_config(updated.model, monkeypatch)
+    # Ours is the provider's, field by field (callables by name).
+    assert eff.leaves(eff.vision_config(updated.model)) == eff.leaves(provided)
+    section = result.sections[eff.VISION_SECTION]
+    assert list(result.sections).index(eff.VISION_SECTION) == list(result.sections).index("model") + 1
+    for name in ("fp8", "fp4", "recompute_granularity", "cuda_graph_impl", "tensor_model_parallel_size"):
+        assert section[name] == eff.plain(getattr(provided, name)), name
+    # Whatever the decoder's format, the vision tower's config has none: it runs BF16.
+    assert provided.fp8 is None and provided.fp4 is None and section["precision"] == "bf16"
+    fmt = spec.precision.format.value
+    assert (updated.model.fp8 is not None) == fmt.startswith("fp8")
+    assert (updated.model.fp4 is not None) == (fmt == "nvfp4")
+    assert provided.recompute_granularity == updated.model.recompute_granularity
+    assert provided.cuda_graph_impl == ("transformer_engine" if spec.cuda_graph.vision else "none")
+    assert provided.sequence_parallel is False and provided.tensor_model_parallel_size == spec.layout.tp
+    assert any(line.strip().startswith("precision") for line in result.lines())
+    json.dumps(result.to_record())

@@ -321,6 +321,90 @@ def effective_config(cfg: Any, spec: RunSpec, run_dir: Path | None = None, *, pl
     result.notes = notes
     result.env_from_process = {name: value for name, value in own.items() if value != str(cfg.env_vars[name])}
     result.table = table_values(updated, str(run_dir) if run_dir else None)
+    return with_vision(result, updated.model, str(run_dir) if run_dir else None)
+
+
+# --- the vision model's own TransformerConfig ---------------------------------------------------
+
+# Not a ConfigContainer section: the TransformerConfig Qwen3VLModel builds for its vision tower
+# inside provide() (megatron/bridge/models/qwen_vl/modelling_qwen3_vl/model.py:313-317, from
+# get_vision_model_config, modelling_qwen3_vl/transformer_config.py:63-158). It copies the
+# decoder's recompute, TP size and CUDA-graph settings, takes its graph impl from
+# vision_cuda_graph_impl, and sets neither fp8 nor fp4, so the ViT and mergers run BF16 under an
+# FP8/FP4 decoder (moe_vlm.metrics.BF16_MODULES holds them to the BF16 peak for that reason).
+VISION_SECTION = "vision_model"
+# Shown whatever their value: the ViT's precision, CUDA graphs and recompute.
+VISION_FIELDS = (
+    "fp8", "fp8_recipe", "fp4", "fp4_recipe", "bf16", "params_dtype",
+    "cuda_graph_impl", "cuda_graph_modules", "cuda_graph_scope", "enable_cuda_graph",
+    "external_cuda_graph", "cuda_graph_warmup_steps", "max_vision_cuda_graph_seq_length",
+    "recompute_granularity", "recompute_method", "recompute_num_layers", "recompute_modules",
+    "tensor_model_parallel_size", "sequence_parallel", "num_layers", "hidden_size",
+)  # fmt: skip
+# `precision`: what the ViT's GEMMs run in, derived (no single field says it): the vision config's
+# own fp8/fp4, else the whole model's 16-bit format, to which Megatron's Float16Module casts every
+# parameter, the vision tower's included (megatron/core/transformer/module.py:448-464).
+DERIVED = "<derived>"
+
+
+def vision_config(model: Any) -> Any | None:
+    """The vision TransformerConfig provide() builds from this model provider, as model.py:313-317
+    builds it (None for a model without a vision tower)."""
+    hf_vision = getattr(model, "vision_config", None)
+    if hf_vision is None:
+        return None
+    from megatron.bridge.models.qwen_vl.modelling_qwen3_vl.transformer_config import get_vision_model_config
+
+    config = get_vision_model_config(hf_vision, megatron_config=model)
+    config.pipeline_model_parallel_size = 1
+    config.first_pipeline_num_layers = None
+    return config
+
+
+def vision_precision(vision: Any, model: Any) -> str:
+    if getattr(vision, "fp8", None):
+        return "fp8"
+    if getattr(vision, "fp4", None):
+        return "fp4"
+    return "bf16" if getattr(model, "bf16", False) else "fp16" if getattr(model, "fp16", False) else "fp32"
+
+
+def vision_section(model: Any, run_dir: str | None = None) -> tuple[dict[str, Any], dict[str, Any]] | None:
+    """(values, library defaults) of the vision TransformerConfig: VISION_FIELDS always, then every
+    other field that differs from Qwen3VLTransformerConfig's defaults."""
+    vision = vision_config(model)
+    if vision is None:
+        return None
+    values, defaults = section_diff(vision, run_dir=run_dir)
+    by_name = {f.name: f for f in dataclasses.fields(vision)}
+    shown: dict[str, Any] = {"precision": vision_precision(vision, model)}
+    shown_defaults: dict[str, Any] = {"precision": DERIVED}
+    for name in VISION_FIELDS:
+        if name in by_name:
+            shown[name] = plain(getattr(vision, name), run_dir)
+            shown_defaults[name] = plain(_default_of(by_name[name]), run_dir)
+    rest = {k: v for k, v in values.items() if k.split(".")[0] not in shown}
+    return shown | rest, shown_defaults | {k: defaults[k] for k in rest}
+
+
+def with_vision(result: Effective, model: Any, run_dir: str | None = None) -> Effective:
+    """`result` with the vision section after `model` (Bridge's update ran on `model`)."""
+    try:
+        section = vision_section(model, run_dir)
+    except Exception as exc:  # the library's own check on the vision config: reported, not raised
+        result.notes.append(f"vision TransformerConfig not built: {type(exc).__name__}: {exc}")
+        return result
+    if section is None:
+        return result
+    sections: dict[str, dict[str, Any]] = {}
+    defaults: dict[str, dict[str, Any]] = {}
+    for name, fields in result.sections.items():
+        sections[name], defaults[name] = fields, result.defaults.get(name, {})
+        if name == "model":
+            sections[VISION_SECTION], defaults[VISION_SECTION] = section
+    if VISION_SECTION not in sections:
+        sections[VISION_SECTION], defaults[VISION_SECTION] = section
+    result.sections, result.defaults = sections, defaults
     return result
 
 
