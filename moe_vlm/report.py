@@ -323,7 +323,9 @@ def _peak_lines(rows: pd.DataFrame, top: int = DEFAULT_TOP) -> list[str]:
         lines.append(f"**ERROR** in {len(failing) - top} more runs: see the errors column of results.csv.")
     windows = {str(w) for w in rows["steady_window"].dropna()}
     lines += sorted(f"Steady window: {w}." for w in windows)
-    for basis, runs in rows["time_basis"].fillna(TimeBasis.step_time.value).value_counts().sort_index().items():
+    for basis, runs in (
+        rows["time_basis"].fillna(TimeBasis.step_time.value).value_counts().sort_index().items()
+    ):
         lines.append(f"Rates of {runs} run(s) over {TimeBasis(basis).meaning}.")
     return lines
 

@@ -297,7 +297,13 @@ def provided_vision_config(model: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
     [
         ("precision=fp8mx", "recompute=full"),
         ("precision=nvfp4", "parallelism=3d", "tp=2", "ep=4"),
-        ("precision=bf16", "parallelism=3d", "ep=8", "cuda_graph.vision=true", "cuda_graph.vision_max_seq_length=8192"),
+        (
+            "precision=bf16",
+            "parallelism=3d",
+            "ep=8",
+            "cuda_graph.vision=true",
+            "cuda_graph.vision_max_seq_length=8192",
+        ),
     ],
 )
 def test_the_effective_config_shows_the_vision_config_provide_builds(

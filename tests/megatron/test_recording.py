@@ -258,6 +258,5 @@ def test_the_memory_history_stops_after_the_snapshot_on_profiled_ranks(
     assert stopped == stops
     lines = read_steps(tmp_path / STEPS_JSONL)
     assert [line.exclude for line in lines] == ["profiler"] * 3 + [None] * 2
-    assert summarize(lines, make_spec(*MEG, "train_iters=5", "profiling=memory", "profiling.steps=[3]"))[
-        "steady_window"
-    ]["text"] == "steps 4-5 (2 steps); excluded warm-up: 1; profiler: 2-3"
+    window = summarize(lines, make_spec(*MEG, "train_iters=5", "profiling=memory", "profiling.steps=[3]"))
+    assert window["steady_window"]["text"] == "steps 4-5 (2 steps); excluded warm-up: 1; profiler: 2-3"

@@ -178,7 +178,9 @@ def test_no_steady_steps_is_reported_not_divided_by_zero() -> None:
     assert "no steady steps" in summary["errors"][0]
 
 
-SPLIT = "TFLOP/s for the decoder, dense BF16 2500 TFLOP/s for the vision encoder and projector (cluster=gb200)"
+SPLIT = (
+    "TFLOP/s for the decoder, dense BF16 2500 TFLOP/s for the vision encoder and projector (cluster=gb200)"
+)
 
 
 @pytest.mark.parametrize(
@@ -236,8 +238,10 @@ def test_under_fp8_the_vision_tower_is_held_to_the_bf16_peak() -> None:
     assert peak["name"] == f"NVIDIA GB200 dense FP8 5000 {SPLIT}"
     # BF16: one peak for every module, the blend is that peak.
     b = spec(*GB200_30B)
-    bf16 = summarize(step_records(b, [3.0] * 8, sequences_per_rank=4, images_per_rank=4, patches_per_image=1024), b)
-    assert bf16["precision_peak"]["flops"] == pytest.approx(2.5e15) and bf16["mfu_precision"] == pytest.approx(bf16["mfu"])
+    same = step_records(b, [3.0] * 8, sequences_per_rank=4, images_per_rank=4, patches_per_image=1024)
+    bf16 = summarize(same, b)
+    assert bf16["precision_peak"]["flops"] == pytest.approx(2.5e15)
+    assert bf16["mfu_precision"] == pytest.approx(bf16["mfu"])
 
 
 def test_rates_divide_by_the_full_step_period_when_recorded() -> None:
