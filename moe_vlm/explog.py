@@ -64,6 +64,9 @@ def step_metrics(records: list[StepRecord]) -> dict[str, float]:
         "perf/data_wait_s": max(r.data_wait_s or 0.0 for r in records),
         "memory/peak_gib": max(r.peak_memory_gib or 0.0 for r in records),
     }
+    periods = [r.step_period_s for r in records if r.step_period_s is not None]
+    if periods:  # to the next step's start (moe_vlm.record.StepRecord); none on the last step
+        metrics["perf/step_period_s"] = max(periods)
     if first.grad_norm is not None:
         metrics["train/grad_norm"] = first.grad_norm
     if first.lr is not None:
