@@ -144,8 +144,11 @@ def peak_of(spec: RunSpec) -> dict[str, Any]:
 # The modules whose GEMMs run BF16 whatever the precision: Qwen3VLModel builds the vision tower
 # (ViT blocks, patch merger, deepstack mergers) from get_vision_model_config, which sets neither
 # fp8 nor fp4 (megatron/bridge/models/qwen_vl/modelling_qwen3_vl/transformer_config.py:63-158,
-# model.py:313-324), so its blocks never enter an FP8/FP4 autocast (transformer_block.py:313-335);
-# tests/megatron/test_effective.py reads both off the real provider.
+# model.py:313-324), so its blocks never enter an FP8/FP4 autocast (modelling_qwen3_vl/
+# transformer_block.py:313-335 enters megatron/core/fp8_utils.py get_fp8_context only when
+# config.fp8 is set) and its weights are BF16 by Float16Module's cast of the whole model
+# (megatron/core/transformer/module.py:464); tests/megatron/test_effective.py reads the config off
+# the real provider.
 BF16_MODULES = ("vision_encoder", "projector")
 
 

@@ -262,22 +262,13 @@ def test_run_json_records_the_effective_config_and_report_diff_reads_it(tmp_path
 # --- the vision model's TransformerConfig ---------------------------------------------------------
 
 
-@pytest.fixture
-def one_rank() -> Any:
-    from tests.megatron.recording_ranks import free_port, join_megatron, leave_megatron
-
-    join_megatron(0, 1, free_port(), pp=1)
-    try:
-        yield
-    finally:
-        leave_megatron()
-
-
 def provided_vision_config(model: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
     """The TransformerConfig the real provide() hands the vision model: Qwen3VLModel is built by the
-    provider (layer specs, process groups, get_vision_model_config) up to the vision tower, whose
-    construction (TE layers: a GPU) is stopped once it receives its config."""
+    provider (layer specs, process groups of one gloo rank, get_vision_model_config) up to the
+    vision tower, whose construction (TE layers: a GPU) is stopped once it receives its config."""
     from megatron.bridge.models.qwen_vl.modelling_qwen3_vl import model as qwen3_vl_model
+
+    from tests.megatron.recording_ranks import free_port, join_megatron, leave_megatron
 
     class Received(Exception):
         pass
@@ -286,8 +277,12 @@ def provided_vision_config(model: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
         raise Received(config)
 
     monkeypatch.setattr(qwen3_vl_model, "Qwen3VLVisionModel", vision_model)
-    with pytest.raises(Received) as received:
-        model.provide(pre_process=True, post_process=True)
+    join_megatron(0, 1, free_port(), pp=1)
+    try:
+        with pytest.raises(Received) as received:
+            model.provide(pre_process=True, post_process=True)
+    finally:
+        leave_megatron()
     return received.value.args[0]
 
 
@@ -307,7 +302,7 @@ def provided_vision_config(model: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
     ],
 )
 def test_the_effective_config_shows_the_vision_config_provide_builds(
-    recipes: RecipeCache, one_rank: None, monkeypatch: pytest.MonkeyPatch, knobs: tuple[str, ...]
+    recipes: RecipeCache, monkeypatch: pytest.MonkeyPatch, knobs: tuple[str, ...]
 ) -> None:
     import copy
 
@@ -316,6 +311,7 @@ def test_the_effective_config_shows_the_vision_config_provide_builds(
     from moe_vlm.engines.megatron import effective as eff
 
     spec, cfg, result = effective(recipes, *GB200, *knobs)
+    assert result.error is None, result.error
     updated = copy.deepcopy(cfg)
     with eff._environment(spec, set(cfg.env_vars), planned=True), warnings.catch_warnings():
         warnings.simplefilter("ignore")
