@@ -388,23 +388,16 @@ def vision_section(model: Any, run_dir: str | None = None) -> tuple[dict[str, An
 
 
 def with_vision(result: Effective, model: Any, run_dir: str | None = None) -> Effective:
-    """`result` with the vision section after `model` (Bridge's update ran on `model`)."""
+    """`result` with the vision section last (Bridge's update ran on `model`)."""
     try:
-        section = vision_section(model, run_dir)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # deprecation notes, as in _captured
+            section = vision_section(model, run_dir)
     except Exception as exc:  # the library's own check on the vision config: reported, not raised
         result.notes.append(f"vision TransformerConfig not built: {type(exc).__name__}: {exc}")
         return result
-    if section is None:
-        return result
-    sections: dict[str, dict[str, Any]] = {}
-    defaults: dict[str, dict[str, Any]] = {}
-    for name, fields in result.sections.items():
-        sections[name], defaults[name] = fields, result.defaults.get(name, {})
-        if name == "model":
-            sections[VISION_SECTION], defaults[VISION_SECTION] = section
-    if VISION_SECTION not in sections:
-        sections[VISION_SECTION], defaults[VISION_SECTION] = section
-    result.sections, result.defaults = sections, defaults
+    if section is not None:
+        result.sections[VISION_SECTION], result.defaults[VISION_SECTION] = section
     return result
 
 
