@@ -283,3 +283,29 @@ def test_readme_lists_every_rule() -> None:
     readme = (REPO / "docs" / "rules.md").read_text()
     missing = [rule.code for rule in CATALOGUE if f"| {rule.code} |" not in readme]
     assert not missing, f"docs/rules.md lacks {missing}"
+
+
+# Issue 19: each of these planned VALID with `cluster=gb200 model=qwen3_vl_30b_a3b dry_run=true` and
+# would crash, be refused by the library, or train something else (tests/megatron/
+# test_runtime_refusals.py runs the library code behind each rule on CPU).
+ISSUE_19_BASE = ("cluster=gb200", "model=qwen3_vl_30b_a3b", "dry_run=true")
+ISSUE_19 = [
+    ("nodes=2 precision=nvfp4", "P004"),
+    ("nodes=2 parallelism=3d tp=2 ep=4 precision=nvfp4 overlap.tp_comm=true", "P005"),
+    ("nodes=2 router.dtype=fp64", "X009"),
+    ("nodes=2 offload=optimizer", "O010"),
+    ("nodes=2 parallelism=3d ep=8 cuda_graph.vision=true cuda_graph.vision_max_seq_length=8192", "O016"),
+    ("nodes=4 parallelism=3d ep=8 pp=2 cuda_graph.vision=true cuda_graph.vision_max_seq_length=8192", "O016"),
+    (
+        "nodes=2 parallelism=3d ep=8 cuda_graph=te_moe cuda_graph.scope=[moe] router=drop_and_pad "
+        "dispatcher=allgather",
+        "G013",
+    ),
+    ("nodes=2 parallelism=3d ep=8 overlap.param_gather=true overlap.grad_reduce=false", "O015"),
+]
+
+
+@pytest.mark.parametrize(("command", "code"), ISSUE_19, ids=[c for c, _ in ISSUE_19])
+def test_issue_19_commands_plan_invalid(command: str, code: str) -> None:
+    errors = {f.code for f in validate(make_spec(*ISSUE_19_BASE, *command.split())) if f.is_error}
+    assert errors == {code}, f"{command}: {sorted(errors)}"
