@@ -80,8 +80,9 @@ def _nvfp4_fsdp(spec: RunSpec) -> Iterator[Violation]:
     # Megatron FSDP takes every TE QuantizedTensor for an FP8 one (megatron/core/distributed/fsdp/src/
     # megatron_fsdp/mixed_precision.py:63-66, 173-175) and views its buffer slice with the parameter's
     # logical shape (param_and_grad_buffer.py:2941, 2949-2955), while an NVFP4 weight's raw data is packed to
-    # half the last dimension: fp8_set_raw_data asserts equal shapes (mixed_precision.py:238-240) when the
-    # model is wrapped, on every sharding strategy. Bridge's own NVFP4 perf recipes turn fp4_param_gather
+    # half the last dimension: copying it into the slice fails (param_and_grad_buffer.py:2953), and
+    # fp8_set_raw_data asserts equal shapes (mixed_precision.py:238-240), when the model is wrapped,
+    # on every sharding strategy. Bridge's own NVFP4 perf recipes turn fp4_param_gather
     # off because "FP4 primary weights fault during buffer init" (perf_recipes/nemotronh/common.py:
     # 102-105), a setting this project does not offer.
     if (

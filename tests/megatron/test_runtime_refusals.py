@@ -154,6 +154,11 @@ def test_megatron_fsdp_cannot_hold_an_nvfp4_weight(
                 AssertionError, match=r"Shape torch.Size\(\[32, 32\]\) of old_data doesn't match"
             ):
                 mixed_precision.fp8_set_raw_data(weight, slice_)  # mixed_precision.py:238-240
+            # On the wrap path the copy just before it (param_and_grad_buffer.py:2952-2953) already
+            # fails: the packed (32, 32) bytes do not fill a (32, 64) slice. The issue cites the assert;
+            # either way the model never wraps.
+            with pytest.raises(RuntimeError, match="must match the size"):
+                slice_.detach().copy_(mixed_precision.fp8_get_raw_data(weight))
     # Bridge's own NVFP4 perf recipes say so, and turn the packed weights off for Megatron FSDP.
     from megatron.bridge.perf_recipes.nemotronh import common as nemotronh
 
