@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import os
 import pickle
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -41,6 +42,9 @@ if TYPE_CHECKING:
 TORCH_PROFILE_DIR = "torch_profile"
 TENSORBOARD_DIR = "tensorboard"  # Bridge's tensorboard_dir; its torch_profile/ sits beside it
 NSYS_DIR = "nsys"
+# Set by the nsys wrapper (nsys_srun_words) in a profiled rank's environment: its report's path.
+# A profiled rank without it runs outside nsys, where the CUDA profiler API records nothing.
+NSYS_REPORT_ENV = "MOE_VLM_NSYS_REPORT"
 MEMORY_SNAPSHOT = "memory_snapshot.pickle"  # Bridge inserts _<rank> (window) or _oom_rank-<rank> (OOM)
 EXCLUDE_REASON = "profiler"
 # The CUDA allocator events the history keeps (Bridge's trace_alloc_max_entries, train_utils.py:214).
@@ -153,10 +157,31 @@ def nsys_srun_words(spec: RunSpec, point_variable: str) -> list[str]:
         "job environment (rank $SLURM_PROCID). Fix: use an image with Nsight Systems (the NeMo "
         'container has it) or put it on PATH in hydra.launcher.setup." >&2; exit 127; }; '
         f'out="${{{point_variable}:?the batch script names the point directory}}/{NSYS_DIR}"; '
-        f'mkdir -p "$out" && exec nsys profile {options} -o "$out/rank$SLURM_PROCID" "$@"'
+        f'mkdir -p "$out" && export {NSYS_REPORT_ENV}="$out/rank$SLURM_PROCID" && '
+        f'exec nsys profile {options} -o "${NSYS_REPORT_ENV}" "$@"'
     )
     profiled = ",".join(str(r) for r in spec.profiling.ranks) or "all"
     return ["bash", "-c", script, "moe_vlm_nsys", profiled]
+
+
+def nsys_problem(spec: RunSpec, rank: int | None, environ: Mapping[str, str]) -> str | None:
+    """Why profiling=nsys would record nothing in this process, or None.
+
+    Only the Slurm launcher runs the profiled ranks under ``nsys profile`` (nsys_srun_words, which
+    sets NSYS_REPORT_ENV); anywhere else (the Megatron engine's torchrun relaunch on one node, a
+    torchrun or srun of one's own, the torch engine's own ranks) the engine's CUDA profiler API calls
+    open a capture range nobody listens to, and the run would end without a report or a word.
+    `rank` None: a process that starts the ranks (it is profiled through them)."""
+    if spec.profiling.tool is not Profiler.nsys or NSYS_REPORT_ENV in environ:
+        return None
+    if rank is not None and rank not in ranks(spec):
+        return None  # not profiled: runs as it is, by design
+    who = "this launch" if rank is None else f"rank {rank}"
+    return (
+        f"profiling=nsys: {who} is not running under Nsight Systems, so nothing would be recorded; only the "
+        "Slurm launcher wraps the profiled ranks in `nsys profile` (moe_vlm/profiling.py nsys_srun_words). "
+        "Fix: submit with -m hydra/launcher=slurm_gb200 (or slurm_b200), or use profiling=torch here."
+    )
 
 
 def describe(spec: RunSpec) -> str:
@@ -197,9 +222,14 @@ class StepProfiler:
 
             raise EngineUnavailable(
                 f"profiling={self.tool.value} records CUDA activity and rank {rank} runs on the CPU "
-                "(rule O003 rejects this on cluster profiles without GPUs). Fix: run on GPUs, or "
+                "(rule T003 rejects this on cluster profiles without GPUs). Fix: run on GPUs, or "
                 "profiling=torch."
             )
+        problem = nsys_problem(spec, rank, os.environ) if self.tool is Profiler.nsys else None
+        if problem:
+            from moe_vlm.engines import EngineUnavailable
+
+            raise EngineUnavailable(problem)
         if self.tool is Profiler.memory:
             self._start_memory_history()
         elif self.tool is Profiler.torch:

@@ -16,6 +16,8 @@ from moe_vlm.schema import (
     CudaGraphImpl,
     Engine,
     OffloadConfig,
+    ParallelismFamily,
+    Precision,
     RecomputeConfig,
     RecomputeGranularity,
     RecomputeMethod,
@@ -84,8 +86,13 @@ def memory_variants(spec: RunSpec) -> list[Variant]:
         mbs //= 2
         variants.append(Variant(f"mbs={mbs}", replace(spec, mbs=mbs)))
     # Last: the optimizer on the CPU trades a host Adam step and device-host copies every step for
-    # 8 of its 12 bytes per parameter (Megatron engine only; memory/megatron.optimizer_offload).
-    if spec.engine is Engine.megatron and spec.offload.optimizer_fraction < 1.0:
+    # 8 of its 12 bytes per parameter (Megatron engine only; memory/megatron.optimizer_offload), on
+    # Megatron DDP's distributed optimizer without FP8 parameter gather (rules O010, O014).
+    offload_runs = spec.family is ParallelismFamily["3d"] and spec.precision.format not in (
+        Precision.fp8cs,
+        Precision.fp8mx,
+    )
+    if spec.engine is Engine.megatron and offload_runs and spec.offload.optimizer_fraction < 1.0:
         variants.append(Variant("offload=optimizer", replace(spec, offload=OPTIMIZER_ON_CPU)))
     return variants
 

@@ -16,6 +16,7 @@ from moe_vlm.schema import (
     CudaGraphImpl,
     Engine,
     RecomputeGranularity,
+    TokenDispatcher,
 )
 from moe_vlm.spec import RunSpec
 
@@ -174,4 +175,26 @@ def _graph_full_iteration_qwen3vl(spec: RunSpec) -> Iterator[Violation]:
             "full-iteration CUDA graphs cannot be captured around the Qwen3-VL forward step (it reads "
             "sequence lengths and image grids back to the host), and replays would bypass the token count.",
             "use cuda_graph=te_moe with parallelism=3d, or cuda_graph=none.",
+        )
+
+
+@rule("G013", Level.error, "the moe scope cannot capture the allgather dispatcher's host syncs (MLM)")
+def _graph_moe_allgather(spec: RunSpec) -> Iterator[Violation]:
+    # The 'moe' scope captures the whole MoE layer, dispatch included (megatron/core/transformer/
+    # transformer_layer.py:1255-1262); the allgather dispatcher's dispatch_postprocess copies the token
+    # counts to the host (.cpu()) and reads their sum (.item()) on every call, drop-and-pad or not
+    # (megatron/core/transformer/moe/token_dispatcher.py:317-325), which a capturing stream forbids.
+    # MCore's config check for the scope (transformer_config.py:2505-2518) looks only at alltoall.
+    if (
+        spec.engine == Engine.megatron
+        and spec.cuda_graph.impl in (CudaGraphImpl.transformer_engine, CudaGraphImpl.local)
+        and "moe" in spec.cuda_graph.scope
+        and spec.dispatcher.token_dispatcher is TokenDispatcher.allgather
+    ):
+        yield Violation(
+            ("cuda_graph.scope", "dispatcher"),
+            "CUDA-graph scope 'moe' captures the token dispatch, and the allgather dispatcher reads token counts "
+            "back to the host in it (.cpu()/.item(), moe/token_dispatcher.py:317-325): capture fails.",
+            "use dispatcher=alltoall with router=drop_and_pad for the moe scope, or cuda_graph=te_moe "
+            "(moe_router + moe_preprocess).",
         )

@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from moe_vlm.engines.support import TORCH_REJECTS_UNLESS_NULL, accepts
 from moe_vlm.memory.images import image_budget
 from moe_vlm.memory.megatron import vision_graph_length
+from moe_vlm.precision import profile as precision_profile
 from moe_vlm.rules.catalogue import Level, Violation, rule
 from moe_vlm.schema import (
     Arch,
@@ -19,6 +20,7 @@ from moe_vlm.schema import (
     Engine,
     OuterSharding,
     ParallelismFamily,
+    Precision,
     RecomputeGranularity,
     ShardingStrategy,
 )
@@ -224,17 +226,23 @@ def _optimizer_fraction(spec: RunSpec) -> Iterator[Violation]:
         )
 
 
-@rule("O010", Level.warning, "optimizer CPU offload with Megatron FSDP is not validated upstream")
+@rule(
+    "O010", Level.error, "optimizer CPU offload runs only on Megatron DDP's distributed optimizer (MLM, MB)"
+)
 def _fsdp_optimizer_offload(spec: RunSpec) -> Iterator[Violation]:
-    # Megatron FSDP manages the optimizer's weights and gradients itself (megatron/core/optimizer/
-    # distrib_optimizer.py:704-706) and has no CPU-offload path of its own; the HybridDeviceOptimizer
-    # is exercised upstream with Megatron DDP's distributed optimizer.
+    # MCore builds the HybridDeviceOptimizer over the model's parameters (megatron/core/optimizer/
+    # __init__.py:502-543) and rebuilds it over the fp32 main-weight shards only for Megatron DDP
+    # (distrib_optimizer.py:778-781); with Megatron FSDP the distributed optimizer returns before that
+    # (distrib_optimizer.py:704-706), leaving the offloading optimizer on FSDP's own sharded parameters.
+    # Bridge's offload fix-ups walk Megatron DDP's shards only (training/optim.py:244-323, setup.py:
+    # 414-420). Nothing upstream runs it, and no CPU check can: refused until a GPU run shows it works.
     if _megatron_fsdp(spec) and spec.offload.optimizer_fraction > 0:
         yield Violation(
             ("offload.optimizer_fraction", "parallelism"),
-            "the CPU-offloaded optimizer (HybridDeviceOptimizer) runs on Megatron FSDP's own parameter shards, "
-            "a combination Megatron FSDP does not exercise (distrib_optimizer.py:704-706).",
-            "prefer parallelism=3d for optimizer CPU offload, or check the first steps' loss against a run without it.",
+            "optimizer CPU offload (HybridDeviceOptimizer) is rebuilt over main-weight shards only by Megatron "
+            "DDP's distributed optimizer (distrib_optimizer.py:778-781); with Megatron FSDP it returns before "
+            "that (:704-706) and no upstream path runs the combination.",
+            "use parallelism=3d for offload=optimizer, or offload=none with parallelism=fsdp.",
         )
 
 
@@ -313,6 +321,88 @@ def _vision_graphs(spec: RunSpec) -> Iterator[Violation]:
             "refuses to capture a hooked module (transformer_engine/pytorch/graph.py:386-400).",
             "use parallelism=3d for vision CUDA graphs, or cuda_graph.vision=null.",
         )
+
+
+@rule(
+    "O014",
+    Level.error,
+    "optimizer CPU offload with FP8 parameter gather needs delayed scaling (MLM arguments)",
+)
+def _offload_fp8_param_gather(spec: RunSpec) -> Iterator[Violation]:
+    # Megatron's argument validation refuses it (megatron/training/arguments.py:1808-1811): the
+    # HybridDeviceOptimizer takes the precision-aware optimizer's path (arguments.py:1804-1807), which
+    # casts FP8 primary weights itself only for delayed scaling (optimizer_config.py:404-410). Bridge's
+    # fp8cs and fp8mx recipes gather FP8 parameters with current / MXFP8 scaling
+    # (training/mixed_precision.py:255-266, 285-303), and Bridge never runs Megatron's validation.
+    fmt = spec.precision.format
+    if (
+        spec.engine == Engine.megatron
+        and fmt in (Precision.fp8cs, Precision.fp8mx)
+        and spec.offload.optimizer_fraction > 0
+    ):
+        yield Violation(
+            ("offload.optimizer_fraction", "precision"),
+            f"optimizer CPU offload with precision={fmt.value} ({precision_profile(fmt).bridge_recipe}: FP8 parameter "
+            "gather, non-delayed scaling): Megatron refuses it ('When --fp8-param-gather is enabled, the optimizer "
+            "cpu offload must be used in conjunction with --fp8-recipe delayed', megatron/training/arguments.py:1808-1811).",
+            "use precision=bf16 with offload=optimizer, or offload=none with FP8.",
+        )
+
+
+def grad_reduce_overlapped(spec: RunSpec) -> bool:
+    """Whether DP gradient reduction is overlapped in the run: Megatron FSDP forces it where it shards
+    gradients (O001); otherwise the knob, or the recipe's when null (every Qwen-VL perf recipe: off,
+    tests/megatron/test_runtime_refusals.py reads it after Bridge's runtime update)."""
+    if _megatron_fsdp(spec) and spec.parallelism.sharding_strategy in (
+        ShardingStrategy.optim_grads,
+        ShardingStrategy.optim_grads_params,
+    ):
+        return True
+    return bool(spec.overlap.grad_reduce)
+
+
+@rule("O015", Level.error, "parameter-gather overlap needs gradient-reduce overlap (MLM arguments)")
+def _param_gather_without_grad_reduce(spec: RunSpec) -> Iterator[Violation]:
+    # Megatron's argument validation: 'Must use --overlap-param-gather with --overlap-grad-reduce'
+    # (megatron/training/arguments.py:990-995). Bridge copies both into ddp and optimizer without the
+    # check (training/comm_overlap.py:604-643, training/config.py:1969-1981).
+    if spec.engine == Engine.megatron and spec.overlap.param_gather and not grad_reduce_overlapped(spec):
+        yield Violation(
+            ("overlap.param_gather", "overlap.grad_reduce"),
+            "overlap.param_gather=true without gradient-reduce overlap: Megatron refuses it ('Must use "
+            "--overlap-param-gather with --overlap-grad-reduce', megatron/training/arguments.py:994-995).",
+            "add overlap.grad_reduce=true (overlap=dp sets both), or overlap.param_gather=false.",
+        )
+
+
+@rule(
+    "O016",
+    Level.error,
+    "vision-encoder CUDA graphs change the Qwen3-VL ViT (MLM cuda_graphs, MB vision_model)",
+)
+def _vision_graphs_change_the_vit(spec: RunSpec) -> Iterator[Violation]:
+    # In graph mode the vision model drops its per-image attention metadata: packed_seq_params=None with
+    # at most a padding mask (Bridge qwen_vl/modelling_qwen3_vl/vision_model.py:95-106, 297-303, 346-353),
+    # and the ViT attention is built no_mask (megatron/core/models/vision/vit_layer_specs.py:47): every
+    # image of a micro-batch attends to every other. Where the graph captures attention, MCore's vision
+    # helper captures each block with hidden_states and a causal mask only (cuda_graphs.py:3182-3197,
+    # transformer_layer.py:1101-1122), and TE's replay feeds only the captured keyword arguments
+    # (transformer_engine/pytorch/graph.py:1189-1202): the 2D rotary embeddings are dropped (G009's
+    # reasoning for the decoder). It also captures num_microbatches x depth graphs, each with its own
+    # L x hidden input and L x L mask (cuda_graphs.py:3182-3197; Bridge passes get_num_microbatches(),
+    # training/train.py:293-302). It would train, and time, a different encoder.
+    graph = spec.cuda_graph
+    if spec.engine != Engine.megatron or not graph.vision or spec.model.arch is not Arch.qwen3_vl_moe:
+        return
+    attention = not graph.vision_scope or "attn" in graph.vision_scope
+    rope = " and the captured attention runs without the ViT's 2D rotary embeddings" if attention else ""
+    yield Violation(
+        ("cuda_graph.vision",),
+        "vision-encoder CUDA graphs run the ViT without its per-image attention mask (packed_seq_params=None, "
+        f"no_mask attention: images in a micro-batch attend to each other and to padding){rope} "
+        "(Bridge vision_model.py:95-106, MCore cuda_graphs.py:3182-3197).",
+        "leave cuda_graph.vision null; decoder graphs (cuda_graph=te_moe with parallelism=3d) are unaffected.",
+    )
 
 
 _TORCH_KNOBS = (

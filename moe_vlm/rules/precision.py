@@ -5,6 +5,10 @@ What Megatron Core and Bridge reject with FP8/FP4 beyond the GPU is out of reach
 delayed scaling's limits (first/last BF16 layers, moe_act/layernorm recompute:
 megatron/core/transformer/transformer_config.py:1400-1403, :1821-1826) are not a recipe offered
 here; HybridEP's FP8 dispatch (megatron/core/transformer/moe/fused_a2a.py:326) is D004's.
+NVFP4 keeps its primary weights packed (two E2M1 values per byte, Bridge's bf16_with_nvfp4_mixed:
+fp4_param_gather=True, training/mixed_precision.py:405-417), which Megatron FSDP's buffers and TE's
+userbuffers do not handle: P004 and P005. Path citations are under site-packages (megatron-core
+0.19.2, megatron-bridge 0.6.2, transformer-engine 2.20.2).
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ from collections.abc import Iterator
 from moe_vlm.engines.support import accepts
 from moe_vlm.precision import capability_range, profile, quantized, runs_on
 from moe_vlm.rules.catalogue import Level, Violation, rule
-from moe_vlm.schema import Engine, Precision
+from moe_vlm.schema import Engine, ParallelismFamily, Precision
 from moe_vlm.spec import RunSpec
 
 
@@ -68,4 +72,62 @@ def _torch_precision(spec: RunSpec) -> Iterator[Violation]:
             f"precision={fmt.value} needs Transformer Engine (the Megatron engine); the torch engine trains "
             "in BF16 on GPUs (FSDP2 mixed precision) and FP32 on CPU.",
             "use precision=bf16, or engine=megatron on a GPU cluster.",
+        )
+
+
+@rule("P004", Level.error, "NVFP4 primary weights cannot live in Megatron FSDP's buffers (MLM megatron_fsdp)")
+def _nvfp4_fsdp(spec: RunSpec) -> Iterator[Violation]:
+    # Megatron FSDP takes every TE QuantizedTensor for an FP8 one (megatron/core/distributed/fsdp/src/
+    # megatron_fsdp/mixed_precision.py:63-66, 173-175) and views its buffer slice with the parameter's
+    # logical shape (param_and_grad_buffer.py:2941, 2949-2955), while an NVFP4 weight's raw data is packed to
+    # half the last dimension: copying it into the slice fails (param_and_grad_buffer.py:2953), and
+    # fp8_set_raw_data asserts equal shapes (mixed_precision.py:238-240), when the model is wrapped,
+    # on every sharding strategy. Bridge's own NVFP4 perf recipes turn fp4_param_gather
+    # off because "FP4 primary weights fault during buffer init" (perf_recipes/nemotronh/common.py:
+    # 102-105), a setting this project does not offer.
+    if (
+        spec.engine == Engine.megatron
+        and spec.family is ParallelismFamily.fsdp
+        and spec.precision.format is Precision.nvfp4
+    ):
+        yield Violation(
+            ("precision", "parallelism"),
+            "precision=nvfp4 keeps packed NVFP4 primary weights (fp4_param_gather), which Megatron FSDP stores as "
+            "if they were FP8: wrapping the model fails on fp8_set_raw_data's shape assert "
+            "(megatron_fsdp/mixed_precision.py:238-240).",
+            "use precision=nvfp4 with parallelism=3d, or precision=fp8mx|fp8cs|bf16 with parallelism=fsdp.",
+        )
+
+
+def tp_overlap_on(spec: RunSpec) -> bool:
+    """Whether Bridge runs TE userbuffer TP overlap: needs TP >= 2 with sequence parallelism
+    (training/comm_overlap.py:442-451); overlap.tp_comm=null keeps the recipe's, on in every Qwen-VL
+    perf recipe for Blackwell (CommOverlapConfig(tp_comm_overlap=True) in perf_recipes/qwen_vl/
+    {b200,gb200,gb300,b300}/*.py; tests/megatron/test_runtime_refusals.py holds it to each)."""
+    if spec.layout.tp < 2 or not spec.sequence_parallel:
+        return False
+    if spec.overlap.tp_comm is not None:
+        return spec.overlap.tp_comm
+    return spec.cluster.compute_capability >= 10.0
+
+
+@rule("P005", Level.error, "NVFP4 with TE userbuffer TP overlap (TE module/base.py)")
+def _nvfp4_userbuffers(spec: RunSpec) -> Iterator[Violation]:
+    # Bridge starts userbuffers with overlap on (training/initialize.py:236-237), in BF16 mode for FP4
+    # (fp8 is None: initialize.py:363); each sequence-parallel column-parallel GEMM then fills its
+    # all-gather buffer with the NVFP4 input quantizer (transformer_engine/pytorch/module/
+    # layernorm_linear.py:292-306), and TE's fill_userbuffers_buffer_for_all_gather handles only
+    # None, Float8 and MXFP8 quantizers: "Unsupported quantizer for Userbuffers" (module/base.py:754).
+    if spec.engine == Engine.megatron and spec.precision.format is Precision.nvfp4 and tp_overlap_on(spec):
+        why = (
+            "overlap.tp_comm=true"
+            if spec.overlap.tp_comm
+            else "the recipe's TP overlap (overlap.tp_comm=null)"
+        )
+        yield Violation(
+            ("precision", "overlap.tp_comm", "tp"),
+            f"precision=nvfp4 with {why} at TP={spec.layout.tp} + sequence parallelism: Transformer Engine's "
+            "userbuffer all-gather accepts only FP8/MXFP8 quantizers and raises 'Unsupported quantizer for "
+            "Userbuffers' at the first forward (transformer_engine/pytorch/module/base.py:754).",
+            "add overlap.tp_comm=false (or overlap=none), or use precision=fp8mx|fp8cs|bf16 for TP overlap.",
         )

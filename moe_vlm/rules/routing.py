@@ -161,3 +161,29 @@ def _torch_routing(spec: RunSpec) -> Iterator[Violation]:
             "transformers' own router, MLPs and loss.",
             "leave them null (fusion=recipe; router=real), or engine=megatron.",
         )
+
+
+def router_fusion_on(spec: RunSpec) -> bool:
+    """fusion.moe_router_fusion, or the recipe's when null: on in every Qwen-VL perf recipe
+    (perf_recipes/qwen_vl/<gpu>/qwen3_vl.py `cfg.model.moe_router_fusion = True`, qwen_vl/common.py:57;
+    tests/megatron/test_runtime_refusals.py holds it to each recipe the engine can pick)."""
+    fused = spec.fusion.moe_router_fusion
+    return True if fused is None else fused
+
+
+@rule("X009", Level.error, "an fp64 router cannot use TE's fused router kernels (TE router.py)")
+def _fp64_fused_router(spec: RunSpec) -> Iterator[Violation]:
+    # MCore computes the router logits in float64 for moe_router_dtype='fp64' (moe/router.py:103-108) and,
+    # with moe_router_fusion, routes through TE's fused top-k (moe/moe_utils.py:772-790), which raises
+    # "Current TE does not support float64 router type." (transformer_engine/pytorch/router.py:345-346)
+    # at the first forward. MCore's config checks never compare the two (transformer_config.py:790, 915).
+    if spec.engine == Engine.megatron and spec.router.dtype is RouterDtype.fp64 and router_fusion_on(spec):
+        why = (
+            "fusion.moe_router_fusion=true" if spec.fusion.moe_router_fusion else "the recipe's router fusion"
+        )
+        yield Violation(
+            ("router.dtype", "fusion.moe_router_fusion"),
+            f"router.dtype=fp64 with {why}: Transformer Engine's fused router raises 'Current TE does not "
+            "support float64 router type' at the first forward (transformer_engine/pytorch/router.py:345-346).",
+            "use router.dtype=fp32 (the recipes'), or add fusion.moe_router_fusion=false for an fp64 router.",
+        )

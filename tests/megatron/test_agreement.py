@@ -247,6 +247,35 @@ RUN_TIME = {
         ),
         "model build (the Qwen3-VL-MoE provider drops vp_stage)",
     ),
+    # Issue 19 (tests/megatron/test_runtime_refusals.py runs each library check on CPU).
+    "P004": Documented(
+        "megatron.core.distributed.fsdp.src.megatron_fsdp.mixed_precision",
+        "of old_data doesn't match",
+        lambda cfg: bool(cfg.ddp.use_megatron_fsdp) and bool(cfg.model.fp4_param),
+        "model wrap (Megatron FSDP's buffers take NVFP4 weights for FP8: fp8_set_raw_data)",
+    ),
+    "P005": Documented(
+        "transformer_engine.pytorch.module.base",
+        "Unsupported quantizer for Userbuffers",
+        lambda cfg: bool(cfg.model.fp4) and bool(cfg.model.tp_comm_overlap),
+        "the first forward (TE's userbuffer all-gather refuses the NVFP4 quantizer)",
+    ),
+    "X009": Documented(
+        "transformer_engine.pytorch.router",
+        "Current TE does not support float64 router type.",
+        lambda cfg: cfg.model.moe_router_dtype == "fp64" and bool(cfg.model.moe_router_fusion),
+        "the first forward (TE's fused router refuses float64 logits)",
+    ),
+    "G013": Documented(
+        "megatron.core.transformer.moe.token_dispatcher",
+        "tokens_per_expert = self.local_map.sum(dim=0).long().cpu()",
+        lambda cfg: (
+            cfg.model.cuda_graph_impl == "transformer_engine"
+            and "moe" in _graph_modules(cfg)
+            and cfg.model.moe_token_dispatcher_type == "allgather"
+        ),
+        "CUDA-graph capture (the allgather dispatcher's host syncs inside the moe scope)",
+    ),
 }
 
 # Engine edge cases beyond the rule cases: layouts, packing, graphs, and their combinations.

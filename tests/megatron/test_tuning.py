@@ -81,8 +81,13 @@ CASES: list[tuple[tuple[str, ...], dict[str, Any]]] = [
         {"model.cross_entropy_loss_fusion": True, "model.cross_entropy_fusion_impl": "native"},
     ),
     (
-        (*GB200, "router.dtype=fp64", "router.aux_loss_coeff=0.01"),
-        {"model.moe_router_dtype": "fp64", "model.moe_aux_loss_coeff": 0.01},
+        # An fp64 router runs only unfused (rule X009: TE's fused router refuses float64).
+        (*GB200, "router.dtype=fp64", "router.aux_loss_coeff=0.01", "fusion.moe_router_fusion=false"),
+        {
+            "model.moe_router_dtype": "fp64",
+            "model.moe_aux_loss_coeff": 0.01,
+            "model.moe_router_fusion": False,
+        },
     ),
     ((*GB200, "router.dtype=bf16"), {"model.moe_router_dtype": None}),
     (
@@ -120,13 +125,7 @@ CASES: list[tuple[tuple[str, ...], dict[str, Any]]] = [
     ((*B200, "offload=activations"), {"model.cpu_offloading": True, "model.cpu_offloading_num_layers": 8}),
     ((*GB200, "gc=auto"), {"train.manual_gc": False}),
     ((*GB200, "gc=manual", "gc.interval=5"), {"train.manual_gc": True, "train.manual_gc_interval": 5}),
-    (
-        (*THREE_D, "cuda_graph.vision=true", "cuda_graph.vision_max_seq_length=7776"),
-        {
-            "model.vision_cuda_graph_impl": "transformer_engine",
-            "model.max_vision_cuda_graph_seq_length": 7776,
-        },
-    ),
+    # Vision-encoder graphs are rejected (rule O016); their fields: test_vision_graphs_reach_the_vision_encoder_config.
 ]
 
 

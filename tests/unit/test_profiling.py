@@ -125,21 +125,36 @@ def test_the_nsys_wrapper_profiles_the_chosen_ranks_only(tmp_path: Path) -> None
         "moe_vlm_point": str(point),
         "NSYS_ARGS": str(tmp_path / "args"),
     }
-    task = ("sh", "-c", 'echo "task of rank $SLURM_PROCID"')
+    task = ("sh", "-c", f'echo "task of rank $SLURM_PROCID"; echo "${{{profiling.NSYS_REPORT_ENV}:-}}"')
 
     profiled = _task(words, {**env, "SLURM_PROCID": "5"}, *task)
-    assert profiled.returncode == 0 and profiled.stdout == "task of rank 5\n"
+    # The profiled task knows it runs under nsys, and where its report goes (the engine checks it).
+    assert profiled.returncode == 0 and profiled.stdout == f"task of rank 5\n{point}/nsys/rank5\n"
     args = (tmp_path / "args").read_text().split()
     assert args[:3] == ["profile", "--capture-range=cudaProfilerApi", "--capture-range-end=stop"]
     assert args[args.index("-o") + 1] == f"{point}/nsys/rank5" and (point / "nsys").is_dir()
 
     (tmp_path / "args").unlink()
     plain = _task(words, {**env, "SLURM_PROCID": "1"}, *task)
-    assert plain.stdout == "task of rank 1\n" and not (tmp_path / "args").exists()
+    assert plain.stdout == "task of rank 1\n\n" and not (tmp_path / "args").exists()
 
     stand_in.unlink()
     missing = _task(words, {**env, "SLURM_PROCID": "0"}, *task)
     assert missing.returncode == 127 and "nsys is not on PATH" in missing.stderr
+
+
+def test_nsys_outside_its_wrapper_is_refused_not_silent() -> None:
+    """Issue 19 item 9: the Megatron engine's torchrun relaunch (and any launch but the Slurm
+    launcher's) starts the ranks without nsys; Bridge's cudaProfilerStart then opens a capture range
+    nobody records. The process that would start the ranks, and every profiled rank, refuse instead."""
+    spec = make_spec(*GB200, "profiling=nsys", "profiling.ranks=[0,5]")
+    for rank in (None, 0, 5):
+        problem = profiling.nsys_problem(spec, rank, {})
+        assert problem and "not running under Nsight Systems" in problem and "Fix:" in problem
+        assert "\n" not in problem
+    assert profiling.nsys_problem(spec, 1, {}) is None  # not profiled: runs bare by design
+    assert profiling.nsys_problem(spec, 0, {profiling.NSYS_REPORT_ENV: "/run/nsys/rank0"}) is None
+    assert profiling.nsys_problem(make_spec(*GB200, "profiling=torch"), 0, {}) is None
 
 
 def test_only_points_with_nsys_get_the_wrapper() -> None:

@@ -84,6 +84,12 @@ CASES: dict[str, tuple[list[str], list[str]]] = {
     "G010": ([*MEG, TE, "data.pack_sequences=true"], [*MEG, TE]),
     "G011": ([*MEG, "cuda_graph.scope=[attn]"], MEG),
     "G012": ([*MEG, "cuda_graph=full_iteration"], [*MEG, "parallelism=3d", TE]),
+    # The whole MoE layer captured: the allgather dispatcher syncs with the host; alltoall with
+    # drop-and-pad does not.
+    "G013": (
+        [*MEG, "parallelism=3d", TE, "cuda_graph.scope=[moe]", "router=drop_and_pad", "dispatcher=allgather"],
+        [*MEG, "parallelism=3d", TE, "cuda_graph.scope=[moe]", "router=drop_and_pad", "dispatcher=alltoall"],
+    ),
     "R001": ([*MEG, "recompute=selective", "recompute.modules=[bogus]"], [*MEG, "recompute=selective"]),
     "R002": ([*MEG, "recompute=selective", "recompute.modules=[]"], [*MEG, "recompute=selective"]),
     # Full recompute warns only where selective is predicted to fit (30B on 8 x B200 does; the 235B
@@ -110,6 +116,12 @@ CASES: dict[str, tuple[list[str], list[str]]] = {
     ),
     "P002": ([*MEG, "precision=fp8cs"], MEG),
     "P003": (["precision=fp8cs"], [*MEG, "precision=fp8cs"]),
+    "P004": ([*MEG, "precision=nvfp4"], [*MEG, "parallelism=3d", "precision=nvfp4"]),
+    # TP 2 with SP on B200: the recipe's TP overlap is on unless overlap.tp_comm=false.
+    "P005": (
+        [*MEG, "parallelism=3d", "tp=2", "ep=4", "precision=nvfp4"],
+        [*MEG, "parallelism=3d", "tp=2", "ep=4", "precision=nvfp4", "overlap.tp_comm=false"],
+    ),
     # Routing and fusions (rules/routing.py); 128 experts, alltoall by default.
     "X001": ([*MEG, "router.pad_to_capacity=true"], [*MEG, "router=drop_and_pad"]),
     # 0 keeps every expert empty (a negative factor Megatron turns into dropless itself).
@@ -126,6 +138,7 @@ CASES: dict[str, tuple[list[str], list[str]]] = {
     "X006": ([*MEG, "fusion.cross_entropy=te"], [*MEG, "fusion=all"]),
     "X007": ([*MEG, "router=drop_and_pad"], MEG),
     "X008": (["fusion=all"], [*MEG, "fusion=all"]),
+    "X009": ([*MEG, "router.dtype=fp64"], [*MEG, "router.dtype=fp64", "fusion.moe_router_fusion=false"]),
     # Overlap, HSDP, offload, GC, vision graphs (rules/overlap.py). MEG is FSDP optim_grads_params, EP 8.
     "O001": ([*MEG, "overlap=none"], [*MEG, "overlap=none", "parallelism.sharding_strategy=optim"]),
     "O002": (
@@ -162,6 +175,18 @@ CASES: dict[str, tuple[list[str], list[str]]] = {
         [*MEG, "parallelism=3d", "cuda_graph.vision=true", "cuda_graph.vision_max_seq_length=7776"],
     ),
     "O013": (["offload=optimizer"], [*MEG, "gc=manual"]),
+    "O014": (
+        [*MEG, "parallelism=3d", "offload=optimizer", "precision=fp8mx"],
+        [*MEG, "parallelism=3d", "offload=optimizer"],
+    ),
+    "O015": (
+        [*MEG, "parallelism=3d", "overlap.param_gather=true", "overlap.grad_reduce=false"],
+        [*MEG, "parallelism=3d", "overlap=dp"],
+    ),
+    "O016": (
+        [*MEG, "parallelism=3d", "cuda_graph.vision=true", "cuda_graph.vision_max_seq_length=7776"],
+        [*MEG, "parallelism=3d", TE],
+    ),
     "A001": (["data=real"], ["data=real", "data.path=/tmp/shards"]),
     "A002": (["data.min_images=3", "data.max_images=1"], []),
     "A003": (
@@ -258,3 +283,29 @@ def test_readme_lists_every_rule() -> None:
     readme = (REPO / "docs" / "rules.md").read_text()
     missing = [rule.code for rule in CATALOGUE if f"| {rule.code} |" not in readme]
     assert not missing, f"docs/rules.md lacks {missing}"
+
+
+# Issue 19: each of these planned VALID with `cluster=gb200 model=qwen3_vl_30b_a3b dry_run=true` and
+# would crash, be refused by the library, or train something else (tests/megatron/
+# test_runtime_refusals.py runs the library code behind each rule on CPU).
+ISSUE_19_BASE = ("cluster=gb200", "model=qwen3_vl_30b_a3b", "dry_run=true")
+ISSUE_19 = [
+    ("nodes=2 precision=nvfp4", "P004"),
+    ("nodes=2 parallelism=3d tp=2 ep=4 precision=nvfp4 overlap.tp_comm=true", "P005"),
+    ("nodes=2 router.dtype=fp64", "X009"),
+    ("nodes=2 offload=optimizer", "O010"),
+    ("nodes=2 parallelism=3d ep=8 cuda_graph.vision=true cuda_graph.vision_max_seq_length=8192", "O016"),
+    ("nodes=4 parallelism=3d ep=8 pp=2 cuda_graph.vision=true cuda_graph.vision_max_seq_length=8192", "O016"),
+    (
+        "nodes=2 parallelism=3d ep=8 cuda_graph=te_moe cuda_graph.scope=[moe] router=drop_and_pad "
+        "dispatcher=allgather",
+        "G013",
+    ),
+    ("nodes=2 parallelism=3d ep=8 overlap.param_gather=true overlap.grad_reduce=false", "O015"),
+]
+
+
+@pytest.mark.parametrize(("command", "code"), ISSUE_19, ids=[c for c, _ in ISSUE_19])
+def test_issue_19_commands_plan_invalid(command: str, code: str) -> None:
+    errors = {f.code for f in validate(make_spec(*ISSUE_19_BASE, *command.split())) if f.is_error}
+    assert errors == {code}, f"{command}: {sorted(errors)}"

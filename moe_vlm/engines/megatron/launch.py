@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from moe_vlm import profiling
 from moe_vlm.engines import EngineUnavailable
 from moe_vlm.engines.megatron.config import BuiltConfig, build_config, check_overrides, place_in_run_dir
 from moe_vlm.engines.megatron.effective import EFFECTIVE_JSON, Effective, effective_config
@@ -111,6 +112,12 @@ def launch(spec: RunSpec, config: dict[str, Any], run_dir: Path) -> None:
     problem = stack_problem(spec)
     if problem:
         raise EngineUnavailable(f"engine=megatron: {problem}")
+    # profiling=nsys outside the Slurm launcher (the torchrun relaunch below included) would record
+    # nothing: refused before any rank starts. A rank's number is in RANK (torchrun) or SLURM_PROCID.
+    rank = os.environ.get("RANK", os.environ.get("SLURM_PROCID"))
+    problem = profiling.nsys_problem(spec, None if rank is None else int(rank), os.environ)
+    if problem:
+        raise EngineUnavailable(problem)
     import torch
 
     if not torch.cuda.is_available():
