@@ -52,6 +52,7 @@ from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationE
 from omegaconf.nodes import AnyNode, ValueNode
 
 from moe_vlm.errors import BadInput
+from moe_vlm.launch.safety import check_credentials, check_override_text
 from moe_vlm.schema import TrainConfig, dry_run_mode
 from moe_vlm.spec import RunSpec
 
@@ -578,30 +579,49 @@ COMPOSE_ERRORS = (HydraException, OmegaConfBaseException, ValueError)
 
 
 def preflight(argv: list[str]) -> None:
-    """Raise BadInput with one line when the command line cannot compose."""
+    """Raise BadInput with one line when the command line cannot compose or holds a credential.
+
+    Credentials are refused first, as typed (before any message could echo one), then in each
+    composed point (a config file or an interpolation can put one there): Hydra saves the
+    overrides and the config in .hydra/ as soon as it starts.
+    """
     args, _ = get_args_parser().parse_known_args(argv)
+    overrides: list[str] = list(args.overrides or [])
+    for override in overrides:
+        _check_override_credentials(override)
     if args.help or args.hydra_help or args.shell_completion or args.info:
         return
-    overrides: list[str] = list(args.overrides or [])
     try:
         for override in overrides:
             _reject_added_keys(override)
         fixed = [o for o in overrides if not parse_override(o).is_sweep_override()]
         base = compose_point(fixed)
-        _check_dry_run(base)
+        _check_point(base)
         swept = [
             *(o for o in overrides if parse_override(o).is_sweep_override()),
             *_preset_sweeps(base.hydra_value("hydra.sweeper.params"), overrides),
         ]
         for sweep in swept:
             for concrete in _override_values(sweep):
-                _check_dry_run(compose_point([*fixed, concrete]))
+                _check_point(compose_point([*fixed, concrete]))
     except COMPOSE_ERRORS as exc:
         raise BadInput(explain(exc, overrides)) from exc
 
 
-def _check_dry_run(point: Composed) -> None:
+def _check_override_credentials(override: str) -> None:
+    """The override as typed, then its parsed value (`hydra.job.env_set={HF_TOKEN:...}`)."""
+    check_override_text(override)
+    try:
+        parsed = parse_override(override)
+    except OverrideParseException:
+        return  # pre-flight words the grammar error; the text check above has run
+    if not parsed.is_sweep_override():
+        check_credentials(parsed.value(), parsed.get_key_element().lstrip("+~"))
+
+
+def _check_point(point: Composed) -> None:
     dry_run_mode(point.train.dry_run)
+    check_credentials(point.config)
 
 
 def _preset_sweeps(params: Mapping[str, Any] | None, overrides: list[str]) -> list[str]:
