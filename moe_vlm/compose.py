@@ -49,10 +49,11 @@ from hydra.errors import (
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
-from omegaconf.nodes import AnyNode, ValueNode
+from omegaconf.nodes import AnyNode, EnumNode, StringNode, ValueNode
 
 from moe_vlm.errors import BadInput
 from moe_vlm.launch.safety import check_credentials, check_override_text
+from moe_vlm.names import ascii_fold, lookalike_error
 from moe_vlm.schema import TrainConfig, dry_run_mode
 from moe_vlm.spec import RunSpec
 
@@ -593,6 +594,7 @@ def preflight(argv: list[str]) -> None:
         return
     try:
         for override in overrides:
+            _check_names(override)
             _reject_added_keys(override)
         fixed = [o for o in overrides if not parse_override(o).is_sweep_override()]
         base = compose_point(fixed)
@@ -617,6 +619,49 @@ def _check_override_credentials(override: str) -> None:
         return  # pre-flight words the grammar error; the text check above has run
     if not parsed.is_sweep_override():
         check_credentials(parsed.value(), parsed.get_key_element().lstrip("+~"))
+
+
+def _dotted_keys(tree: Mapping[str, Any], prefix: str = "") -> Iterator[str]:
+    for name, value in tree.items():
+        yield prefix + name
+        if isinstance(value, Mapping):
+            yield from _dotted_keys(value, f"{prefix}{name}.")
+
+
+def _check_names(override: str) -> None:
+    """A key, group option or enum value typed with a non-ASCII look-alike: one line naming the
+    character and what it resembles (moe_vlm/names.py); free text may hold any character, quoted."""
+    if override.isascii():
+        return
+    typed_key, _, value = override.partition("=")
+    key = typed_key.lstrip("+~")
+    problem: str | None
+    if not key.isascii():
+        groups = [p.name for p in CONF_DIR.iterdir() if p.is_dir()] + ["hydra/launcher"]
+        known = sorted({*groups, *_dotted_keys(compose_point([]).config)})
+        problem = lookalike_error(typed_key, key, known, typed_key.replace(key, "{}") + f"={value}", "key")
+    elif _is_group(key):
+        options = _loader().repository.get_group_options(key)  # type: ignore[attr-defined]
+        items = [item.strip("'\"") for item in value.split(",")]
+        problem = next(
+            (e for item in items if (e := lookalike_error(f"{key}={item}", item, options, f"{key}={{}}"))),
+            None,
+        )
+    else:
+        node = _node_at(_base([], ()).cfg, key)
+        text = value.strip("'\"")
+        if isinstance(node, StringNode | AnyNode) or node is None:
+            try:
+                parse_override(override)
+                return  # quoted free text: any character is fine
+            except OverrideParseException:
+                problem = f"{key}: {text!r} holds non-ASCII characters; free text must be quoted. Fix: {key}='{text}'."
+        else:
+            names = [m.name for m in node._metadata.ref_type] if isinstance(node, EnumNode) else []
+            folded = ascii_fold(text)
+            problem = lookalike_error(f"{key}={text}", text, names or [folded], f"{key}={{}}", "value")
+    if problem:
+        raise BadInput(problem)
 
 
 def _check_point(point: Composed) -> None:
