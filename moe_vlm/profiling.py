@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from moe_vlm.spec import RunSpec
 
 TORCH_PROFILE_DIR = "torch_profile"
+KINETO_QUIET = "6"  # above every Kineto log level (see StepProfiler._torch_profiler)
 TENSORBOARD_DIR = "tensorboard"  # Bridge's tensorboard_dir; its torch_profile/ sits beside it
 NSYS_DIR = "nsys"
 MEMORY_SNAPSHOT = "memory_snapshot.pickle"  # Bridge inserts _<rank> (window) or _oom_rank-<rank> (OOM)
@@ -236,6 +237,13 @@ class StepProfiler:
     def _torch_profiler(self, device: torch.device) -> Any:
         import torch
 
+        if device.type != "cuda":
+            # Kineto, on a machine without a CUDA runtime, prints `ERROR: ... gpuGetDeviceCount failed
+            # with code 35` and `USDT: ... profiler_start/stop` to stderr: nothing a CPU run can act on.
+            # Its levels (torch/include/kineto/ILoggerObserver.h): ERROR=4, USDT=5, ENUM_COUNT=6; it
+            # reads KINETO_LOG_LEVEL when the profiler starts. On GPUs its errors are kept; a level
+            # the user set wins.
+            os.environ.setdefault("KINETO_LOG_LEVEL", KINETO_QUIET)
         activities = [torch.profiler.ProfilerActivity.CPU]
         if device.type == "cuda":
             activities.append(torch.profiler.ProfilerActivity.CUDA)
