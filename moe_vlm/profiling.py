@@ -27,6 +27,7 @@ import pickle
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from moe_vlm import noise
 from moe_vlm.schema import Engine, Profiler
 
 if TYPE_CHECKING:
@@ -35,7 +36,6 @@ if TYPE_CHECKING:
     from moe_vlm.spec import RunSpec
 
 TORCH_PROFILE_DIR = "torch_profile"
-KINETO_QUIET = "6"  # above every Kineto log level (see StepProfiler._torch_profiler)
 TENSORBOARD_DIR = "tensorboard"  # Bridge's tensorboard_dir; its torch_profile/ sits beside it
 NSYS_DIR = "nsys"
 MEMORY_SNAPSHOT = "memory_snapshot.pickle"  # Bridge inserts _<rank> (window) or _oom_rank-<rank> (OOM)
@@ -238,12 +238,7 @@ class StepProfiler:
         import torch
 
         if device.type != "cuda":
-            # Kineto, on a machine without a CUDA runtime, prints `ERROR: ... gpuGetDeviceCount failed
-            # with code 35` and `USDT: ... profiler_start/stop` to stderr: nothing a CPU run can act on.
-            # Its levels (torch/include/kineto/ILoggerObserver.h): ERROR=4, USDT=5, ENUM_COUNT=6; it
-            # reads KINETO_LOG_LEVEL when the profiler starts. On GPUs its errors are kept; a level
-            # the user set wins.
-            os.environ.setdefault("KINETO_LOG_LEVEL", KINETO_QUIET)
+            noise.quiet_kineto()  # Kineto's CPU-only stderr lines (moe_vlm/noise.py)
         activities = [torch.profiler.ProfilerActivity.CPU]
         if device.type == "cuda":
             activities.append(torch.profiler.ProfilerActivity.CUDA)
