@@ -19,7 +19,8 @@ counts as a credential, precisely:
   (`hf_token`, `WANDB_API_KEY`, `apiKey`), at any level of the key's path; so `token_dispatcher`,
   `max_text_tokens`, `key_column` and `linear_num_key_heads` are not. A reference to the
   environment (`$HF_TOKEN`, `${HF_TOKEN}`, `${oc.env:HF_TOKEN}`) is not a credential;
-- `NAME=value` inside a string (a setup line, an srun argument) where NAME names one, as above.
+- `NAME=value` inside a string (a setup line, an srun argument) where NAME names one, as above,
+  and is not a bare `KEY` or `TOKEN` (prose such as `KEY=VALUE`): `HF_TOKEN=`, `PASSWORD=`.
 
 Secrets the config reads from the environment (`${oc.env:...}`) are masked, by value, in every
 config, script and record this package writes (`scrub`).
@@ -222,7 +223,10 @@ class Credential:
 def _assignment(key: str, text: str) -> Credential | None:
     for match in _ASSIGNMENT.finditer(text):
         name, value = match.group(1), match.group(2)
-        if credential_name(name) and _literal(value):
+        # A bare `KEY=VALUE` or `TOKEN=...` in free text is prose (help text, a placeholder).
+        words = [w.lower() for w in _WORDS.findall(name)]
+        named = len(words) > 1 or not _CREDENTIAL_WORDS.isdisjoint(words)
+        if named and credential_name(name) and _literal(value):
             return Credential(key, f"{name}=<literal>", name)
     return None
 

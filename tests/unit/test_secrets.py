@@ -244,6 +244,7 @@ def test_values_that_hold_one(value: str) -> None:
         "export HF_TOKEN=$HF_TOKEN",
         'export HF_TOKEN="${HF_TOKEN}"',
         "export TOKENIZERS_PARALLELISM=false",
+        "python train.py [KEY=VALUE ...]",
         "https://mlflow.example:5000",
     ],
 )
