@@ -20,6 +20,7 @@ SUBCOMMANDS = {
 def usage() -> str:
     lines = ["usage: moe-vlm {" + "|".join(SUBCOMMANDS) + "} [args...]", ""]
     lines += [f"  {name:<8} {summary}" for name, (_, summary) in SUBCOMMANDS.items()]
+    lines += ["", "`moe-vlm COMMAND --help` shows a command's arguments; e.g. moe-vlm advise --help"]
     return "\n".join(lines)
 
 

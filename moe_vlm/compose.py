@@ -49,9 +49,11 @@ from hydra.errors import (
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
-from omegaconf.nodes import AnyNode, ValueNode
+from omegaconf.nodes import AnyNode, EnumNode, StringNode, ValueNode
 
 from moe_vlm.errors import BadInput
+from moe_vlm.launch.safety import check_credentials, check_override_text
+from moe_vlm.names import ascii_fold, lookalike_error
 from moe_vlm.schema import TrainConfig, dry_run_mode
 from moe_vlm.spec import RunSpec
 
@@ -578,30 +580,93 @@ COMPOSE_ERRORS = (HydraException, OmegaConfBaseException, ValueError)
 
 
 def preflight(argv: list[str]) -> None:
-    """Raise BadInput with one line when the command line cannot compose."""
+    """Raise BadInput with one line when the command line cannot compose or holds a credential.
+
+    Credentials are refused first, as typed (before any message could echo one), then in each
+    composed point (a config file or an interpolation can put one there): Hydra saves the
+    overrides and the config in .hydra/ as soon as it starts.
+    """
     args, _ = get_args_parser().parse_known_args(argv)
+    overrides: list[str] = list(args.overrides or [])
+    for override in overrides:
+        _check_override_credentials(override)
     if args.help or args.hydra_help or args.shell_completion or args.info:
         return
-    overrides: list[str] = list(args.overrides or [])
     try:
         for override in overrides:
+            _check_names(override)
             _reject_added_keys(override)
         fixed = [o for o in overrides if not parse_override(o).is_sweep_override()]
         base = compose_point(fixed)
-        _check_dry_run(base)
+        _check_point(base)
         swept = [
             *(o for o in overrides if parse_override(o).is_sweep_override()),
             *_preset_sweeps(base.hydra_value("hydra.sweeper.params"), overrides),
         ]
         for sweep in swept:
             for concrete in _override_values(sweep):
-                _check_dry_run(compose_point([*fixed, concrete]))
+                _check_point(compose_point([*fixed, concrete]))
     except COMPOSE_ERRORS as exc:
         raise BadInput(explain(exc, overrides)) from exc
 
 
-def _check_dry_run(point: Composed) -> None:
+def _check_override_credentials(override: str) -> None:
+    """The override as typed, then its parsed value (`hydra.job.env_set={HF_TOKEN:...}`)."""
+    check_override_text(override)
+    try:
+        parsed = parse_override(override)
+    except OverrideParseException:
+        return  # pre-flight words the grammar error; the text check above has run
+    if not parsed.is_sweep_override():
+        check_credentials(parsed.value(), parsed.get_key_element().lstrip("+~"))
+
+
+def _dotted_keys(tree: Mapping[str, Any], prefix: str = "") -> Iterator[str]:
+    for name, value in tree.items():
+        yield prefix + name
+        if isinstance(value, Mapping):
+            yield from _dotted_keys(value, f"{prefix}{name}.")
+
+
+def _check_names(override: str) -> None:
+    """A key, group option or enum value typed with a non-ASCII look-alike: one line naming the
+    character and what it resembles (moe_vlm/names.py); free text may hold any character, quoted."""
+    if override.isascii():
+        return
+    typed_key, _, value = override.partition("=")
+    key = typed_key.lstrip("+~")
+    problem: str | None
+    if not key.isascii():
+        groups = [p.name for p in CONF_DIR.iterdir() if p.is_dir()] + ["hydra/launcher"]
+        known = sorted({*groups, *_dotted_keys(compose_point([]).config)})
+        problem = lookalike_error(typed_key, key, known, typed_key.replace(key, "{}") + f"={value}", "key")
+    elif _is_group(key):
+        options = _loader().repository.get_group_options(key)  # type: ignore[attr-defined]
+        items = [item.strip("'\"") for item in value.split(",")]
+        problem = next(
+            (e for item in items if (e := lookalike_error(f"{key}={item}", item, options, f"{key}={{}}"))),
+            None,
+        )
+    else:
+        node = _node_at(_base([], ()).cfg, key)
+        text = value.strip("'\"")
+        if isinstance(node, StringNode | AnyNode) or node is None:
+            try:
+                parse_override(override)
+                return  # quoted free text: any character is fine
+            except OverrideParseException:
+                problem = f"{key}: {text!r} holds non-ASCII characters; free text must be quoted. Fix: {key}='{text}'."
+        else:
+            names = [m.name for m in node._metadata.ref_type] if isinstance(node, EnumNode) else []
+            folded = ascii_fold(text)
+            problem = lookalike_error(f"{key}={text}", text, names or [folded], f"{key}={{}}", "value")
+    if problem:
+        raise BadInput(problem)
+
+
+def _check_point(point: Composed) -> None:
     dry_run_mode(point.train.dry_run)
+    check_credentials(point.config)
 
 
 def _preset_sweeps(params: Mapping[str, Any] | None, overrides: list[str]) -> list[str]:

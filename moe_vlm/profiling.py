@@ -32,6 +32,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from moe_vlm import noise
 from moe_vlm.schema import Engine, Profiler
 
 if TYPE_CHECKING:
@@ -281,6 +282,8 @@ class StepProfiler:
     def _torch_profiler(self, device: torch.device) -> Any:
         import torch
 
+        if device.type != "cuda":
+            noise.quiet_kineto()  # Kineto's CPU-only stderr lines (moe_vlm/noise.py)
         activities = [torch.profiler.ProfilerActivity.CPU]
         if device.type == "cuda":
             activities.append(torch.profiler.ProfilerActivity.CUDA)

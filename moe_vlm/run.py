@@ -18,7 +18,7 @@ from moe_vlm.errors import EXIT_FAILED, EXIT_INVALID
 from moe_vlm.heartbeat import Heartbeat, write_running
 from moe_vlm.launch.failures import Diagnosis, launch_info, record_exception, write_failure
 from moe_vlm.launch.requeue import global_rank
-from moe_vlm.launch.safety import scrub, scrub_files
+from moe_vlm.launch.safety import scrub, scrub_files, scrub_text
 from moe_vlm.plan import render
 from moe_vlm.record import RUN_JSON, RUNNING, RunRecord
 from moe_vlm.rules import errors, validate
@@ -36,13 +36,13 @@ def run(cfg: DictConfig) -> None:
     findings = validate(spec)
     bad = errors(findings)
     if spec.dry_run:
-        print(render(spec, findings))
+        print(scrub_text(render(spec, findings)))  # a data path may hold an ${oc.env:...} secret
         if bad:
             sys.exit(EXIT_INVALID)
         return
 
     for finding in findings:
-        print(finding.line(), file=sys.stderr)
+        print(scrub_text(finding.line()), file=sys.stderr)
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     # Secrets from the environment never reach a record, even through ${oc.env:...}.
     config = scrub(resolved_config(cfg))
@@ -60,7 +60,7 @@ def run(cfg: DictConfig) -> None:
         check_data(spec)  # an unreadable dataset fails here, not inside every rank
     except DataError as exc:
         RunRecord.rejected(spec, config, invalid=str(exc)).write(run_dir)
-        print(f"moe_vlm: error: {exc}", file=sys.stderr)
+        print(scrub_text(f"moe_vlm: error: {exc}"), file=sys.stderr)
         sys.exit(EXIT_INVALID)
 
     main = global_rank() == 0
@@ -76,7 +76,7 @@ def run(cfg: DictConfig) -> None:
                 "stack", f"the engine cannot run here: {message}", (message.splitlines() or [""])[0][:300]
             )
             write_failure(run_dir, diagnosis, [], RunRecord.failed(spec, config).to_json(), launch_info())
-        print(f"moe_vlm: error: {exc}", file=sys.stderr)
+        print(scrub_text(f"moe_vlm: error: {exc}"), file=sys.stderr)
         sys.exit(EXIT_INVALID)
     except RunFailed as exc:
         print(f"moe_vlm: run failed ({exc}); see {run_dir / RUN_JSON}", file=sys.stderr)

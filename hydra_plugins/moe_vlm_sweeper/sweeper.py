@@ -226,7 +226,7 @@ class PlanningSweeper(Sweeper):
         self.write_plan(point, point_dir)
         RunRecord.rejected(point.spec, point.config, point.findings).write(point_dir)
         codes = ", ".join(f"{f.code} ({f.message})" for f in errors(point.findings))
-        print(f"moe_vlm: rejected {point.label()}: {codes}", file=sys.stderr)
+        print(scrub_text(f"moe_vlm: rejected {point.label()}: {codes}"), file=sys.stderr)
 
     @property
     def launcher_overrides(self) -> list[str]:
@@ -277,7 +277,7 @@ class PlanningSweeper(Sweeper):
             found = memory[number - 1] if memory else None
             text = [
                 f"===== point {number}/{len(dry)}: {point.label()}  (id {point.point_id}) =====",
-                render(point.spec, point.findings, deep=deep, memory=found),
+                scrub_text(render(point.spec, point.findings, deep=deep, memory=found)),
             ]
             if point.valid and renderer is not None:
                 text += ["", scrub_text(renderer(self.job_overrides(point, sweep_dir)))]

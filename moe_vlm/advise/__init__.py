@@ -36,6 +36,29 @@ class Request:
     overrides: list[str]
 
 
+def usage() -> str:
+    """`moe-vlm advise --help`: the arguments and examples (the examples are this module's docstring's)."""
+    examples = [
+        line.strip() for line in (__doc__ or "").splitlines() if line.startswith("    moe-vlm advise")
+    ]
+    return "\n".join(
+        [
+            "usage: moe-vlm advise [KEY=VALUE ...] [goal=GOAL] | sweep=PATH [goal=GOAL]",
+            "",
+            "What to run first (train.py's overrides: a model, a cluster, nodes, ...), or what to try next",
+            "after a sweep (sweep=PATH). Every suggestion is a runnable command line.",
+            "",
+            "arguments:",
+            "  KEY=VALUE    train.py overrides, one configuration (no sweeps), e.g. model=qwen3_vl_30b_a3b",
+            f"  goal=GOAL    {' | '.join(GOALS)} (default bring-up)",
+            "  sweep=PATH   a sweep's output directory (the multirun/... holding the points' run.json)",
+            "",
+            "examples:",
+            *(f"  {line}" for line in examples),
+        ]
+    )
+
+
 def parse(argv: list[str]) -> Request:
     goal, sweep = "bring-up", None
     overrides: list[str] = []
@@ -77,6 +100,9 @@ def parse(argv: list[str]) -> Request:
 
 
 def main(argv: list[str]) -> int:
+    if any(arg in ("-h", "--help") for arg in argv):
+        print(usage())
+        return 0
     try:
         request = parse(list(argv))
         if request.sweep is not None:

@@ -33,6 +33,7 @@ from typing import Any
 import yaml
 
 from moe_vlm.errors import BadInput
+from moe_vlm.launch.safety import check_credentials
 
 SITE_KEYS = (
     "account",
@@ -69,6 +70,8 @@ def _read(path: Path) -> dict[str, Any]:
         ) from exc
     if not isinstance(raw, dict):
         raise BadInput(f"{path}: expected a mapping of site keys. Fix: see `moe_vlm/launch/site.py`.")
+    # Site values reach job scripts; a credential anywhere in the file stops every command that reads it.
+    check_credentials(raw, where=f" in the site file {path}")
     return raw
 
 

@@ -121,6 +121,11 @@ def checked(settings: SlurmSettings, spec: RunSpec) -> SlurmSettings:
     values.update({k: v for k, v in resolved.items() if k != "setup"})
     values["setup"] = [*site_setup, *settings.setup]
     out = SlurmSettings(**values)
+    # Launcher settings from the command line, MOE_VLM_* variables or a launcher preset reach the
+    # job script (the site file's were checked when it was read).
+    safety.check_credentials(
+        vars(out), "hydra.launcher", " (from the command line, a MOE_VLM_* variable or the launcher preset)"
+    )
 
     safety.check_word("hydra.launcher.name", out.name, example="moe_vlm")
     for key in ("account", "partition", "qos", "reservation", "constraint"):

@@ -375,7 +375,9 @@ def render(sweep_dir: Path, statuses: list[PointStatus], canaries: list[CanarySt
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="moe-vlm status", description=__doc__.splitlines()[0] if __doc__ else None
+        prog="moe-vlm status",
+        description=__doc__.splitlines()[0] if __doc__ else None,
+        epilog="example: moe-vlm status multirun/mbs=1,2-8d92f47b --watch 30   (the directory a sweep printed)",
     )
     parser.add_argument(
         "sweep_dir", type=Path, help="a sweep directory (hydra.sweep.dir), e.g. multirun/<name>"

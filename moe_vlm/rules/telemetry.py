@@ -6,16 +6,12 @@ moe_vlm/explog.py's.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterator
 
 from moe_vlm import explog, profiling
 from moe_vlm.rules.catalogue import Level, Violation, rule
-from moe_vlm.schema import Engine, ExperimentLogger, Profiler
+from moe_vlm.schema import Engine, Profiler
 from moe_vlm.spec import RunSpec
-
-# scheme://user:password@host — credentials typed into a URI end up in every record of the run.
-_URI_CREDENTIALS = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://[^/@\s]+@")
 
 
 def _window_ok(spec: RunSpec) -> bool:
@@ -108,17 +104,4 @@ def _tracker_installed(spec: RunSpec) -> Iterator[Violation]:
             f"logger={backend.value}: the {missing} package does not import in this environment, so "
             "the torch engine could not log to it.",
             f"pip install {missing}, or logger=tensorboard|none.",
-        )
-
-
-@rule("T007", Level.error, "tracker credentials come from the environment")
-def _no_credentials_in_uri(spec: RunSpec) -> Iterator[Violation]:
-    uri = spec.logger.tracking_uri
-    if spec.logger.backend is ExperimentLogger.mlflow and uri and _URI_CREDENTIALS.match(uri):
-        yield Violation(
-            ("logger.tracking_uri",),
-            "logger.tracking_uri carries a user name or password, which would be written into run.json, "
-            "the plan and the job script.",
-            "drop them from the URI and export MLFLOW_TRACKING_USERNAME / MLFLOW_TRACKING_PASSWORD "
-            "(or MLFLOW_TRACKING_TOKEN) in the shell you submit from.",
         )

@@ -14,7 +14,6 @@ BIG_3D = ["cluster=b200", "model=qwen3_vl_235b_a22b", "nodes=8", "parallelism=3d
 TE = "cuda_graph=te_moe"
 # Qwen3-VL-235B on 16 GB200 nodes with FSDP, synthetic images: the memory rules' test bed.
 BIG_FSDP = ["cluster=gb200", "model=qwen3_vl_235b_a22b", "nodes=16", "dispatcher=hybridep", "data=synthetic"]
-MLFLOW_PLAN = ["logger=mlflow", "engine=megatron", "dry_run=true"]
 
 # code -> (overrides that fire it, overrides that do not)
 CASES: dict[str, tuple[list[str], list[str]]] = {
@@ -224,10 +223,6 @@ CASES: dict[str, tuple[list[str], list[str]]] = {
     "T005": (["profiling=torch", "train_iters=3"], ["profiling=torch", "train_iters=4"]),
     # mlflow is not in the venv (T006's own test checks the import it relies on).
     "T006": (["logger=mlflow"], ["logger=tensorboard"]),
-    "T007": (
-        [*MLFLOW_PLAN, "logger.tracking_uri=https://me:pw@mlflow.example"],
-        [*MLFLOW_PLAN, "logger.tracking_uri=https://mlflow.example"],
-    ),
 }
 
 

@@ -1,0 +1,83 @@
+"""`python train.py --help` and `moe-vlm COMMAND --help`: exit 0, the arguments, an example."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from moe_vlm import help as train_help
+from moe_vlm.cli import SUBCOMMANDS
+from moe_vlm.cli import main as moe_vlm
+from moe_vlm.compose import CONF_DIR
+from tests.conftest import REPO
+
+
+def test_train_help_shows_groups_keys_presets_and_commands(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, str(REPO / "train.py"), "--help"],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    text = done.stdout
+    assert "Powered by Hydra" not in text and len(text.splitlines()) < 80
+    for group in (p for p in CONF_DIR.iterdir() if p.is_dir() and p.name not in ("hydra", "sweep")):
+        line = next(line for line in text.splitlines() if line.strip().startswith(group.name + " "))
+        for option in group.glob("*.yaml"):
+            assert option.stem in line.replace("*", "").replace(",", " ").split(), (group.name, option.stem)
+    assert "dispatcher    allgather, *alltoall" in text  # the default is marked
+    assert "dry_run=false" in text and "full: every plan" in text
+    for preset in (CONF_DIR / "sweep").glob("*.yaml"):
+        assert preset.stem in text
+    for launcher in (CONF_DIR / "hydra" / "launcher").glob("*.yaml"):
+        assert launcher.stem in text
+    for command in SUBCOMMANDS:
+        assert f"moe-vlm {command}" in text
+    assert not (tmp_path / "outputs").exists()  # help writes nothing
+
+
+def test_the_help_is_rendered_from_conf_so_it_cannot_drift(tmp_path: Path) -> None:
+    conf = tmp_path / "conf"
+    shutil.copytree(CONF_DIR, conf, symlinks=True)
+    (conf / "dispatcher" / "newdispatch.yaml").write_text("name: newdispatch\n")
+    (conf / "widget").mkdir()
+    (conf / "widget" / "blue.yaml").write_text("{}\n")
+    groups = train_help.groups(conf)
+    assert "newdispatch" in groups and "widget" in groups and "blue" in groups
+    text = (conf / "train.yaml").read_text().replace("mbs: 1 ", "mbs: 3 ")
+    (conf / "train.yaml").write_text(text)
+    assert "mbs=3" in train_help.keys(conf)
+
+
+def test_help_parts_escape_dollars_for_hydra_template() -> None:
+    assert train_help.render("commands") == train_help.commands().replace("$", "$$")
+    with pytest.raises(ValueError, match="no such part"):
+        train_help.render("nope")
+
+
+@pytest.mark.parametrize("command", list(SUBCOMMANDS))
+def test_every_moe_vlm_command_has_help(command: str) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "moe_vlm.cli", command, "--help"],
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith(f"usage: moe-vlm {command}")
+    examples = [line for line in done.stdout.splitlines()[1:] if f"moe-vlm {command} " in line]
+    assert examples, done.stdout  # at least one example
+
+
+def test_moe_vlm_without_a_command_points_at_help(capsys: pytest.CaptureFixture[str]) -> None:
+    assert moe_vlm(["--help"]) == 0
+    assert "moe-vlm advise --help" in capsys.readouterr().out

@@ -1,0 +1,76 @@
+"""A name typed with a non-ASCII look-alike: one line naming the character and what it resembles."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from moe_vlm.compose import preflight
+from moe_vlm.errors import BadInput
+from moe_vlm.names import ascii_fold, lookalike_error
+from tests.conftest import REPO
+
+CYRILLIC_E = "\u0435"  # е
+
+
+def refusal(*overrides: str) -> str:
+    with pytest.raises(BadInput) as bad:
+        preflight(list(overrides))
+    line = str(bad.value)
+    assert "\n" not in line
+    return line
+
+
+@pytest.mark.parametrize("typed", [f"dispatcher=hybrid{CYRILLIC_E}p", f"dispatcher='hybrid{CYRILLIC_E}p'"])
+def test_a_group_option_names_the_character_and_the_option(typed: str) -> None:
+    # Unquoted, Hydra's lexer says "token recognition error"; quoted, "no such option".
+    line = refusal(typed, "dry_run=true")
+    assert "U+0435 CYRILLIC SMALL LETTER IE" in line and "a look-alike of 'e'" in line
+    assert "you mean the option hybridep" in line and line.endswith("Fix: retype it: dispatcher=hybridep.")
+
+
+def test_a_sweep_value_a_key_and_an_enum_value() -> None:
+    assert "option hybridep" in refusal(f"dispatcher=alltoall,hybrid{CYRILLIC_E}p")
+    assert "you mean the key mbs" in refusal("mb\u0455=2")  # Cyrillic dze
+    assert "you mean the key parallelism.tp" in refusal("parallelism.t\u0440=2")  # Cyrillic er
+    assert "you mean the value alltoall" in refusal("dispatcher.token_dispatcher=allt\u043eall")
+    assert "FULLWIDTH DIGIT TWO" in refusal("mbs=\uff12")
+    # U+04CF is not in the look-alike table: the closest spelling finds the option.
+    assert "you mean the option slurm_gb200" in refusal("hydra/launcher=s\u04cfurm_gb200", "cluster=gb200")
+
+
+def test_nothing_resembles_lists_the_options() -> None:
+    line = refusal("dispatcher=\u0445\u0443z")
+    assert "no option resembles" in line and "Allowed: allgather, alltoall, deepep, hybridep" in line
+
+
+def test_free_text_may_hold_any_character_when_quoted() -> None:
+    preflight(["logger.run_name='Exp\u00e9rience'", "dry_run=true"])
+    assert "free text must be quoted" in refusal("logger.run_name=Exp\u00e9rience")
+
+
+def test_ascii_is_left_to_hydra() -> None:
+    assert lookalike_error("dispatcher=hybridep", "hybridep", ["hybridep"], "dispatcher={}") is None
+    assert ascii_fold("\uff4d\uff42\uff53 \u2014 \u201cx\u201d") == 'mbs - "x"'
+
+
+def test_train_py_exits_2_with_one_line(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "train.py"),
+            f"dispatcher=hybrid{CYRILLIC_E}p",
+            f"hydra.run.dir={tmp_path}/run",
+        ],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(REPO), "MOE_VLM_SITE_FILE": str(tmp_path / "none.yaml")},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2 and done.stderr.count("\n") == 1 and "U+0435" in done.stderr, done.stderr
+    assert not (tmp_path / "run").exists()
