@@ -29,7 +29,9 @@ def short_labels(labels: dict[str, str]) -> dict[str, str]:
     """Each point's overrides without those every point shares (the sweep's fixed settings)."""
     split = {point: label.split() for point, label in labels.items()}
     common = set.intersection(*(set(words) for words in split.values())) if split else set()
-    return {point: " ".join(w for w in words if w not in common) or "(defaults)" for point, words in split.items()}
+    return {
+        point: " ".join(w for w in words if w not in common) or "(defaults)" for point, words in split.items()
+    }
 
 
 def _cell(verdict: Verdict | None) -> str:
@@ -86,10 +88,15 @@ def ladder(state: HalvingState, sweep_dir: Path) -> list[str]:
             f"({1 - used / grid:.0%})."
         )
     stopped = sum(
-        1 for r in state.rungs for v in r.verdicts.values() if v.decision is Decision.stopped and v.place is None
+        1
+        for r in state.rungs
+        for v in r.verdicts.values()
+        if v.decision is Decision.stopped and v.place is None
     )
     if stopped:
-        lines.append(f"- {stopped} run(s) failed or were rejected in a rung: stopped there, their records keep why.")
+        lines.append(
+            f"- {stopped} run(s) failed or were rejected in a rung: stopped there, their records keep why."
+        )
     return lines
 
 

@@ -57,7 +57,9 @@ def process_started_unix_s(pid: int | None = None) -> float | None:
     stat = _proc_stat(os.getpid() if pid is None else pid)
     try:
         boot = next(
-            int(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines() if line.startswith("btime ")
+            int(line.split()[1])
+            for line in Path("/proc/stat").read_text().splitlines()
+            if line.startswith("btime ")
         )
     except (OSError, StopIteration, ValueError, IndexError):
         return None

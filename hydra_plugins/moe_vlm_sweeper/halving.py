@@ -72,7 +72,7 @@ class Sweep(Protocol):
 
 def settings_of(raw: Any) -> HalvingSettings:
     plain = OmegaConf.to_container(raw, resolve=True) if isinstance(raw, DictConfig) else raw
-    return HalvingSettings.of(plain if isinstance(plain, dict) else None)
+    return HalvingSettings.of({str(k): v for k, v in plain.items()} if isinstance(plain, dict) else None)
 
 
 def plan_point(point: PlannedPoint) -> PlanPoint:
@@ -93,7 +93,9 @@ def rung_overrides(point: PlannedPoint, steps: int) -> list[str]:
     return [o for o in point.overrides if override_key(o) != "train_iters"] + [f"train_iters={steps}"]
 
 
-def start_state(sweeper: Sweep, valid: Sequence[PlannedPoint], sweep_dir: Path, settings: HalvingSettings) -> HalvingState:
+def start_state(
+    sweeper: Sweep, valid: Sequence[PlannedPoint], sweep_dir: Path, settings: HalvingSettings
+) -> HalvingState:
     """The search in this sweep directory: the one recorded, when it is this search (same settings
     and points, no force), else a new one (runs already finished with the same length are
     reused all the same: they have the same identity)."""
@@ -107,7 +109,9 @@ def start_state(sweeper: Sweep, valid: Sequence[PlannedPoint], sweep_dir: Path, 
     if state is None:
         return fresh
     if sweeper.force or not state.settings.same_search(settings) or set(state.points) != set(fresh.points):
-        print(f"moe_vlm: halving: a new search replaces the one in {sweep_dir / STATE_JSON} (settings or points changed)")
+        print(
+            f"moe_vlm: halving: a new search replaces the one in {sweep_dir / STATE_JSON} (settings or points changed)"
+        )
         return fresh
     state.settings = settings  # poll_s may differ
     decided = sum(r.decided for r in state.rungs)
@@ -116,7 +120,9 @@ def start_state(sweeper: Sweep, valid: Sequence[PlannedPoint], sweep_dir: Path, 
     return state
 
 
-def search(sweeper: Sweep, planned: Sequence[PlannedPoint], sweep_dir: Path, settings: HalvingSettings) -> list[JobReturn]:
+def search(
+    sweeper: Sweep, planned: Sequence[PlannedPoint], sweep_dir: Path, settings: HalvingSettings
+) -> list[JobReturn]:
     for point in planned:
         if not point.valid:
             sweeper.record_rejected(point, sweep_dir / point.point_id)
@@ -151,7 +157,9 @@ def run_rung(
     sweeper: Sweep, state: HalvingState, rung: RungState, alive: list[PlannedPoint], sweep_dir: Path
 ) -> list[JobReturn]:
     settings = state.settings
-    steps = {p.point_id: rung_steps(settings, rung.rung, p.spec.warmup_steps, p.spec.train_iters) for p in alive}
+    steps = {
+        p.point_id: rung_steps(settings, rung.rung, p.spec.warmup_steps, p.spec.train_iters) for p in alive
+    }
     grid = [rung_overrides(p, steps[p.point_id]) for p in alive]
     composed = {p.index: p for p in sweeper.plan(grid)}
     # plan() numbers the points it returns by their place in `grid`; two identical runs are one.
@@ -163,7 +171,12 @@ def run_rung(
     for base, run in runs.items():
         points.update_point(
             sweep_dir / run.point_id,
-            halving={"point": base, "rung": rung.rung + 1, "rungs": settings.rungs, "train_iters": steps[base]},
+            halving={
+                "point": base,
+                "rung": rung.rung + 1,
+                "rungs": settings.rungs,
+                "train_iters": steps[base],
+            },
         )
     span = sorted(set(rung.steps.values()))
     print(
@@ -193,14 +206,24 @@ def wait(run_ids: set[str], sweep_dir: Path, poll_s: float, rung: int) -> None:
         if not open_runs:
             return
         if len(open_runs) != said:
-            print(f"moe_vlm: halving rung {rung}: waiting for {len(open_runs)} of {len(run_ids)} run(s)", flush=True)
+            print(
+                f"moe_vlm: halving rung {rung}: waiting for {len(open_runs)} of {len(run_ids)} run(s)",
+                flush=True,
+            )
             said = len(open_runs)
         time.sleep(poll_s)
 
 
-def record_verdict(run_dir: Path, point: str, rung: RungState, settings: HalvingSettings, verdict: Verdict) -> None:
+def record_verdict(
+    run_dir: Path, point: str, rung: RungState, settings: HalvingSettings, verdict: Verdict
+) -> None:
     """The decision into the run's run.json (`halving`) and point.json (for `moe-vlm status`)."""
-    section = {"point": point, "rung": rung.rung + 1, "rungs": settings.rungs, "train_iters": rung.steps.get(point)}
+    section = {
+        "point": point,
+        "rung": rung.rung + 1,
+        "rungs": settings.rungs,
+        "train_iters": rung.steps.get(point),
+    }
     section |= {"eta": settings.eta, **verdict.to_json()}
     try:
         record = RunRecord.read(run_dir / "run.json")
@@ -209,7 +232,9 @@ def record_verdict(run_dir: Path, point: str, rung: RungState, settings: Halving
     if record is not None:
         record.sections["halving"] = section
         record.write(run_dir)
-    points.update_point(run_dir, halving={k: section[k] for k in ("point", "rung", "rungs", "train_iters", "decision")})
+    points.update_point(
+        run_dir, halving={k: section[k] for k in ("point", "rung", "rungs", "train_iters", "decision")}
+    )
 
 
 def _tokens(value: float | None) -> str:

@@ -166,7 +166,10 @@ def plan_text(settings: HalvingSettings, planned: Sequence[PlanPoint]) -> str:
     grid = sum(p.nodes * p.train_iters for p in planned)
     # The slowest points' steps on the most nodes: what any choice of survivors costs at most.
     per_point = sorted(
-        ((p.nodes, [rung_steps(settings, r.rung, p.warmup_steps, p.train_iters) for r in rungs]) for p in planned),
+        (
+            (p.nodes, [rung_steps(settings, r.rung, p.warmup_steps, p.train_iters) for r in rungs])
+            for p in planned
+        ),
         key=lambda item: -item[0] * item[1][-1],
     )
     worst = sum(sum(nodes * steps[r.rung] for nodes, steps in per_point[: r.points]) for r in rungs)
@@ -452,9 +455,7 @@ class HalvingState:
     # --- what the report and the driver's summary say
 
     def used_node_seconds(self) -> float:
-        return sum(
-            v.node_seconds or 0.0 for rung in self.rungs for v in rung.verdicts.values()
-        )
+        return sum(v.node_seconds or 0.0 for rung in self.rungs for v in rung.verdicts.values())
 
     def grid_estimate(self) -> tuple[float, int]:
         """The full grid's node-seconds, and how many points of it are extrapolated: a point that

@@ -336,7 +336,9 @@ def progress_bar(statuses: list[PointStatus]) -> str:
 
 def table(statuses: list[PointStatus]) -> str:
     rungs = any(s.rung for s in statuses)  # a halving search: which rung each run belongs to
-    rows = [("STATE", "POINT", "JOB", "STEP", "RESTARTS", *(("RUNG",) if rungs else ()), "OVERRIDES", "DETAIL")]
+    rows = [
+        ("STATE", "POINT", "JOB", "STEP", "RESTARTS", *(("RUNG",) if rungs else ()), "OVERRIDES", "DETAIL")
+    ]
     for s in statuses:
         rows.append(
             (
