@@ -489,3 +489,51 @@ class HalvingState:
                 if verdict.place == 1:
                     out[verdict.rank_class] = (point, verdict)
         return out
+
+
+# --- against the grid: what the benchmark and the tests measure ----------------------------------
+
+
+@dataclass(frozen=True)
+class GridComparison:
+    """A halving search against the full grid run in the same sweep directory (the grid command
+    after the search: it runs every point's full length except those the search already ran)."""
+
+    rank_class: str
+    grid_best: str  # grid point id
+    grid_best_tokens: float
+    found: str  # the search's best point
+    found_tokens: float  # the found point's full-length figure
+    within_noise: bool  # found == grid_best, or their full-length p10-p90 ranges overlap
+    halving_node_seconds: float
+    grid_node_seconds: float
+
+    @property
+    def ratio(self) -> float:
+        return self.halving_node_seconds / self.grid_node_seconds
+
+
+def compare_with_grid(sweep_dir: Path, rank: RankClass = RankClass.ranked) -> GridComparison:
+    """Raises ValueError when the search or a full-length run of its class is missing."""
+    state = HalvingState.read(sweep_dir)
+    if state is None:
+        raise ValueError(f"no halving search in {sweep_dir}")
+    full = {point: measure(point, sweep_dir / point) for point in state.points}
+    mine = [m for m in full.values() if m.rank_class is rank]
+    if not mine or not all(m.ranked and m.node_seconds is not None for m in mine):
+        raise ValueError(f"not every {rank} point of {sweep_dir} has a completed full-length run")
+    best = max(mine, key=lambda m: m.tokens_per_s_per_gpu or 0.0)
+    found_point = state.best().get(str(rank), (None, None))[0]
+    if found_point is None:
+        raise ValueError(f"the search in {sweep_dir} found no {rank} point")
+    found = full[found_point]
+    return GridComparison(
+        str(rank),
+        best.point,
+        best.tokens_per_s_per_gpu or 0.0,
+        found.point,
+        found.tokens_per_s_per_gpu or 0.0,
+        found.point == best.point or _overlap(found, best.low, best.high),
+        sum(v.node_seconds or 0.0 for r in state.rungs for v in r.verdicts.values() if v.rank_class == rank),
+        sum(m.node_seconds or 0.0 for m in mine),
+    )
