@@ -49,7 +49,9 @@ def sweep(sweep_dir: Path, launcher: str, train_iters: int, *extra: str, timeout
     command = [sys.executable, "train.py", "-m", f"hydra/launcher={launcher}", f"hydra.sweep.dir={sweep_dir}"]
     command += [*GRID, f"train_iters={train_iters}", *extra]
     if launcher.startswith("slurm"):
-        command += ["hydra.launcher.canary=false", "hydra.launcher.timeout_min=30"]
+        # No canary (tested elsewhere; it would cost both commands the same); with memory stated,
+        # two one-CPU jobs share the two-CPU test node instead of each taking all of it.
+        command += ["hydra.launcher.canary=false", "hydra.launcher.timeout_min=30", "hydra.launcher.mem_gb=2"]
     started = time.monotonic()
     done = subprocess.run(
         command,

@@ -4,6 +4,9 @@ tests/integration/test_slurm_halving.py."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -24,6 +27,8 @@ from moe_vlm.launch.halving import (
     rung_steps,
     search_of,
 )
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def run(
@@ -140,3 +145,41 @@ def test_good_settings_and_search_values() -> None:
     assert str(search_of("halving")) == "halving"
     with pytest.raises(BadInput, match=r"hydra\.sweeper\.search=random: allowed values are grid, halving"):
         search_of("random")
+
+
+def train(tmp_path: Path, *overrides: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "MOE_VLM_SITE_FILE": str(tmp_path / "no-site.yaml"), "PYTHONPATH": str(REPO)}
+    command = [sys.executable, "train.py", "-m", f"hydra.sweep.dir={tmp_path / 'sweep'}", *overrides]
+    return subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=180)
+
+
+@pytest.mark.slow
+def test_a_halving_dry_run_prints_the_rung_plan_and_submits_nothing(tmp_path: Path) -> None:
+    done = train(
+        tmp_path,
+        "hydra/launcher=slurm",
+        *["model=tiny_moe_vlm", "data=mock", "nproc=1", "warmup_steps=1", "seq_length=128", "gbs=8"],
+        "mbs=1,2,4,8",
+        "recompute=none,selective,full",
+        "train_iters=40",
+        "hydra.sweeper.search=halving",
+        "hydra.sweeper.halving.eta=6",
+        "hydra.sweeper.halving.rungs=2",
+        "hydra.sweeper.halving.first_steps=2",
+        "dry_run=true",
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "halving plan: 12 valid point(s), eta=6, 2 rung(s)" in done.stdout, done.stdout
+    assert "     1      12  3\n     2       2  40 (full train_iters)" in done.stdout, done.stdout
+    # 12 x 3 + 2 x 40 node-steps against 12 x 40.
+    assert "grid 480; halving at most 116 (24% of the grid)" in done.stdout, done.stdout
+    assert not (tmp_path / "sweep" / STATE_JSON).exists()
+    assert not list((tmp_path / "sweep").glob("*/point.json"))
+
+
+@pytest.mark.slow
+def test_a_bad_search_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    done = train(tmp_path, "model=tiny_moe_vlm", "mbs=1,2", "hydra.sweeper.search=random")
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines()[-1].startswith("moe_vlm: error: hydra.sweeper.search=random")
+    assert not (tmp_path / "sweep").exists()
