@@ -64,7 +64,8 @@ def ladder(state: HalvingState, sweep_dir: Path) -> list[str]:
         f"eta={settings.eta} (each rung keeps the top 1/eta of each rank class, and every point whose "
         f"p10-p90 range overlaps the last one kept), {settings.rungs} rung(s), the first with "
         f"{settings.first_steps} steady step(s) after the warm-up; figures: effective tokens/s/GPU "
-        "over the rung's steady window (#place/finished in its class).",
+        "over the rung's steady window (#place/finished in its class). The tables above hold every "
+        "rung's run: its train_iters says which.",
         "",
         "| " + " | ".join(header) + " |",
         "|" + "|".join("---" for _ in header) + "|",

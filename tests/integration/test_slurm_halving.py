@@ -97,12 +97,12 @@ def test_halving_finds_the_grid_s_best_for_at_most_40_percent_of_its_node_second
 
 
 GRID = ["model=tiny_moe_vlm", "data=mock", "nproc=1", "warmup_steps=1", "seq_length=128", "gbs=8"]
-GRID += ["mbs=1,2,4,8", "train_iters=16"]
+GRID += ["mbs=1,2,4,8", "train_iters=30"]
 SEARCH = [
     "hydra.sweeper.search=halving",
     "hydra.sweeper.halving.eta=2",
     "hydra.sweeper.halving.rungs=2",
-    "hydra.sweeper.halving.first_steps=6",
+    "hydra.sweeper.halving.first_steps=12",
     "hydra.sweeper.halving.poll_s=1",
     "hydra.launcher.points_per_job=4",
     "hydra.launcher.canary=false",
