@@ -35,7 +35,7 @@ from moe_vlm.launch.halving import (
     plan_text,
     rung_steps,
 )
-from moe_vlm.launch.status import collect
+from moe_vlm.launch.status import PointStatus, collect
 from moe_vlm.record import RunRecord
 from moe_vlm.spec import RunSpec
 
@@ -202,7 +202,7 @@ def wait(run_ids: set[str], sweep_dir: Path, poll_s: float, rung: int) -> None:
     once; `collect` also records jobs that vanished, so a lost job ends the wait)."""
     said = -1
     while True:
-        open_runs = [s for s in collect(sweep_dir) if s.point_id in run_ids and s.state in IN_FLIGHT]
+        open_runs = [s for s in collect(sweep_dir) if s.point_id in run_ids and in_flight(s)]
         if not open_runs:
             return
         if len(open_runs) != said:
@@ -212,6 +212,17 @@ def wait(run_ids: set[str], sweep_dir: Path, poll_s: float, rung: int) -> None:
             )
             said = len(open_runs)
         time.sleep(poll_s)
+
+
+def in_flight(status: PointStatus) -> bool:
+    """Queued or running; or `unknown` on Slurm (the controller did not answer): a rung is
+    decided on finished runs only, never on a moment Slurm could not be asked."""
+    if status.state in IN_FLIGHT:
+        return True
+    if status.state != "unknown":
+        return False
+    submissions = (points.read_point(Path(status.point_dir)) or {}).get("submissions") or [{}]
+    return bool(submissions[-1].get("executor") == "slurm")
 
 
 def record_verdict(
