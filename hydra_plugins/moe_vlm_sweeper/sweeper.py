@@ -15,6 +15,9 @@ For `python train.py -m mbs=1,2,4 recompute=full,selective` (or `sweep=<preset>`
    points it prints one line per point and a summary, and writes every plan and script to one
    file in the sweep directory (`dry_run=full` prints them all);
 6. hands the rest to the launcher; on Slurm that returns once the jobs are queued.
+
+With `hydra.sweeper.search=halving` the valid points go through successive halving instead
+(halving.py): rung by rung, through the same triage and launcher, waiting for each rung.
 """
 
 # No `from __future__ import annotations`: Hydra's plugin scan executes this module outside
