@@ -172,7 +172,7 @@ def test_a_failed_point_is_stopped_with_its_class_and_a_rerun_resumes_the_search
     rerun = subprocess.run(command(sweep_dir), cwd=REPO, capture_output=True, text=True, timeout=900, env=ENV)
     assert rerun.returncode == 0, rerun.stdout[-2000:] + rerun.stderr[-3000:]
     assert "resuming after 1 decided rung(s) of 2" in rerun.stdout, rerun.stdout
-    assert "0 to run" in rerun.stdout and "submitted" not in rerun.stdout, rerun.stdout
+    assert "0 to run" in rerun.stdout and "point(s) submitted in" not in rerun.stdout, rerun.stdout
     state = HalvingState.read(sweep_dir)
     assert state is not None and all(r.decided for r in state.rungs)
     assert set(state.rungs[1].verdicts) == set(promoted)
