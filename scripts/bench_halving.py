@@ -30,7 +30,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from moe_vlm.launch.halving import RankClass, compare_with_grid  # noqa: E402
+from moe_vlm.halving_report import short_labels  # noqa: E402
+from moe_vlm.launch.halving import HalvingState, RankClass, compare_with_grid  # noqa: E402
 
 GRID = [
     "model=tiny_moe_vlm",
@@ -102,7 +103,12 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"  eta={args.eta}, {args.rungs} rungs, first rung {args.first_steps} steady steps; {args.launcher}"
     )
-    print(f"  grid best:    {figures.grid_best} {figures.grid_best_tokens:,.1f} effective tokens/s/GPU")
+    state = HalvingState.read(sweep_dir)
+    labels = short_labels(state.points) if state else {}
+    print(
+        f"  grid best:    {labels.get(figures.grid_best, figures.grid_best)}: "
+        f"{figures.grid_best_tokens:,.1f} effective tokens/s/GPU"
+    )
     same = (
         "the same point"
         if figures.found == figures.grid_best
@@ -110,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
         if figures.within_noise
         else "NOT within noise"
     )
-    print(f"  halving best: {figures.found} {figures.found_tokens:,.1f} ({same})")
+    print(f"  halving best: {labels.get(figures.found, figures.found)}: {figures.found_tokens:,.1f} ({same})")
     print(
         f"  node-seconds: halving {figures.halving_node_seconds:,.0f}, grid {figures.grid_node_seconds:,.0f}: "
         f"ratio {figures.ratio:.2f}"

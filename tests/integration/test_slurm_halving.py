@@ -85,7 +85,7 @@ def test_halving_finds_the_grid_s_best_for_at_most_40_percent_of_its_node_second
     table = render(sweep_dir, collect(sweep_dir))
     assert "RUNG" in table and "1/2 stopped" in table and "2/2 final" in table
     report = subprocess.run(
-        [sys.executable, "-m", "moe_vlm.report", str(sweep_dir), "--out", str(tmp_path / "report")],
+        [sys.executable, "-m", "moe_vlm.cli", "report", str(sweep_dir), "--out", str(tmp_path / "report")],
         cwd=REPO,
         capture_output=True,
         text=True,
