@@ -51,6 +51,21 @@ def _proc_stat(pid: int) -> tuple[str, int] | None:
         return None
 
 
+def process_started_unix_s(pid: int | None = None) -> float | None:
+    """When a process started (unix seconds), from /proc: its interpreter start-up and imports
+    count. None without /proc."""
+    stat = _proc_stat(os.getpid() if pid is None else pid)
+    try:
+        boot = next(
+            int(line.split()[1])
+            for line in Path("/proc/stat").read_text().splitlines()
+            if line.startswith("btime ")
+        )
+    except (OSError, StopIteration, ValueError, IndexError):
+        return None
+    return round(boot + stat[1] / os.sysconf("SC_CLK_TCK"), 3) if stat else None
+
+
 def process_info() -> dict[str, Any]:
     """This process, as a running record names it: where, which PID, since when."""
     pid = os.getpid()

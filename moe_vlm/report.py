@@ -37,7 +37,7 @@ from typing import Any, NoReturn
 
 import pandas as pd
 
-from moe_vlm import module_table, plots, stragglers
+from moe_vlm import halving_report, module_table, plots, stragglers
 from moe_vlm.errors import EXIT_FAILED, EXIT_INVALID, BadInput
 from moe_vlm.launch.failures import settle_running
 from moe_vlm.metrics import TimeBasis
@@ -599,6 +599,7 @@ def build_report(
 
     completed = table[table["status"] == "completed"].to_dict("records")
     lines += stragglers.section(completed, top) + module_table.section(completed, top)
+    lines += halving_report.section(table["run_dir"])
 
     unfinished = table[table["status"] != "completed"]
     if not unfinished.empty:

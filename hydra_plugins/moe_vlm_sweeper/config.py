@@ -5,11 +5,21 @@
 
 # No `from __future__ import annotations`: Hydra's plugin scan executes this module outside
 # sys.modules, where dataclasses cannot resolve string annotations.
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from hydra.core.config_store import ConfigStore
 
 from moe_vlm.launch.slurm import SlurmSettings
+
+
+@dataclass
+class HalvingConf:
+    """hydra.sweeper.halving.*, read by search=halving (moe_vlm/launch/halving.py)."""
+
+    eta: int = 3  # keep the top 1/eta of each rung
+    first_steps: int = 4  # steady steps of the first rung, after each point's warm-up
+    rungs: int = 3  # the last rung runs each survivor's full train_iters
+    poll_s: float = 15.0  # seconds between looks at a running rung's jobs
 
 
 @dataclass
@@ -19,6 +29,9 @@ class PlanningSweeperConf:
     params: dict[str, str] | None = None
     # Rerun points already completed in the sweep directory (default: skip them = resume).
     force: bool = False
+    # grid: every point to its train_iters; halving: successive halving (docs/slurm.md).
+    search: str = "grid"
+    halving: HalvingConf = field(default_factory=HalvingConf)
 
 
 @dataclass

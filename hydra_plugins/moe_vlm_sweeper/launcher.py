@@ -39,6 +39,7 @@ from submitit.core.utils import FailedJobError, FailedSubmissionError
 
 from moe_vlm.compose import compose_sweep_point
 from moe_vlm.errors import BadInput
+from moe_vlm.heartbeat import process_started_unix_s
 from moe_vlm.launch import pack, points, requeue, slurm
 from moe_vlm.launch.failures import launch_info
 from moe_vlm.launch.safety import scrub
@@ -529,5 +530,8 @@ def _record_launch(point_dir: Path, job_id: str, executor: str) -> None:
         "slurm_job_id": job_id if executor == "slurm" else None,
         "attempts_before": len(list((point_dir / points.ATTEMPTS).glob("*"))),
         "host": os.uname().nodename,
+        # The task's wall time, from its process start (a halving search counts node-seconds by it).
+        "task_started_unix_s": process_started_unix_s(),
+        "task_ended_unix_s": points.now(),
     }
     RunRecord.from_json(run).with_launch(launch).write(point_dir)

@@ -15,6 +15,9 @@ For `python train.py -m mbs=1,2,4 recompute=full,selective` (or `sweep=<preset>`
    points it prints one line per point and a summary, and writes every plan and script to one
    file in the sweep directory (`dry_run=full` prints them all);
 6. hands the rest to the launcher; on Slurm that returns once the jobs are queued.
+
+With `hydra.sweeper.search=halving` the valid points go through successive halving instead
+(halving.py): rung by rung, through the same triage and launcher, waiting for each rung.
 """
 
 # No `from __future__ import annotations`: Hydra's plugin scan executes this module outside
@@ -34,9 +37,11 @@ from hydra.plugins.sweeper import Sweeper
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf
 
+from hydra_plugins.moe_vlm_sweeper import halving
 from moe_vlm.compose import COMPOSE_ERRORS, compose_sweep_point, explain, override_key
 from moe_vlm.errors import EXIT_INVALID, BadInput
 from moe_vlm.launch import points
+from moe_vlm.launch.halving import Search, search_of
 from moe_vlm.launch.safety import scrub, scrub_text, secret_values
 from moe_vlm.launch.status import collect
 from moe_vlm.memory import MemoryEstimate
@@ -75,10 +80,18 @@ def quote_override_value(value: str) -> str:
 
 
 class PlanningSweeper(Sweeper):
-    def __init__(self, params: dict[str, str] | None = None, force: bool = False) -> None:
+    def __init__(
+        self,
+        params: dict[str, str] | None = None,
+        force: bool = False,
+        search: str = "grid",
+        halving: Any = None,
+    ) -> None:
         super().__init__()
         self.params = dict(params or {})
         self.force = force
+        self.search = search
+        self.halving = halving
         self.config: DictConfig | None = None
         self.hydra_context: HydraContext | None = None
         self.launcher: Launcher | None = None
@@ -138,6 +151,8 @@ class PlanningSweeper(Sweeper):
     def _sweep(self, arguments: list[str]) -> Any:
         assert self.config is not None and self.launcher is not None
         sweep_dir = Path(str(self.config.hydra.sweep.dir)).absolute()
+        search = search_of(self.search)
+        settings = halving.settings_of(self.halving) if search is Search.halving else None
         planned = self.plan(self.grid(arguments))
         check = getattr(self.launcher, "check", None)
         for point in planned:
@@ -147,36 +162,17 @@ class PlanningSweeper(Sweeper):
         dry = [p for p in planned if p.spec.dry_run]
         if dry:
             self.print_dry_run(dry, sweep_dir)
+            if settings is not None:
+                print(halving.plan_of(dry, settings))
             planned = [p for p in planned if not p.spec.dry_run]
             if not planned:
                 return []
 
         sweep_dir.mkdir(parents=True, exist_ok=True)
         (sweep_dir / "multirun.yaml").write_text(scrub_text(OmegaConf.to_yaml(self.config)))
-        existing = {status.point_id: status for status in collect(sweep_dir)}
-
-        to_launch: list[Point] = []
-        counts = {"rejected": 0, "skipped_completed": 0, "skipped_in_flight": 0}
-        for point in planned:
-            point_dir = sweep_dir / point.point_id
-            before = existing.get(point.point_id)
-            if not point.valid:
-                self.record_rejected(point, point_dir)
-                counts["rejected"] += 1
-                continue
-            if before is not None and before.state in ("queued", "running"):
-                print(
-                    f"moe_vlm: {point.label()}: already {before.state} (job {before.job_id}); not resubmitted"
-                )
-                counts["skipped_in_flight"] += 1
-                continue
-            if before is not None and before.state == "completed" and not self.force:
-                counts["skipped_completed"] += 1
-                continue
-            points.archive_attempt(point_dir)
-            self.write_plan(point, point_dir)
-            to_launch.append(point)
-
+        if settings is not None:
+            return halving.search(self, planned, sweep_dir, settings)
+        to_launch, counts = self.triage(planned, sweep_dir)
         valid = len(planned) - counts["rejected"]
         print(
             f"moe_vlm: sweep {sweep_dir}: {len(planned)} point(s): {len(to_launch)} to run, "
@@ -202,6 +198,33 @@ class PlanningSweeper(Sweeper):
             tally = ", ".join(f"{finished.count(s)} {s}" for s in sorted(set(finished)))
             print(f"moe_vlm: done: {tally}. Table: moe-vlm status {sweep_dir}")
         return results
+
+    def triage(self, planned: list[Point], sweep_dir: Path) -> tuple[list[Point], dict[str, int]]:
+        """The points to launch: rejected ones get their record, completed ones (unless force) and
+        queued or running ones are skipped; the others' earlier attempts are archived."""
+        existing = {status.point_id: status for status in collect(sweep_dir)}
+        to_launch: list[Point] = []
+        counts = {"rejected": 0, "skipped_completed": 0, "skipped_in_flight": 0}
+        for point in planned:
+            point_dir = sweep_dir / point.point_id
+            before = existing.get(point.point_id)
+            if not point.valid:
+                self.record_rejected(point, point_dir)
+                counts["rejected"] += 1
+                continue
+            if before is not None and before.state in ("queued", "running"):
+                print(
+                    f"moe_vlm: {point.label()}: already {before.state} (job {before.job_id}); not resubmitted"
+                )
+                counts["skipped_in_flight"] += 1
+                continue
+            if before is not None and before.state == "completed" and not self.force:
+                counts["skipped_completed"] += 1
+                continue
+            points.archive_attempt(point_dir)
+            self.write_plan(point, point_dir)
+            to_launch.append(point)
+        return to_launch, counts
 
     def launch(self, to_launch: list[Point], sweep_dir: Path) -> list[JobReturn]:
         assert self.launcher is not None

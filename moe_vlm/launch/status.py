@@ -60,6 +60,7 @@ class PointStatus:
     point_dir: str
     step: str | None = None  # the Slurm step it runs (ran) in, once known
     pack: str | None = None  # "2/5": its place in a packed job
+    rung: str | None = None  # a halving search's rung: "2/3", then "2/3 promoted" once decided
 
 
 @dataclass
@@ -157,6 +158,15 @@ def _pack_of(point: dict[str, Any]) -> dict[str, Any] | None:
     return pack if isinstance(pack, dict) and pack.get("index") else None
 
 
+def _rung_of(point: dict[str, Any]) -> str | None:
+    """A halving search's rung (the sweeper writes it into point.json), with its decision once made."""
+    halving = point.get("halving")
+    if not isinstance(halving, dict) or halving.get("rung") is None:
+        return None
+    decision = halving.get("decision")
+    return f"{halving['rung']}/{halving.get('rungs', '?')}" + (f" {decision}" if decision else "")
+
+
 def _overrides(point: dict[str, Any]) -> list[str]:
     return [o for o in point.get("overrides", []) if not str(o).startswith("hydra.")]
 
@@ -217,6 +227,7 @@ def snapshot(sweep_dir: Path, record: bool = True) -> tuple[list[PointStatus], l
                 if launch.get("slurm_step_id") is not None and pack
                 else None,
                 pack=f"{pack['index']}/{pack['size']}" if pack else None,
+                rung=_rung_of(point),
             )
         )
     return out, collect_canaries(sweep_dir, states)
@@ -324,7 +335,10 @@ def progress_bar(statuses: list[PointStatus]) -> str:
 
 
 def table(statuses: list[PointStatus]) -> str:
-    rows = [("STATE", "POINT", "JOB", "STEP", "RESTARTS", "OVERRIDES", "DETAIL")]
+    rungs = any(s.rung for s in statuses)  # a halving search: which rung each run belongs to
+    rows = [
+        ("STATE", "POINT", "JOB", "STEP", "RESTARTS", *(("RUNG",) if rungs else ()), "OVERRIDES", "DETAIL")
+    ]
     for s in statuses:
         rows.append(
             (
@@ -333,6 +347,7 @@ def table(statuses: list[PointStatus]) -> str:
                 s.job_id or "-",
                 _step_cell(s),
                 str(s.restarts) if s.job_id else "-",
+                *((s.rung or "-",) if rungs else ()),
                 " ".join(s.overrides) or "-",
                 s.detail,
             )

@@ -1,0 +1,539 @@
+"""Successive halving over a sweep's points: stop the losers after a few steady steps.
+
+`hydra.sweeper.search=halving` runs every valid point for a short first rung (its warm-up plus
+`first_steps` steady steps), ranks the finished ones by effective tokens/s/GPU over their steady
+window, keeps the top 1/eta and reruns those with more steps (`first_steps x eta^r` steady
+steps), up to the last rung, which is the point's own `train_iters` (the run a grid sweep makes:
+the same identity, so a grid and a halving search share finished runs). This module is the
+search's arithmetic and its record; the sweeper's driver (hydra_plugins/moe_vlm_sweeper/
+halving.py) composes, launches and waits.
+
+- Ranking, as `moe-vlm report` ranks: mock-data points, forced-balance points and the rest are
+  three classes, each halved among itself; a class is never ranked against another.
+- Noise: a point's throughput range is its real tokens per step over the p90 and p10 steady
+  step times. A point below the cut whose range overlaps the range of the last point kept is
+  promoted with it: a difference inside the points' own noise never decides.
+- Faults: a point that fails or is rejected in a rung is stopped with its record untouched (its
+  failure class stays); the rung is decided on the rest.
+- Cost: a run's node-seconds are its nodes times its task's wall time (the launcher records the
+  task's start and end in `launch`), else its steps' wall time (an in-process launcher).
+
+The search's state is one typed file in the sweep directory, `halving.json` (HalvingState),
+written atomically at the start and the end of every rung: rerunning the command reads it and
+goes on where it stopped; a decided rung is never rerun.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+from moe_vlm.errors import BadInput
+from moe_vlm.record import RunRecord, read_steps, write_json_atomic
+
+STATE_JSON = "halving.json"
+STATE_VERSION = 1
+SEARCH_HELP = "Fix: hydra.sweeper.search=grid (every point to the end) or hydra.sweeper.search=halving"
+
+
+class Search(StrEnum):
+    """hydra.sweeper.search."""
+
+    grid = "grid"
+    halving = "halving"
+
+
+class Decision(StrEnum):
+    """What a rung decided for a point (run.json `halving.decision`)."""
+
+    promoted = "promoted"  # in the top 1/eta of its class, or inside the noise of the cut
+    stopped = "stopped"  # below the cut, or failed / rejected in this rung
+    final = "final"  # completed the last rung: its full train_iters
+
+
+class RankClass(StrEnum):
+    """The classes `moe-vlm report` ranks separately."""
+
+    ranked = "ranked"  # synthetic or real data, real routing
+    mock = "mock"
+    forced_balance = "forced_balance"
+
+
+def search_of(value: Any) -> Search:
+    try:
+        return Search(str(value))
+    except ValueError:
+        raise BadInput(
+            f"hydra.sweeper.search={value}: allowed values are grid, halving. {SEARCH_HELP}"
+        ) from None
+
+
+@dataclass(frozen=True)
+class HalvingSettings:
+    """hydra.sweeper.halving.*: eta (keep the top 1/eta per rung), first_steps (steady steps of
+    the first rung), rungs (the last one is the full train_iters), poll_s (seconds between looks
+    at the rung's jobs while it runs)."""
+
+    eta: int = 3
+    first_steps: int = 4
+    rungs: int = 3
+    poll_s: float = 15.0
+
+    def checked(self) -> HalvingSettings:
+        checks = (
+            ("eta", self.eta, 2, "keep the top 1/eta: eta=2 halves, eta=3 keeps a third"),
+            ("first_steps", self.first_steps, 1, "steady steps of the first rung"),
+            ("rungs", self.rungs, 2, "the last rung is the full train_iters"),
+        )
+        for name, value, low, what in checks:
+            if not isinstance(value, int) or isinstance(value, bool) or value < low:
+                raise BadInput(
+                    f"hydra.sweeper.halving.{name}={value}: must be an integer >= {low} ({what}). "
+                    f"Fix: e.g. hydra.sweeper.halving.{name}={max(low, 3 if name != 'first_steps' else 4)}"
+                )
+        if not self.poll_s > 0:
+            raise BadInput(f"hydra.sweeper.halving.poll_s={self.poll_s}: must be > 0. Fix: e.g. 15")
+        return self
+
+    @classmethod
+    def of(cls, raw: Mapping[str, Any] | None) -> HalvingSettings:
+        raw = dict(raw or {})
+        unknown = sorted(set(raw) - {f for f in cls.__dataclass_fields__})
+        if unknown:
+            raise BadInput(
+                f"hydra.sweeper.halving.{unknown[0]}: unknown; allowed keys are eta, first_steps, rungs, "
+                "poll_s. Fix: e.g. hydra.sweeper.halving.eta=3"
+            )
+        return cls(**raw).checked()
+
+    def same_search(self, other: HalvingSettings) -> bool:
+        return (self.eta, self.first_steps, self.rungs) == (other.eta, other.first_steps, other.rungs)
+
+
+def rung_steps(settings: HalvingSettings, rung: int, warmup_steps: int, train_iters: int) -> int:
+    """The train_iters a point runs in rung `rung` (0-based): its warm-up plus first_steps x eta^rung
+    steady steps, never more than its own train_iters; the last rung is its train_iters."""
+    if rung >= settings.rungs - 1:
+        return train_iters
+    return min(train_iters, warmup_steps + settings.first_steps * settings.eta**rung)
+
+
+def survivors_planned(settings: HalvingSettings, points: int) -> list[int]:
+    """Points per rung when no tie is promoted beyond the top 1/eta."""
+    counts = [points]
+    for _ in range(settings.rungs - 1):
+        counts.append(max(1, math.ceil(counts[-1] / settings.eta)) if counts[-1] else 0)
+    return counts
+
+
+@dataclass(frozen=True)
+class PlanPoint:
+    """What the rung plan needs of a point: its steps and its nodes."""
+
+    train_iters: int
+    warmup_steps: int
+    nodes: int
+
+
+@dataclass(frozen=True)
+class RungPlan:
+    rung: int  # 0-based
+    points: int  # planned (no ties beyond 1/eta)
+    steps: tuple[int, int]  # min, max train_iters of a point in this rung
+
+
+def plan(settings: HalvingSettings, planned: Sequence[PlanPoint]) -> list[RungPlan]:
+    counts = survivors_planned(settings, len(planned))
+    out = []
+    for rung, count in enumerate(counts):
+        steps = [rung_steps(settings, rung, p.warmup_steps, p.train_iters) for p in planned] or [0]
+        out.append(RungPlan(rung, count, (min(steps), max(steps))))
+    return out
+
+
+def plan_text(settings: HalvingSettings, planned: Sequence[PlanPoint]) -> str:
+    """What `dry_run=true` prints for `search=halving`: points and steps per rung, and node-steps
+    (a dry run measures no step time: node-seconds scale with them at equal step time, start-up
+    not counted) against the grid's."""
+    if not planned:
+        return "moe_vlm: halving: no valid point to search."
+    rungs = plan(settings, planned)
+    grid = sum(p.nodes * p.train_iters for p in planned)
+    # The slowest points' steps on the most nodes: what any choice of survivors costs at most.
+    per_point = sorted(
+        (
+            (p.nodes, [rung_steps(settings, r.rung, p.warmup_steps, p.train_iters) for r in rungs])
+            for p in planned
+        ),
+        key=lambda item: -item[0] * item[1][-1],
+    )
+    worst = sum(sum(nodes * steps[r.rung] for nodes, steps in per_point[: r.points]) for r in rungs)
+    every = sum(nodes * sum(steps) for nodes, steps in per_point)
+    lines = [
+        f"moe_vlm: halving plan: {len(planned)} valid point(s), eta={settings.eta}, "
+        f"{settings.rungs} rung(s), first rung {settings.first_steps} steady step(s) after each point's warm-up",
+        f"{'rung':>6}  {'points':>6}  steps per point",
+    ]
+    for r in rungs:
+        low, high = r.steps
+        steps = f"{low}" if low == high else f"{low}-{high}"
+        last = " (full train_iters)" if r.rung == len(rungs) - 1 else ""
+        lines.append(f"{r.rung + 1:>6}  {r.points:>6}  {steps}{last}")
+    lines += [
+        f"moe_vlm: node-steps (node-seconds at equal step time, start-up not counted): grid {grid}; "
+        f"halving at most {worst} ({worst / grid:.0%} of the grid) when only the top 1/eta is promoted, "
+        f"{every} ({every / grid:.0%}) if every point tied and went to the last rung.",
+    ]
+    return "\n".join(lines)
+
+
+# --- measuring and deciding a rung ---------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Measured:
+    """One run of a rung, as the decision reads it."""
+
+    point: str  # the grid point's id (its full-length identity)
+    status: str
+    rank_class: RankClass
+    tokens_per_s_per_gpu: float | None  # effective (real) tokens/s/GPU over the steady window
+    low: float | None  # ... at the p90 steady step time
+    high: float | None  # ... at the p10 steady step time
+    failure: str | None  # failure class, or the rule codes of a rejected run
+    node_seconds: float | None
+    node_seconds_basis: str | None  # "task" (the launcher's task wall time) or "steps"
+    step_time_s: float | None = None  # mean steady step time: extrapolates the grid's cost
+
+    @property
+    def ranked(self) -> bool:
+        return self.status == "completed" and self.tokens_per_s_per_gpu is not None
+
+
+def rank_class(run: RunRecord) -> RankClass:
+    """As report.ranked: mock data first (whatever the routing), then forced-balance routing."""
+    if str(run.knob("data")) == "mock":
+        return RankClass.mock
+    if bool(run.setting("router", "force_load_balancing")):
+        return RankClass.forced_balance
+    return RankClass.ranked
+
+
+def node_seconds(run: RunRecord, run_dir: Path) -> tuple[float | None, str | None]:
+    """Nodes x the wall time the run held them: the task's (launch.task_started/ended_unix_s, from
+    the process start, so interpreter and imports count), else its steps' (in-process launchers)."""
+    nodes = (run.spec or {}).get("layout", {}).get("nodes") or run.config.get("nodes") or 1
+    launch = run.launch
+    start, end = launch.get("task_started_unix_s"), launch.get("task_ended_unix_s")
+    if isinstance(start, int | float) and isinstance(end, int | float) and end >= start:
+        return round(float(nodes) * (end - start), 3), "task"
+    steps = read_steps(run_dir / "steps.jsonl")
+    if not steps:
+        return None, None
+    first = min(steps, key=lambda s: s.time_unix_s)
+    last = max(s.time_unix_s for s in steps)
+    return round(float(nodes) * (last - first.time_unix_s + first.step_time_s), 3), "steps"
+
+
+def measure(point: str, run_dir: Path) -> Measured:
+    """A rung run's figures from its run.json (a missing or unreadable record: failed, unknown)."""
+    try:
+        run = RunRecord.read(run_dir / "run.json")
+    except (OSError, ValueError):
+        return Measured(point, "failed", RankClass.ranked, None, None, None, "no record", None, None)
+    return measured(point, run, run_dir)
+
+
+def measured(point: str, run: RunRecord, run_dir: Path) -> Measured:
+    summary = run.summary or {}
+    tokens = summary.get("effective_tokens_per_s_per_gpu")
+    step_time = summary.get("step_time_s") or {}
+    real = (summary.get("tokens_per_step") or {}).get("real")
+    world = summary.get("world_size")
+    low = high = None
+    if tokens is not None and real and world and step_time.get("p10") and step_time.get("p90"):
+        low = float(real) / (float(step_time["p90"]) * float(world))
+        high = float(real) / (float(step_time["p10"]) * float(world))
+    failure = None
+    if run.status != "completed":
+        failure = run.failure.name if run.failure else (", ".join(run.error_codes()) or run.status)
+    used, basis = node_seconds(run, run_dir)
+    return Measured(
+        point,
+        str(run.status),
+        rank_class(run),
+        float(tokens) if tokens is not None and run.status == "completed" else None,
+        low,
+        high,
+        failure,
+        used,
+        basis,
+        float(step_time["mean"]) if step_time.get("mean") is not None else None,
+    )
+
+
+@dataclass
+class Verdict:
+    """A rung's decision for one point, with the figures that made it (run.json `halving`)."""
+
+    decision: Decision
+    reason: str
+    rank_class: str
+    tokens_per_s_per_gpu: float | None = None
+    range: tuple[float, float] | None = None  # tokens/s/GPU at p90 and p10 step time
+    place: int | None = None  # 1 = fastest of its class in this rung
+    finished: int = 0  # points of its class that finished this rung
+    keep: int = 0  # top 1/eta of them
+    cut: float | None = None  # tokens/s/GPU of the last point kept
+    cut_range: tuple[float, float] | None = None
+    node_seconds: float | None = None
+    node_seconds_basis: str | None = None
+    step_time_s: float | None = None  # mean steady step time
+
+    def to_json(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["decision"] = str(self.decision)
+        return out
+
+    @classmethod
+    def from_json(cls, raw: Mapping[str, Any]) -> Verdict:
+        known = {k: raw[k] for k in cls.__dataclass_fields__ if k in raw}
+        for key in ("range", "cut_range"):
+            if isinstance(known.get(key), list):
+                known[key] = tuple(known[key])
+        known["decision"] = Decision(str(raw.get("decision")))
+        return cls(**known)
+
+
+def _overlap(a: Measured, low: float | None, high: float | None) -> bool:
+    if a.low is None or a.high is None or low is None or high is None:
+        return False
+    return a.low <= high and low <= a.high
+
+
+def decide(measured: Iterable[Measured], eta: int, last: bool) -> dict[str, Verdict]:
+    """Each point's verdict. Per rank class: the finished points best first; the top
+    ceil(n/eta) are kept, and so is every point whose range overlaps the last kept one's."""
+    runs = list(measured)
+    out: dict[str, Verdict] = {}
+    for run in runs:
+        if not run.ranked:
+            why = f"{run.status}" + (f" ({run.failure})" if run.failure else "") + " in this rung"
+            out[run.point] = Verdict(Decision.stopped, why, str(run.rank_class))
+    for cls in RankClass:
+        done = sorted(
+            (r for r in runs if r.ranked and r.rank_class is cls),
+            key=lambda r: (-(r.tokens_per_s_per_gpu or 0.0), r.point),
+        )
+        if not done:
+            continue
+        keep = max(1, math.ceil(len(done) / eta))
+        cut = done[keep - 1]
+        cut_range = (cut.low, cut.high) if cut.low is not None and cut.high is not None else None
+        for place, run in enumerate(done, start=1):
+            kept = place <= keep
+            tied = not kept and _overlap(run, cut.low, cut.high)
+            if last:
+                decision, reason = Decision.final, f"completed the last rung, {place} of {len(done)}"
+            elif kept:
+                decision, reason = Decision.promoted, f"{place} of {len(done)}: in the top {keep} (1/{eta})"
+            elif tied:
+                decision = Decision.promoted
+                reason = f"{place} of {len(done)}: its p10-p90 range overlaps the cut's (inside the noise)"
+            else:
+                decision = Decision.stopped
+                reason = f"{place} of {len(done)}: below the top {keep} and outside the cut's p10-p90 range"
+            out[run.point] = Verdict(
+                decision,
+                reason,
+                str(cls),
+                run.tokens_per_s_per_gpu,
+                (run.low, run.high) if run.low is not None and run.high is not None else None,
+                place,
+                len(done),
+                keep,
+                cut.tokens_per_s_per_gpu,
+                cut_range,
+            )
+    for run in runs:
+        verdict = out[run.point]
+        verdict.node_seconds, verdict.node_seconds_basis = run.node_seconds, run.node_seconds_basis
+        verdict.step_time_s = run.step_time_s
+    return out
+
+
+# --- the state file ------------------------------------------------------------------------------
+
+
+@dataclass
+class RungState:
+    """One rung: the run each point makes in it (its directory, a point id) and, once decided,
+    the verdicts. `decided` rungs are never rerun."""
+
+    rung: int  # 0-based
+    runs: dict[str, str] = field(default_factory=dict)  # grid point id -> this rung's run id
+    steps: dict[str, int] = field(default_factory=dict)  # grid point id -> train_iters in this rung
+    verdicts: dict[str, Verdict] = field(default_factory=dict)
+    decided: bool = False
+
+    def promoted(self) -> list[str]:
+        return [p for p, v in self.verdicts.items() if v.decision is Decision.promoted]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "rung": self.rung,
+            "runs": self.runs,
+            "steps": self.steps,
+            "verdicts": {p: v.to_json() for p, v in self.verdicts.items()},
+            "decided": self.decided,
+        }
+
+    @classmethod
+    def from_json(cls, raw: Mapping[str, Any]) -> RungState:
+        return cls(
+            rung=int(raw["rung"]),
+            runs={str(k): str(v) for k, v in (raw.get("runs") or {}).items()},
+            steps={str(k): int(v) for k, v in (raw.get("steps") or {}).items()},
+            verdicts={str(k): Verdict.from_json(v) for k, v in (raw.get("verdicts") or {}).items()},
+            decided=bool(raw.get("decided")),
+        )
+
+
+@dataclass
+class HalvingState:
+    """halving.json: the search's settings, its points (grid id -> overrides label) and rungs."""
+
+    settings: HalvingSettings
+    points: dict[str, str]  # grid point id -> its overrides, as a label
+    nodes: dict[str, int] = field(default_factory=dict)  # grid point id -> nodes
+    train_iters: dict[str, int] = field(default_factory=dict)  # grid point id -> its full length
+    rungs: list[RungState] = field(default_factory=list)
+    version: int = STATE_VERSION
+
+    def rung(self, index: int) -> RungState:
+        while len(self.rungs) <= index:
+            self.rungs.append(RungState(len(self.rungs)))
+        return self.rungs[index]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "version": self.version,
+            "settings": asdict(self.settings),
+            "points": self.points,
+            "nodes": self.nodes,
+            "train_iters": self.train_iters,
+            "rungs": [r.to_json() for r in self.rungs],
+        }
+
+    @classmethod
+    def from_json(cls, raw: Mapping[str, Any]) -> HalvingState:
+        return cls(
+            settings=HalvingSettings(**raw["settings"]),
+            points={str(k): str(v) for k, v in raw["points"].items()},
+            nodes={str(k): int(v) for k, v in (raw.get("nodes") or {}).items()},
+            train_iters={str(k): int(v) for k, v in (raw.get("train_iters") or {}).items()},
+            rungs=[RungState.from_json(r) for r in raw.get("rungs") or []],
+            version=int(raw.get("version") or STATE_VERSION),
+        )
+
+    def write(self, sweep_dir: Path) -> None:
+        write_json_atomic(sweep_dir / STATE_JSON, self.to_json())
+
+    @classmethod
+    def read(cls, sweep_dir: Path) -> HalvingState | None:
+        """The sweep's search, None when it has none or the file cannot be read as one."""
+        try:
+            return cls.from_json(json.loads((sweep_dir / STATE_JSON).read_text()))
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
+    # --- what the report and the driver's summary say
+
+    def used_node_seconds(self) -> float:
+        return sum(v.node_seconds or 0.0 for rung in self.rungs for v in rung.verdicts.values())
+
+    def grid_estimate(self) -> tuple[float, int]:
+        """The full grid's node-seconds, and how many points of it are extrapolated: a point that
+        ran its full train_iters counts that run; one stopped earlier, its last run's node-seconds
+        (start-up included, once) plus its remaining steps at that run's mean steady step time."""
+        total, extrapolated = 0.0, 0
+        for point in self.points:
+            last: tuple[int, Verdict] | None = None
+            for rung in self.rungs:
+                verdict = rung.verdicts.get(point)
+                if verdict is not None and verdict.node_seconds is not None:
+                    last = (rung.steps.get(point, 0), verdict)
+            if last is None:
+                continue
+            steps, verdict = last
+            used = verdict.node_seconds or 0.0
+            full = self.train_iters.get(point, steps)
+            total += used
+            if steps < full and verdict.step_time_s is not None:
+                total += (full - steps) * verdict.step_time_s * self.nodes.get(point, 1)
+                extrapolated += 1
+        return total, extrapolated
+
+    def best(self) -> dict[str, tuple[str, Verdict]]:
+        """Per rank class, the point the search ends with: the fastest of the last rung reached."""
+        out: dict[str, tuple[str, Verdict]] = {}
+        for rung in self.rungs:
+            if not rung.decided:
+                continue
+            for point, verdict in rung.verdicts.items():
+                if verdict.place == 1:
+                    out[verdict.rank_class] = (point, verdict)
+        return out
+
+
+# --- against the grid: what the benchmark and the tests measure ----------------------------------
+
+
+@dataclass(frozen=True)
+class GridComparison:
+    """A halving search against the full grid run in the same sweep directory (the grid command
+    after the search: it runs every point's full length except those the search already ran)."""
+
+    rank_class: str
+    grid_best: str  # grid point id
+    grid_best_tokens: float
+    found: str  # the search's best point
+    found_tokens: float  # the found point's full-length figure
+    within_noise: bool  # found == grid_best, or their full-length p10-p90 ranges overlap
+    halving_node_seconds: float
+    grid_node_seconds: float
+
+    @property
+    def ratio(self) -> float:
+        return self.halving_node_seconds / self.grid_node_seconds
+
+
+def compare_with_grid(sweep_dir: Path, rank: RankClass = RankClass.ranked) -> GridComparison:
+    """Raises ValueError when the search or a full-length run of its class is missing."""
+    state = HalvingState.read(sweep_dir)
+    if state is None:
+        raise ValueError(f"no halving search in {sweep_dir}")
+    full = {point: measure(point, sweep_dir / point) for point in state.points}
+    mine = [m for m in full.values() if m.rank_class is rank]
+    if not mine or not all(m.ranked and m.node_seconds is not None for m in mine):
+        raise ValueError(f"not every {rank} point of {sweep_dir} has a completed full-length run")
+    best = max(mine, key=lambda m: m.tokens_per_s_per_gpu or 0.0)
+    found_point = state.best().get(str(rank), (None, None))[0]
+    if found_point is None:
+        raise ValueError(f"the search in {sweep_dir} found no {rank} point")
+    found = full[found_point]
+    return GridComparison(
+        str(rank),
+        best.point,
+        best.tokens_per_s_per_gpu or 0.0,
+        found.point,
+        found.tokens_per_s_per_gpu or 0.0,
+        found.point == best.point or _overlap(found, best.low, best.high),
+        sum(v.node_seconds or 0.0 for r in state.rungs for v in r.verdicts.values() if v.rank_class == rank),
+        sum(m.node_seconds or 0.0 for m in mine),
+    )

@@ -1,0 +1,185 @@
+"""Successive halving's arithmetic (moe_vlm/launch/halving.py): rung lengths, the decision, the
+state file, and the settings' one-line errors. The search on a real Slurm is
+tests/integration/test_slurm_halving.py."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from moe_vlm.errors import BadInput
+from moe_vlm.launch.halving import (
+    STATE_JSON,
+    Decision,
+    HalvingSettings,
+    HalvingState,
+    Measured,
+    PlanPoint,
+    RankClass,
+    RungState,
+    decide,
+    plan,
+    plan_text,
+    rung_steps,
+    search_of,
+)
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def run(
+    point: str,
+    tokens: float | None,
+    spread: float = 0.01,
+    cls: RankClass = RankClass.ranked,
+    status: str = "completed",
+    failure: str | None = None,
+) -> Measured:
+    low = high = None
+    if tokens is not None:
+        low, high = tokens * (1 - spread), tokens * (1 + spread)
+    return Measured(point, status, cls, tokens, low, high, failure, 10.0, "task", 0.5)
+
+
+def test_rungs_grow_by_eta_and_the_last_is_the_full_length() -> None:
+    settings = HalvingSettings(eta=3, first_steps=4, rungs=3)
+    assert [rung_steps(settings, r, warmup_steps=2, train_iters=100) for r in range(3)] == [6, 14, 100]
+    # Never longer than the point itself.
+    assert rung_steps(settings, 1, warmup_steps=2, train_iters=10) == 10
+    rungs = plan(settings, [PlanPoint(100, 2, 1)] * 12)
+    assert [r.points for r in rungs] == [12, 4, 2]
+
+
+def test_the_plan_text_compares_node_steps_with_the_grid() -> None:
+    text = plan_text(HalvingSettings(eta=4, first_steps=2, rungs=2), [PlanPoint(40, 1, 1)] * 12)
+    assert "grid 480" in text and "halving at most 156 (32% of the grid)" in text
+
+
+def test_the_top_third_is_promoted_and_the_rest_stopped() -> None:
+    runs = [run(f"p{i}", 100.0 + 10 * i) for i in range(9)]
+    verdicts = decide(runs, eta=3, last=False)
+    assert sorted(verdicts[p].decision for p in ("p8", "p7", "p6")) == [Decision.promoted] * 3
+    assert all(verdicts[f"p{i}"].decision is Decision.stopped for i in range(6))
+    assert verdicts["p8"].place == 1 and verdicts["p6"].keep == 3 and verdicts["p0"].cut == 160.0
+
+
+def test_a_point_inside_the_cut_s_noise_is_promoted_with_it() -> None:
+    # p1 is below the cut (p2 is kept), but their p10-p90 ranges overlap: no coin toss.
+    runs = [run("p3", 200.0), run("p2", 150.0, spread=0.05), run("p1", 145.0, spread=0.05), run("p0", 100.0)]
+    verdicts = decide(runs, eta=2, last=False)
+    assert verdicts["p1"].decision is Decision.promoted and "overlaps" in verdicts["p1"].reason
+    assert verdicts["p0"].decision is Decision.stopped
+
+
+def test_mock_and_forced_balance_points_are_halved_among_themselves() -> None:
+    runs = [run("real_fast", 50.0), run("real_slow", 10.0)]
+    runs += [run("mock_fast", 500.0, cls=RankClass.mock), run("mock_slow", 100.0, cls=RankClass.mock)]
+    runs += [run("forced", 900.0, cls=RankClass.forced_balance)]
+    verdicts = decide(runs, eta=2, last=False)
+    promoted = {p for p, v in verdicts.items() if v.decision is Decision.promoted}
+    # The fastest real point survives although mock and forced-balance points are faster.
+    assert promoted == {"real_fast", "mock_fast", "forced"}
+    assert verdicts["real_fast"].place == 1 and verdicts["real_fast"].finished == 2
+
+
+def test_a_failed_point_is_stopped_with_its_class_and_the_rung_is_decided_on_the_rest() -> None:
+    runs = [run("oom", None, status="failed", failure="oom"), run("a", 20.0), run("b", 10.0)]
+    verdicts = decide(runs, eta=2, last=False)
+    assert verdicts["oom"].decision is Decision.stopped and "oom" in verdicts["oom"].reason
+    assert verdicts["oom"].place is None and verdicts["oom"].node_seconds == 10.0
+    assert verdicts["a"].decision is Decision.promoted and verdicts["a"].finished == 2
+
+
+def test_the_last_rung_is_final() -> None:
+    verdicts = decide([run("a", 20.0), run("b", 10.0)], eta=2, last=True)
+    assert {v.decision for v in verdicts.values()} == {Decision.final}
+
+
+def test_the_state_file_round_trips_and_estimates_the_grid(tmp_path: Path) -> None:
+    settings = HalvingSettings(eta=2, first_steps=2, rungs=2)
+    state = HalvingState(settings, {"a": "mbs=1", "b": "mbs=2"}, {"a": 1, "b": 2}, {"a": 10, "b": 10})
+    first = state.rung(0)
+    first.runs, first.steps = {"a": "a3", "b": "b3"}, {"a": 3, "b": 3}
+    first.verdicts = decide([run("a", 20.0), run("b", 10.0)], eta=2, last=False)
+    first.decided = True
+    second = state.rung(1)
+    second.runs, second.steps = {"a": "a"}, {"a": 10}
+    second.verdicts = decide([run("a", 20.0)], eta=2, last=True)
+    second.decided = True
+    state.write(tmp_path)
+    assert not list(tmp_path.glob(f".{STATE_JSON}*"))  # written atomically: no temp file left
+    back = HalvingState.read(tmp_path)
+    assert back is not None and back.to_json() == state.to_json()
+    assert isinstance(back.rungs[0], RungState) and back.rungs[0].promoted() == ["a"]
+    assert back.used_node_seconds() == 30.0
+    # a: its full run (10); b: its rung run (10) + 7 more steps x 0.5 s x 2 nodes.
+    assert back.grid_estimate() == (27.0, 1)
+    assert back.best()["ranked"][0] == "a"
+
+
+def test_an_unreadable_state_file_is_no_search(tmp_path: Path) -> None:
+    (tmp_path / STATE_JSON).write_text("{not json")
+    assert HalvingState.read(tmp_path) is None
+
+
+@pytest.mark.parametrize(
+    "raw, key",
+    [
+        ({"eta": 1}, "eta"),
+        ({"first_steps": 0}, "first_steps"),
+        ({"rungs": 1}, "rungs"),
+        ({"speed": 2}, "speed"),
+    ],
+)
+def test_bad_settings_name_the_key(raw: dict[str, int], key: str) -> None:
+    with pytest.raises(BadInput, match=rf"hydra\.sweeper\.halving\.{key}.*Fix:"):
+        HalvingSettings.of(raw)
+
+
+def test_good_settings_and_search_values() -> None:
+    assert HalvingSettings.of({"eta": 4, "rungs": 2}) == HalvingSettings(eta=4, rungs=2)
+    assert str(search_of("halving")) == "halving"
+    with pytest.raises(BadInput, match=r"hydra\.sweeper\.search=random: allowed values are grid, halving"):
+        search_of("random")
+
+
+def train(tmp_path: Path, *overrides: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "MOE_VLM_SITE_FILE": str(tmp_path / "no-site.yaml"), "PYTHONPATH": str(REPO)}
+    command = [sys.executable, "train.py", "-m", f"hydra.sweep.dir={tmp_path / 'sweep'}", *overrides]
+    return subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=180)
+
+
+@pytest.mark.slow
+def test_a_halving_dry_run_prints_the_rung_plan_and_submits_nothing(tmp_path: Path) -> None:
+    done = train(
+        tmp_path,
+        "hydra/launcher=slurm",
+        *["model=tiny_moe_vlm", "data=mock", "nproc=1", "warmup_steps=1", "seq_length=128", "gbs=8"],
+        "mbs=1,2,4,8",
+        "recompute=none,selective,full",
+        "train_iters=40",
+        "hydra.sweeper.search=halving",
+        "hydra.sweeper.halving.eta=6",
+        "hydra.sweeper.halving.rungs=2",
+        "hydra.sweeper.halving.first_steps=2",
+        "dry_run=true",
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "halving plan: 12 valid point(s), eta=6, 2 rung(s)" in done.stdout, done.stdout
+    assert "     1      12  3\n     2       2  40 (full train_iters)" in done.stdout, done.stdout
+    # 12 x 3 + 2 x 40 node-steps against 12 x 40.
+    assert "grid 480; halving at most 116 (24% of the grid)" in done.stdout, done.stdout
+    assert not (tmp_path / "sweep" / STATE_JSON).exists()
+    assert not list((tmp_path / "sweep").glob("*/point.json"))
+
+
+@pytest.mark.slow
+def test_a_bad_search_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    done = train(tmp_path, "model=tiny_moe_vlm", "mbs=1,2", "hydra.sweeper.search=random")
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines()[-1].startswith("moe_vlm: error: hydra.sweeper.search=random")
+    assert not (tmp_path / "sweep").exists()
