@@ -299,28 +299,51 @@ def _captured() -> Iterator[list[str]]:
         notes.extend(line.strip() for line in stdout.getvalue().splitlines() if line.strip())
 
 
-def effective_config(cfg: Any, spec: RunSpec, run_dir: Path | None = None, *, planned: bool) -> Effective:
-    """Bridge's runtime update applied to a copy of `cfg` (the engine's, after THE table), diffed
-    against the library's defaults. A config the update rejects yields the error and the values
-    before the update, so the plan can print both."""
+@dataclass
+class Update:
+    """Bridge's runtime update run on a copy of a config."""
+
+    config: Any  # the updated copy; on a refusal, a copy of the config before the update
+    exception: Exception | None  # what the library raised (None: accepted)
+    notes: list[str]
+    env: dict[str, str]  # the recipe's env_vars as the process then had them
+
+    @property
+    def error(self) -> str | None:
+        return None if self.exception is None else f"{type(self.exception).__name__}: {self.exception}"
+
+
+def runtime_update(cfg: Any, spec: RunSpec, *, planned: bool) -> Update:
+    """``runtime_config_update`` on a copy of `cfg`, as one rank of the job (planned: here, see
+    `_environment`); a refusal is returned, not raised (moe_vlm/engines/megatron/library_checks.py
+    reads it too)."""
     from megatron.bridge.training.config import runtime_config_update
 
     updated = copy.deepcopy(cfg)
     names = set(cfg.env_vars)
-    own = {name: os.environ[name] for name in names if name in os.environ} if not planned else {}
     error = None
     with _environment(spec, names, planned), _captured() as notes:
         try:
             runtime_config_update(updated)
         except Exception as exc:  # the library's own check: reported, not raised, in a plan
-            error = f"{type(exc).__name__}: {exc}"
+            error = exc
             updated = copy.deepcopy(cfg)
         env = {name: os.environ.get(name, str(cfg.env_vars[name])) for name in names}
-    result = diff_against_defaults(updated, env, str(run_dir) if run_dir else None)
-    result.error = error
-    result.notes = notes
+    return Update(updated, error, notes, env)
+
+
+def effective_config(cfg: Any, spec: RunSpec, run_dir: Path | None = None, *, planned: bool) -> Effective:
+    """Bridge's runtime update applied to a copy of `cfg` (the engine's, after THE table), diffed
+    against the library's defaults. A config the update rejects yields the error and the values
+    before the update, so the plan can print both."""
+    names = set(cfg.env_vars)
+    own = {name: os.environ[name] for name in names if name in os.environ} if not planned else {}
+    update = runtime_update(cfg, spec, planned=planned)
+    result = diff_against_defaults(update.config, update.env, str(run_dir) if run_dir else None)
+    result.error = update.error
+    result.notes = update.notes
     result.env_from_process = {name: value for name, value in own.items() if value != str(cfg.env_vars[name])}
-    result.table = table_values(updated, str(run_dir) if run_dir else None)
+    result.table = table_values(update.config, str(run_dir) if run_dir else None)
     return result
 
 
