@@ -19,7 +19,6 @@ from moe_vlm.rules.catalogue import (
 )
 from moe_vlm.spec import RunSpec
 
-
 # The last spec estimated and its estimate: the three M rules judge one spec in a row (a third of a
 # plan's validation time otherwise). Held by reference, so `is` cannot match another spec.
 _LAST: list[tuple[RunSpec, MemoryEstimate | None]] = []

@@ -35,7 +35,11 @@ CLUSTERS = ("gb200", "gb300", "b200", "b300", "h100", "h200")
 MODELS = ("qwen3_vl_30b_a3b", "qwen3_vl_235b_a22b", "qwen35_vl_35b_a3b")
 # GPUs per job, per model: around what its perf recipes use (8 for the A3B models, 64 for 235B),
 # so that a fair share of points fits in memory and reaches the library checks.
-WORLDS = {"qwen3_vl_30b_a3b": (4, 8, 16, 32), "qwen35_vl_35b_a3b": (4, 8, 16, 32), "qwen3_vl_235b_a22b": (64, 128)}
+WORLDS = {
+    "qwen3_vl_30b_a3b": (4, 8, 16, 32),
+    "qwen35_vl_35b_a3b": (4, 8, 16, 32),
+    "qwen3_vl_235b_a22b": (64, 128),
+}
 # Config groups that are axes (above) or not knobs of a run.
 AXIS_GROUPS = ("cluster", "model", "sweep", "hydra")
 # Group options whose points need a companion override to be meaningful.

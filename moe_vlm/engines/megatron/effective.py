@@ -245,7 +245,7 @@ def diff_against_defaults(cfg: Any, env: Mapping[str, str], run_dir: str | None 
 
 
 @contextlib.contextmanager
-def _environment(spec: RunSpec, env_names: set[str], planned: bool) -> Iterator[None]:
+def rank_environment(spec: RunSpec, env_names: set[str], planned: bool) -> Iterator[None]:
     """The process environment Bridge's runtime update reads, restored afterwards.
 
     Planned: one rank of this job on the cluster (WORLD_SIZE, RANK; the cluster's GPU answers
@@ -254,7 +254,7 @@ def _environment(spec: RunSpec, env_names: set[str], planned: bool) -> Iterator[
     import torch
 
     saved = dict(os.environ)
-    query = torch.cuda.get_device_properties
+    query, capability_query = torch.cuda.get_device_properties, torch.cuda.get_device_capability
     try:
         if planned:
             for name in env_names:
@@ -265,9 +265,11 @@ def _environment(spec: RunSpec, env_names: set[str], planned: bool) -> Iterator[
                 name=spec.cluster.gpu, major=int(capability), minor=round(capability % 1 * 10)
             )
             torch.cuda.get_device_properties = lambda *_args, **_kwargs: device  # type: ignore[assignment]
+            torch.cuda.get_device_capability = lambda *_args, **_kwargs: (device.major, device.minor)  # type: ignore[assignment]
         yield
     finally:
         torch.cuda.get_device_properties = query
+        torch.cuda.get_device_capability = capability_query
         os.environ.clear()
         os.environ.update(saved)
 
@@ -322,7 +324,7 @@ def runtime_update(cfg: Any, spec: RunSpec, *, planned: bool) -> Update:
     updated = copy.deepcopy(cfg)
     names = set(cfg.env_vars)
     error = None
-    with _environment(spec, names, planned), _captured() as notes:
+    with rank_environment(spec, names, planned), _captured() as notes:
         try:
             runtime_config_update(updated)
         except Exception as exc:  # the library's own check: reported, not raised, in a plan

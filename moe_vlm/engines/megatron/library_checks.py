@@ -45,7 +45,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-from moe_vlm.engines.megatron.effective import runtime_update
+from moe_vlm.engines.megatron.effective import rank_environment, runtime_update
 from moe_vlm.engines.megatron.stack import stack_problem, where_raised
 from moe_vlm.spec import RunSpec
 
@@ -161,7 +161,7 @@ def _userbuffers(cfg: Any, spec: RunSpec) -> None:
         except ValueError as exc:
             if "Unsupported quantizer" in str(exc):
                 raise
-        except Exception:  # noqa: S112 - the cast on CPU: the format has a branch
+        except Exception:  # the cast on CPU: the format has a branch
             continue
 
 
@@ -185,7 +185,15 @@ def _router(cfg: Any, spec: RunSpec) -> None:
         # A routing-map format no kernel has: TE validates it right after the dtype (router.py:347),
         # so the probe stops there and never launches a kernel.
         fused_topk_with_score_function(
-            logits, model.moe_router_topk, False, None, None, None, "softmax", None, routing_map_format="probe"
+            logits,
+            model.moe_router_topk,
+            False,
+            None,
+            None,
+            None,
+            "softmax",
+            None,
+            routing_map_format="probe",
         )
     except ValueError as exc:
         if "float64" in str(exc) or "router type" in str(exc):
@@ -303,13 +311,17 @@ def check_config(cfg: Any, spec: RunSpec, *, planned: bool = True) -> list[Libra
     update = runtime_update(cfg, spec, planned=planned)
     if update.exception is not None:
         return [_exception(Check.bridge, update.exception)]
+    from megatron.bridge.training.config import apply_environment_variables
+
     findings = []
-    for check, run in CHECKS:
-        try:
-            with _quiet():
+    # As the rank runs them: the job's world and GPU, the recipe's env_vars by setdefault (Bridge's).
+    with rank_environment(spec, set(cfg.env_vars), planned), _quiet():
+        apply_environment_variables(update.config)
+        for check, run in CHECKS:
+            try:
                 run(update.config, spec)
-        except Exception as exc:  # the library's refusal is the finding
-            findings.append(_exception(check, exc))
+            except Exception as exc:  # the library's refusal is the finding
+                findings.append(_exception(check, exc))
     return findings
 
 
