@@ -152,21 +152,18 @@ def values_of(knob: str) -> tuple[Any, ...] | None:
     return (None, *found) if optional else found
 
 
+def _fixed(knob: str) -> bool:
+    return knob in EXCLUDED or knob.startswith(AXIS_PREFIXES) or knob.endswith(LABEL_SUFFIX)
+
+
 def space() -> dict[str, tuple[Any, ...]]:
     """Every leaf the fuzzer varies, with its values."""
-    return {knob: found for knob in LEAVES if (found := values_of(knob)) is not None}
+    return {knob: found for knob in LEAVES if not _fixed(knob) and (found := values_of(knob)) is not None}
 
 
 def unplaced() -> list[str]:
     """Schema leaves neither in the space nor excluded with a reason (the test's failure list)."""
-    return [
-        knob
-        for knob in LEAVES
-        if values_of(knob) is None
-        and knob not in EXCLUDED
-        and not knob.startswith(AXIS_PREFIXES)
-        and not knob.endswith(LABEL_SUFFIX)
-    ]
+    return [knob for knob in LEAVES if not _fixed(knob) and values_of(knob) is None]
 
 
 @cache

@@ -87,6 +87,20 @@ def _quiet() -> Iterator[None]:
         yield
 
 
+@contextlib.contextmanager
+def _cpu_device() -> Iterator[None]:
+    """TE's quantizers put their constants on ``torch.cuda.current_device()`` (NVFP4's Hadamard
+    signs, tensor/nvfp4_tensor.py:175-177): here that device is the CPU."""
+    import torch
+
+    current = torch.cuda.current_device
+    torch.cuda.current_device = lambda: "cpu"  # type: ignore[assignment,return-value]
+    try:
+        yield
+    finally:
+        torch.cuda.current_device = current
+
+
 # --- the vision encoder's TransformerConfig ---------------------------------------------------
 
 
@@ -219,6 +233,15 @@ ARGS_FROM_CONFIG: dict[str, str] = {
     "lr": "optimizer.lr",
     "position_embedding_type": "model.position_embedding_type",
 }
+# Megatron-LM's policy refusals of what Bridge's own recipes run, and why they are not ported: the
+# argument gets the value Megatron-LM accepts, so validate_args goes on to its later checks.
+ARGS_POLICY: dict[str, tuple[Any, str]] = {
+    "cross_entropy_fusion_impl": (
+        "native",
+        "arguments.py:1642-1647 refuses TE's fused cross entropy for stability; the Bridge perf recipes run "
+        "it (cross_entropy_fusion_impl='te'); rule X006 warns",
+    ),
+}
 # Sections whose fields carry Megatron-LM's argument names one to one (its
 # core_transformer_config_from_args and DDP/optimizer builders read args by field name).
 ARGS_SECTIONS = ("model", "ddp", "optimizer")
@@ -275,11 +298,16 @@ def training_args(cfg: Any, spec: RunSpec) -> argparse.Namespace:
     for section in ARGS_SECTIONS:
         obj = getattr(cfg, section)
         for f in dataclasses.fields(obj):
-            if f.name in names and f.name not in ARGS_NOT_MAPPED:
-                setattr(args, f.name, getattr(obj, f.name))
+            value = getattr(obj, f.name)
+            # None is the config's "unset": the argument keeps Megatron-LM's default for it.
+            if f.name in names and f.name not in ARGS_NOT_MAPPED and value is not None:
+                setattr(args, f.name, value)
     for name, dotted in ARGS_FROM_CONFIG.items():
         with contextlib.suppress(AttributeError):
             setattr(args, name, _get(cfg, dotted))
+    for name, (accepted, _why) in ARGS_POLICY.items():
+        if getattr(args, name) != accepted:
+            setattr(args, name, accepted)
     args.world_size, args.rank = spec.layout.world_size, 0
     args.padded_vocab_size = cfg.tokenizer.vocab_size
     args.bf16 = cfg.model.params_dtype == torch.bfloat16
@@ -309,13 +337,15 @@ def check_config(cfg: Any, spec: RunSpec, *, planned: bool = True) -> list[Libra
     """Every library check on `cfg` (THE table applied; not modified). Bridge's runtime update first:
     the others judge the configuration it leaves, so they run only when it accepts."""
     update = runtime_update(cfg, spec, planned=planned)
+    if isinstance(update.exception, ImportError):  # a package this run imports is not installed here
+        return [_exception(Check.stack, update.exception)]
     if update.exception is not None:
         return [_exception(Check.bridge, update.exception)]
     from megatron.bridge.training.config import apply_environment_variables
 
     findings = []
     # As the rank runs them: the job's world and GPU, the recipe's env_vars by setdefault (Bridge's).
-    with rank_environment(spec, set(cfg.env_vars), planned), _quiet():
+    with rank_environment(spec, set(cfg.env_vars), planned), _cpu_device(), _quiet():
         apply_environment_variables(update.config)
         for check, run in CHECKS:
             try:
