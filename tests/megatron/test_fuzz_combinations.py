@@ -62,15 +62,10 @@ KNOWN_UNTIL_RULES_MERGE: dict[str, tuple[Callable[[RunSpec], bool], frozenset[st
 
 
 def known_class(spec: RunSpec, checks: set[str]) -> str | None:
-    """The known class that explains every refusing check of this point, if one does."""
-    return next(
-        (
-            name
-            for name, (matches, known) in KNOWN_UNTIL_RULES_MERGE.items()
-            if matches(spec) and checks <= known
-        ),
-        None,
-    )
+    """The known classes of this point, if between them they explain every refusing check."""
+    matching = [(name, known) for name, (matches, known) in KNOWN_UNTIL_RULES_MERGE.items() if matches(spec)]
+    explained = set().union(*(known for _, known in matching)) if matching else set()
+    return " & ".join(name for name, _ in matching) if matching and checks <= explained else None
 
 
 def test_every_knob_is_in_the_fuzzers_space() -> None:
