@@ -265,7 +265,7 @@ def rank_environment(spec: RunSpec, env_names: set[str], planned: bool) -> Itera
                 name=spec.cluster.gpu, major=int(capability), minor=round(capability % 1 * 10)
             )
             torch.cuda.get_device_properties = lambda *_args, **_kwargs: device  # type: ignore[assignment]
-            torch.cuda.get_device_capability = lambda *_args, **_kwargs: (device.major, device.minor)  # type: ignore[assignment]
+            torch.cuda.get_device_capability = lambda *_args, **_kwargs: (device.major, device.minor)
         yield
     finally:
         torch.cuda.get_device_properties = query
