@@ -317,7 +317,7 @@ class Update:
 
 def runtime_update(cfg: Any, spec: RunSpec, *, planned: bool) -> Update:
     """``runtime_config_update`` on a copy of `cfg`, as one rank of the job (planned: here, see
-    `_environment`); a refusal is returned, not raised (moe_vlm/engines/megatron/library_checks.py
+    `rank_environment`); a refusal is returned, not raised (moe_vlm/engines/megatron/library_checks.py
     reads it too)."""
     from megatron.bridge.training.config import runtime_config_update
 
