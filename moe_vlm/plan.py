@@ -13,7 +13,7 @@ from moe_vlm.memory import MemoryEstimate, estimate
 from moe_vlm.metrics import peak_of, precision_peak_of
 from moe_vlm.precision import profile as precision_profile
 from moe_vlm.record import choices
-from moe_vlm.rules import Finding
+from moe_vlm.rules import Finding, Level
 from moe_vlm.schema import Engine
 from moe_vlm.spec import RunSpec
 
@@ -127,6 +127,43 @@ def planned_effective(spec: RunSpec) -> Planned | str:
         return plan_effective(spec)
     except Exception as exc:  # no stack here, or a recipe this Bridge lacks: the plan says so and goes on
         return f"{type(exc).__name__}: {exc}"
+
+
+LIBRARY_FIX = (
+    "change the combination; the rule catalogue let it through, so add a rule that cites the library "
+    "line above (moe_vlm/rules/library.py, docs/adding-a-knob.md)"
+)
+
+
+def library_findings(spec: RunSpec) -> list[Finding]:
+    """The library's own checks of this point (moe_vlm/engines/megatron/library_checks.py, seconds):
+    an error per refusal, a warning when they could not run here; [] off the Megatron engine."""
+    if spec.engine != Engine.megatron:
+        return []
+    from moe_vlm.engines.megatron.library_checks import Check, check_point
+
+    try:
+        found = check_point(spec)
+    except Exception as exc:  # a recipe this Bridge lacks: the checks did not run, and the plan says so
+        return [
+            Finding(
+                Check.stack.value,
+                Level.warning,
+                ("engine",),
+                f"the library checks did not run: {type(exc).__name__}: {exc}",
+                "see the stack lines below",
+            )
+        ]
+    return [
+        Finding(
+            f.check.value,
+            Level.warning if f.check is Check.stack else Level.error,
+            ("engine",),
+            f"{f.message}{f.where}",
+            "install the Megatron stack to run them" if f.check is Check.stack else LIBRARY_FIX,
+        )
+        for f in found
+    ]
 
 
 # The tuning block: the knobs whose null keeps the recipe's value, and the host-memory/HSDP ones.

@@ -19,7 +19,7 @@ from moe_vlm.heartbeat import Heartbeat, write_running
 from moe_vlm.launch.failures import Diagnosis, launch_info, record_exception, write_failure
 from moe_vlm.launch.requeue import global_rank
 from moe_vlm.launch.safety import scrub, scrub_files, scrub_text
-from moe_vlm.plan import render
+from moe_vlm.plan import library_findings, render
 from moe_vlm.record import RUN_JSON, RUNNING, RunRecord
 from moe_vlm.rules import errors, validate
 from moe_vlm.spec import RunSpec
@@ -36,6 +36,9 @@ def run(cfg: DictConfig) -> None:
     findings = validate(spec)
     bad = errors(findings)
     if spec.dry_run:
+        if not bad:  # the library's own checks judge what the rules let through (engine=megatron)
+            findings = [*findings, *library_findings(spec)]
+            bad = errors(findings)
         print(scrub_text(render(spec, findings)))  # a data path may hold an ${oc.env:...} secret
         if bad:
             sys.exit(EXIT_INVALID)

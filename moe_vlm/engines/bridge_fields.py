@@ -31,6 +31,7 @@ from moe_vlm.schema import (
     RecomputeGranularity,
     RecomputeMethod,
     RouterDtype,
+    ShardingStrategy,
 )
 from moe_vlm.sharding import dp_outer
 from moe_vlm.spec import RunSpec, hybridep_topology
@@ -275,8 +276,9 @@ FIELD_MAP: tuple[FieldMap, ...] = (
     FieldMap(
         "parallelism",
         "model.init_model_with_meta_device",
-        _fsdp,
-        "what Bridge's --use_megatron_fsdp sets",
+        lambda s: _fsdp(s) and s.parallelism.sharding_strategy is not ShardingStrategy.no_shard,
+        "what Bridge's --use_megatron_fsdp sets; off for no_shard, which Megatron FSDP refuses on the meta device "
+        "(megatron_fsdp/fully_shard.py:364-368, training/arguments.py:1160-1164)",
     ),
     FieldMap("parallelism", "model.gradient_accumulation_fusion", lambda s: True, "as Bridge's perf scripts"),
     # MoE dispatcher.

@@ -12,6 +12,7 @@ involved and a fix. Codes are grouped by concern:
     O  communication overlap, HSDP, host-memory offload, garbage collection, vision-encoder graphs
     T  profiling and experiment logging (telemetry)
     M  memory (moe_vlm/memory's per-GPU estimate against cluster.gpu_memory_gib)
+    B  checks ported from the library code the engine does not run (Megatron-LM's argument validation)
 
 Engine rules cite where Megatron enforces them (MLM = Megatron-LM, MB = Megatron-Bridge).
 One module per code group; importing it registers its rules, so SECTIONS fixes the
@@ -39,6 +40,7 @@ SECTIONS = (
     "data",
     "guide",
     "memory",
+    "library",
 )
 for _section in SECTIONS:
     importlib.import_module(f"moe_vlm.rules.{_section}")

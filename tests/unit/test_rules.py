@@ -186,6 +186,11 @@ CASES: dict[str, tuple[list[str], list[str]]] = {
         [*MEG, "parallelism=3d", "cuda_graph.vision=true", "cuda_graph.vision_max_seq_length=7776"],
         [*MEG, "parallelism=3d", TE],
     ),
+    # Ported from the library (rules/library.py).
+    "B001": (
+        ["cluster=h200", "model=qwen3_vl_30b_a3b", "parallelism=3d", "tp=2", "ep=4"],
+        ["cluster=b200", "model=qwen3_vl_30b_a3b", "parallelism=3d", "tp=2", "ep=4"],
+    ),
     "A001": (["data=real"], ["data=real", "data.path=/tmp/shards"]),
     "A002": (["data.min_images=3", "data.max_images=1"], []),
     "A003": (

@@ -245,7 +245,7 @@ def diff_against_defaults(cfg: Any, env: Mapping[str, str], run_dir: str | None 
 
 
 @contextlib.contextmanager
-def _environment(spec: RunSpec, env_names: set[str], planned: bool) -> Iterator[None]:
+def rank_environment(spec: RunSpec, env_names: set[str], planned: bool) -> Iterator[None]:
     """The process environment Bridge's runtime update reads, restored afterwards.
 
     Planned: one rank of this job on the cluster (WORLD_SIZE, RANK; the cluster's GPU answers
@@ -254,7 +254,7 @@ def _environment(spec: RunSpec, env_names: set[str], planned: bool) -> Iterator[
     import torch
 
     saved = dict(os.environ)
-    query = torch.cuda.get_device_properties
+    query, capability_query = torch.cuda.get_device_properties, torch.cuda.get_device_capability
     try:
         if planned:
             for name in env_names:
@@ -265,9 +265,11 @@ def _environment(spec: RunSpec, env_names: set[str], planned: bool) -> Iterator[
                 name=spec.cluster.gpu, major=int(capability), minor=round(capability % 1 * 10)
             )
             torch.cuda.get_device_properties = lambda *_args, **_kwargs: device  # type: ignore[assignment]
+            torch.cuda.get_device_capability = lambda *_args, **_kwargs: (device.major, device.minor)
         yield
     finally:
         torch.cuda.get_device_properties = query
+        torch.cuda.get_device_capability = capability_query
         os.environ.clear()
         os.environ.update(saved)
 
@@ -299,29 +301,52 @@ def _captured() -> Iterator[list[str]]:
         notes.extend(line.strip() for line in stdout.getvalue().splitlines() if line.strip())
 
 
-def effective_config(cfg: Any, spec: RunSpec, run_dir: Path | None = None, *, planned: bool) -> Effective:
-    """Bridge's runtime update applied to a copy of `cfg` (the engine's, after THE table), diffed
-    against the library's defaults. A config the update rejects yields the error and the values
-    before the update, so the plan can print both."""
+@dataclass
+class Update:
+    """Bridge's runtime update run on a copy of a config."""
+
+    config: Any  # the updated copy; on a refusal, a copy of the config before the update
+    exception: Exception | None  # what the library raised (None: accepted)
+    notes: list[str]
+    env: dict[str, str]  # the recipe's env_vars as the process then had them
+
+    @property
+    def error(self) -> str | None:
+        return None if self.exception is None else f"{type(self.exception).__name__}: {self.exception}"
+
+
+def runtime_update(cfg: Any, spec: RunSpec, *, planned: bool) -> Update:
+    """``runtime_config_update`` on a copy of `cfg`, as one rank of the job (planned: here, see
+    `rank_environment`); a refusal is returned, not raised (moe_vlm/engines/megatron/library_checks.py
+    reads it too)."""
     from megatron.bridge.training.config import runtime_config_update
 
     updated = copy.deepcopy(cfg)
     names = set(cfg.env_vars)
-    own = {name: os.environ[name] for name in names if name in os.environ} if not planned else {}
     error = None
-    with _environment(spec, names, planned), _captured() as notes:
+    with rank_environment(spec, names, planned), _captured() as notes:
         try:
             runtime_config_update(updated)
         except Exception as exc:  # the library's own check: reported, not raised, in a plan
-            error = f"{type(exc).__name__}: {exc}"
+            error = exc
             updated = copy.deepcopy(cfg)
         env = {name: os.environ.get(name, str(cfg.env_vars[name])) for name in names}
-    result = diff_against_defaults(updated, env, str(run_dir) if run_dir else None)
-    result.error = error
-    result.notes = notes
+    return Update(updated, error, notes, env)
+
+
+def effective_config(cfg: Any, spec: RunSpec, run_dir: Path | None = None, *, planned: bool) -> Effective:
+    """Bridge's runtime update applied to a copy of `cfg` (the engine's, after THE table), diffed
+    against the library's defaults. A config the update rejects yields the error and the values
+    before the update, so the plan can print both."""
+    names = set(cfg.env_vars)
+    own = {name: os.environ[name] for name in names if name in os.environ} if not planned else {}
+    update = runtime_update(cfg, spec, planned=planned)
+    result = diff_against_defaults(update.config, update.env, str(run_dir) if run_dir else None)
+    result.error = update.error
+    result.notes = update.notes
     result.env_from_process = {name: value for name, value in own.items() if value != str(cfg.env_vars[name])}
-    result.table = table_values(updated, str(run_dir) if run_dir else None)
-    return with_vision(result, updated.model, str(run_dir) if run_dir else None)
+    result.table = table_values(update.config, str(run_dir) if run_dir else None)
+    return with_vision(result, update.config.model, str(run_dir) if run_dir else None)
 
 
 # --- the vision model's own TransformerConfig ---------------------------------------------------

@@ -1,0 +1,272 @@
+"""The combination fuzzer's space, derived from the schema and the config groups.
+
+A point is a GPU cluster, a model, a node count, one option of every config group (conf/<group>/,
+listed from disk: a new option enters by itself) and a few leaves set to other values. A leaf's
+values come from its type where the type says them (an Enum's members, a bool, a bool | None);
+the other leaves (sizes, lists of names, counts) have their values in DOMAINS, or a reason in
+EXCLUDED. tests/megatron/test_fuzz_combinations.py fails when a schema leaf is in neither, so a
+new knob is in the fuzzer's space the day it is added (docs/adding-a-knob.md).
+
+Points are assembled from one Hydra composition per cluster x model and one per group option
+(the group's dataclass as Hydra builds it), not composed whole (a quarter second each);
+test_fuzz_combinations checks on a sample that the assembly equals Hydra's compose of the same
+overrides (`Point.overrides`).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import random
+import types
+import typing
+from collections.abc import Iterator
+from dataclasses import dataclass
+from enum import Enum
+from functools import cache
+from typing import Any
+
+from moe_vlm.compose import CONF_DIR, compose_point
+from moe_vlm.rules.catalogue import CUDA_GRAPH_SCOPES, SELECTIVE_RECOMPUTE_MODULES
+from moe_vlm.rules.overlap import VISION_GRAPH_SCOPES
+from moe_vlm.schema import TrainConfig
+
+CLUSTERS = ("gb200", "gb300", "b200", "b300", "h100", "h200")
+MODELS = ("qwen3_vl_30b_a3b", "qwen3_vl_235b_a22b", "qwen35_vl_35b_a3b")
+# GPUs per job, per model: around what its perf recipes use (8 for the A3B models, 64 for 235B),
+# so that a fair share of points fits in memory and reaches the library checks.
+WORLDS = {
+    "qwen3_vl_30b_a3b": (4, 8, 16, 32),
+    "qwen35_vl_35b_a3b": (4, 8, 16, 32),
+    "qwen3_vl_235b_a22b": (64, 128),
+}
+# Config groups that are axes (above) or not knobs of a run.
+AXIS_GROUPS = ("cluster", "model", "sweep", "hydra")
+# Group options whose points need a companion override to be meaningful.
+COMPANIONS = {("data", "real"): {"data.path": "/datasets/shards"}}
+
+# Values of the leaves whose type does not enumerate them.
+DOMAINS: dict[str, tuple[Any, ...]] = {
+    "mbs": (1, 2, 4),
+    "gbs": (None, 128, 256, 512, 1024),
+    "seq_length": (None, 2048, 4096, 8192),
+    "train_iters": (8, 12),
+    "warmup_steps": (2, 3),
+    "tp": (None, 1, 2, 4, 8),
+    "pp": (None, 1, 2, 4),
+    "vp": (None, 1, 2, 3),
+    "cp": (None, 1, 2),
+    "ep": (None, 0, 1, 4, 8, 16, 32),
+    "etp": (None, 1, 2),
+    "parallelism.tp": (1, 2, 4),
+    "parallelism.pp": (1, 2, 4),
+    "parallelism.vp": (1, 2),
+    "parallelism.cp": (1, 2),
+    "parallelism.ep": (0, 4, 8, 16),
+    "parallelism.etp": (1, 2),
+    "parallelism.first_stage_layers": (0, 10, 11),
+    "parallelism.last_stage_layers": (0, 10, 13),
+    "parallelism.fsdp_version": (1, 2),
+    "parallelism.dp_outer": (0, 1, 2),
+    "dispatcher.num_sms": (0, 16, 32),
+    "dispatcher.hybridep_ranks_per_nvlink_domain": (0, 4, 8),
+    "dispatcher.hybridep_nvlink_domain_size": (0, 8, 72),
+    "dispatcher.hybridep_tokens_per_chunk_combine": (0, 128),
+    "recompute.num_layers": (0, 1, 2, 4),
+    # Each name the rules know, alone, and the pairs the recipes use.
+    "recompute.modules": ([], *([m] for m in SELECTIVE_RECOMPUTE_MODULES), ["layernorm", "moe_act"]),
+    "cuda_graph.scope": ([], *([s] for s in CUDA_GRAPH_SCOPES), ["moe_router", "moe_preprocess"]),
+    "cuda_graph.warmup_steps": (1, 3),
+    "cuda_graph.vision_scope": ([], *([s] for s in VISION_GRAPH_SCOPES)),
+    "cuda_graph.vision_max_seq_length": (0, 4096, 8192),
+    "router.aux_loss_coeff": (None, 0.0, 1e-3),
+    "router.capacity_factor": (None, 1.0, 1.5),
+    "overlap.bucket_size": (None, 40_000_000),
+    "offload.activation_layers": (0, 4, 8),
+    "offload.optimizer_fraction": (0.0, 0.5, 1.0),
+    "gc.interval": (None, 0, 5, 100),
+    "profiling.steps": ([], [4], [5, 6]),
+    "profiling.ranks": ([0], [0, 1]),
+    "data.num_workers": (None, 0, 2),
+}
+# Leaves the fuzzer does not vary, and why.
+EXCLUDED: dict[str, str] = {
+    "engine": "fixed: engine=megatron (the library checks judge the Megatron engine)",
+    "dry_run": "fixed: planned, never run",
+    "nodes": "an axis: drawn from WORLDS / gpus_per_node",
+    "nproc": "null: one rank per GPU (L011 rejects anything else on a GPU cluster)",
+    "seed": "a seed: no check reads its value",
+    "lr": "a learning rate: no config check reads its value",
+    "data.path": "set with data=real (COMPANIONS); a real path is a file system check, not a library one",
+    "logger.project": "a label for the tracker",
+    "logger.run_name": "a label for the tracker",
+    "logger.entity": "a label for the tracker",
+    "logger.tracking_uri": "a tracker address",
+    **{
+        f"data.{name}": "a draw parameter of the project's own seeded samples (MoeVlmDatasetConfig): no library check"
+        for name in (
+            "min_images",
+            "max_images",
+            "min_long_side_px",
+            "max_long_side_px",
+            "aspect_ratios",
+            "min_text_tokens",
+            "max_text_tokens",
+            "min_pixels",
+            "max_pixels",
+        )
+    },
+}
+AXIS_PREFIXES = ("model.", "cluster.")  # a fixed description of the model and the machine: axes
+LABEL_SUFFIX = ".name"  # a group option's label (its fields carry the settings)
+
+
+def _leaves(cls: type, prefix: str = "") -> Iterator[tuple[str, Any]]:
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        kind = hints[f.name]
+        if isinstance(kind, type) and dataclasses.is_dataclass(kind):
+            yield from _leaves(kind, f"{prefix}{f.name}.")
+        else:
+            yield f"{prefix}{f.name}", kind
+
+
+LEAVES: dict[str, Any] = dict(_leaves(TrainConfig))
+
+
+def values_of(knob: str) -> tuple[Any, ...] | None:
+    """The values the fuzzer draws for `knob`: DOMAINS, else from its type; None: not in the space."""
+    if knob in DOMAINS:
+        return DOMAINS[knob]
+    kind = LEAVES[knob]
+    args = typing.get_args(kind) if isinstance(kind, types.UnionType) else (kind,)
+    optional = type(None) in args
+    base = next((a for a in args if a is not type(None)), None)
+    found: tuple[Any, ...] | None = None
+    if isinstance(base, type) and issubclass(base, Enum):
+        found = tuple(base)
+    elif base is bool:
+        found = (True, False)
+    if found is None:
+        return None
+    return (None, *found) if optional else found
+
+
+def _fixed(knob: str) -> bool:
+    return knob in EXCLUDED or knob.startswith(AXIS_PREFIXES) or knob.endswith(LABEL_SUFFIX)
+
+
+def space() -> dict[str, tuple[Any, ...]]:
+    """Every leaf the fuzzer varies, with its values."""
+    return {knob: found for knob in LEAVES if not _fixed(knob) and (found := values_of(knob)) is not None}
+
+
+def unplaced() -> list[str]:
+    """Schema leaves neither in the space nor excluded with a reason (the test's failure list)."""
+    return [knob for knob in LEAVES if not _fixed(knob) and values_of(knob) is None]
+
+
+@cache
+def group_options() -> dict[str, tuple[str, ...]]:
+    """conf/<group>/<option>.yaml for every config group that is a knob of a run."""
+    return {
+        d.name: tuple(sorted(p.stem for p in d.glob("*.yaml")))
+        for d in sorted(CONF_DIR.iterdir())
+        if d.is_dir() and d.name not in AXIS_GROUPS and any(d.glob("*.yaml"))
+    }
+
+
+def _override(knob: str, value: Any) -> str:
+    if value is None:
+        return f"{knob}=null"
+    if isinstance(value, Enum):
+        return f"{knob}={value.name}"
+    if isinstance(value, bool):
+        return f"{knob}={str(value).lower()}"
+    if isinstance(value, list):
+        return f"{knob}=[{','.join(str(v) for v in value)}]"
+    return f"{knob}={value}"
+
+
+@dataclass(frozen=True)
+class Point:
+    cluster: str
+    model: str
+    nodes: int
+    groups: tuple[tuple[str, str], ...]  # (group, option)
+    leaves: tuple[tuple[str, Any], ...]  # (knob, value), applied after the groups
+
+    @property
+    def overrides(self) -> list[str]:
+        """The command line that composes this point (what a user would type)."""
+        return [
+            "engine=megatron",
+            "dry_run=true",
+            f"cluster={self.cluster}",
+            f"model={self.model}",
+            f"nodes={self.nodes}",
+            *(f"{group}={option}" for group, option in self.groups),
+            *(_override(knob, value) for knob, value in self.leaves),
+        ]
+
+    def describe(self) -> str:
+        return " ".join(self.overrides[2:])
+
+
+def draw(rng: random.Random, gpus_per_node: dict[str, int]) -> Point:
+    """One random point: 0 to 5 groups on another option than their default (any option, uniformly),
+    then 0 to 5 leaves drawn from the space. Near the defaults, so that enough points plan VALID to
+    reach the library checks; 2,000 of them still cover every pair of options many times over."""
+    cluster, model = rng.choice(CLUSTERS), rng.choice(MODELS)
+    nodes = max(1, rng.choice(WORLDS[model]) // gpus_per_node[cluster])
+    options = group_options()
+    changed = sorted(rng.sample(sorted(options), rng.randint(0, 5)))
+    groups = tuple((group, rng.choice(options[group])) for group in changed)
+    leaves: dict[str, Any] = {}
+    for group, option in groups:
+        leaves.update(COMPANIONS.get((group, option), {}))
+    drawable = space()
+    for knob in rng.sample(sorted(drawable), rng.randint(0, 5)):
+        value = rng.choice(drawable[knob])
+        leaves[knob] = copy.copy(value)
+    return Point(cluster, model, nodes, groups, tuple(leaves.items()))
+
+
+# --- assembly ---------------------------------------------------------------------------------
+
+
+_BASE_OVERRIDES = ("engine=megatron", "dry_run=true")
+
+
+@cache
+def _base(cluster: str, model: str) -> TrainConfig:
+    return compose_point([*_BASE_OVERRIDES, f"cluster={cluster}", f"model={model}"]).train
+
+
+@cache
+def _group(group: str, option: str) -> Any:
+    """The group's dataclass as Hydra builds it for `group=option`."""
+    return getattr(compose_point([*_BASE_OVERRIDES, f"{group}={option}"]).train, group)
+
+
+def gpus_per_node() -> dict[str, int]:
+    return {cluster: _base(cluster, MODELS[0]).cluster.gpus_per_node for cluster in CLUSTERS}
+
+
+def _set(train: TrainConfig, knob: str, value: Any) -> None:
+    *parents, name = knob.split(".")
+    node: Any = train
+    for part in parents:
+        node = getattr(node, part)
+    setattr(node, name, copy.copy(value))
+
+
+def assemble(point: Point) -> TrainConfig:
+    """The TrainConfig Hydra's compose of `point.overrides` gives, from cached compositions."""
+    train = copy.deepcopy(_base(point.cluster, point.model))
+    train.nodes = point.nodes
+    for group, option in point.groups:
+        setattr(train, group, copy.deepcopy(_group(group, option)))
+    for knob, value in point.leaves:
+        _set(train, knob, value)
+    return train
