@@ -21,7 +21,12 @@ CASES = {
         (*TP_OVERLAP, "precision=fp8mx"),
         "Unsupported quantizer for Userbuffers",
     ),
-    "LIB-ARGS": ((*GB200, "offload=optimizer"), GB200, "use-precision-aware-optimizer"),
+    # On 3D, where Megatron FSDP does not turn gradient-reduce overlap back on (rule O015 says it first)
+    "LIB-ARGS": (
+        (*GB200, "parallelism=3d", "ep=8", "overlap.param_gather=true", "overlap.grad_reduce=false"),
+        (*GB200, "parallelism=3d", "ep=8", "overlap=dp"),
+        "Must use --overlap-param-gather with --overlap-grad-reduce",
+    ),
     # Bridge's CUDA-graph validation (rule G002 says the same before the library runs)
     "LIB-BRIDGE": (
         (*GB200, "parallelism=3d", "ep=8", "cuda_graph.impl=local", "cuda_graph.scope=[moe_router]"),

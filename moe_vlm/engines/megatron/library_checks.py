@@ -245,6 +245,12 @@ ARGS_POLICY: dict[str, tuple[Any, str]] = {
 # Megatron-LM refusals that read the process environment, not an argument (so ARGS_POLICY cannot
 # pass them): message fragment -> why it is not a refusal of the run, and the rule that says so.
 ARGS_WAIVED: dict[str, str] = {
+    "optimizer cpu offload must be used in conjunction with `--use-precision-aware-optimizer`": (
+        "arguments.py:1803-1807; Bridge never runs validate_args, and without the precision-aware optimizer "
+        "Megatron Core keeps fp32 main-weight shards and rebuilds the offloading optimizer over them "
+        "(distrib_optimizer.py:421-447, 778-781; Bridge's fix-up training/setup.py:414-420), shown in "
+        "tests/megatron/test_runtime_refusals.py; FP8 parameter gather (O014) and Megatron FSDP (O010) are rules"
+    ),
     "require setting the environment variable CUDA_DEVICE_MAX_CONNECTIONS to 1": (
         "arguments.py:1411-1439 wants it below Blackwell with TP/CP > 1; Bridge's H100 perf recipes set 32 "
         "and Bridge runs it; rule B001 warns"
@@ -321,6 +327,13 @@ def training_args(cfg: Any, spec: RunSpec) -> argparse.Namespace:
     args.bf16 = cfg.model.params_dtype == torch.bfloat16
     args.fp16 = cfg.model.params_dtype == torch.float16
     args.max_position_embeddings = max(args.max_position_embeddings or 0, args.seq_length or 0)
+    # Megatron FSDP turns gradient-reduce overlap on when it wraps the model, whatever the config
+    # says (megatron_fsdp/megatron_fsdp.py:327-336; rule O001); validate_args reads the pre-wrap value.
+    if args.use_megatron_fsdp and getattr(cfg.ddp, "data_parallel_sharding_strategy", None) in (
+        "optim_grads",
+        "optim_grads_params",
+    ):
+        args.overlap_grad_reduce = True
     return args
 
 
