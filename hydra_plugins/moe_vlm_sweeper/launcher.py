@@ -42,7 +42,7 @@ from moe_vlm.errors import BadInput
 from moe_vlm.launch import pack, points, requeue, slurm
 from moe_vlm.launch.failures import launch_info
 from moe_vlm.launch.safety import scrub
-from moe_vlm.record import RunRecord, write_json_atomic
+from moe_vlm.record import write_json_atomic
 from moe_vlm.spec import RunSpec
 
 log = logging.getLogger(__name__)
@@ -530,4 +530,4 @@ def _record_launch(point_dir: Path, job_id: str, executor: str) -> None:
         "attempts_before": len(list((point_dir / points.ATTEMPTS).glob("*"))),
         "host": os.uname().nodename,
     }
-    RunRecord.from_json(run).with_launch(launch).write(point_dir)
+    run.with_launch(launch).write(point_dir)

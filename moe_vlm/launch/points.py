@@ -30,7 +30,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 from moe_vlm.compose import override_key
 from moe_vlm.heartbeat import HEARTBEAT_JSON
 from moe_vlm.launch.safety import scrub
-from moe_vlm.record import RUN_JSON, STEPS_JSONL, point_id, write_json_atomic
+from moe_vlm.record import RUN_JSON, STEPS_JSONL, RecordError, RunRecord, point_id, write_json_atomic
 
 POINT_JSON = "point.json"
 CANARIES = "canaries"
@@ -73,14 +73,18 @@ def read_point(point_dir: Path) -> dict[str, Any] | None:
     return read_json(point_dir / POINT_JSON)
 
 
-def read_run(point_dir: Path) -> dict[str, Any] | None:
-    return read_json(point_dir / RUN_JSON)
+def read_run(point_dir: Path) -> RunRecord | None:
+    """The point's run.json (RunRecord.read); None when there is none, or none a reader can use
+    (the commands that show records name the file and why: RunRecord.read's RecordError)."""
+    try:
+        return RunRecord.read(point_dir / RUN_JSON)
+    except RecordError:
+        return None
 
 
 def run_status(point_dir: Path) -> str | None:
     run = read_run(point_dir)
-    status = run.get("status") if run else None
-    return status if status in TERMINAL else None
+    return run.status if run and run.status in TERMINAL else None
 
 
 def write_point(point_dir: Path, payload: dict[str, Any]) -> None:
