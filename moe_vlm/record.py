@@ -44,11 +44,13 @@ from moe_vlm.shape import (
     RUN_SHAPE,
     SCALAR,
     STR,
+    SURROGATE_ESCAPE,
     Kind,
     MapOf,
     RecordError,
     Required,
     load_json,
+    not_unicode,
     problem,
 )
 from moe_vlm.spec import RunSpec
@@ -140,12 +142,13 @@ def read_steps(path: Path) -> list[StepRecord]:
         text = path.read_bytes().decode(errors="replace")
     except OSError:
         return steps
+    surrogates = SURROGATE_ESCAPE.search(text) is not None
     for line in text.splitlines():
         try:
             raw = json.loads(line)
         except (ValueError, RecursionError):  # torn, corrupt, or an integer too long to convert
             continue
-        if isinstance(raw, dict) and _step_problem(raw) is None:
+        if isinstance(raw, dict) and _step_problem(raw) is None and not (surrogates and not_unicode(raw)):
             steps.append(StepRecord.from_json(raw))
     return steps
 
@@ -378,7 +381,14 @@ _STEP_SHAPE: dict[str, Any] = {
 }  # fmt: skip
 
 
+# Fields a line has always had a value for (a missing one reads as _STEP_ABSENT; null is no count).
+_STEP_NOT_NULL = tuple(name for name, types in _STEP_TYPES.items() if type(None) not in types)
+
+
 def _step_problem(line: Mapping[str, Any]) -> str | None:
+    for name in _STEP_NOT_NULL:
+        if name in line and line[name] is None:
+            return f"{name} is null"
     for name, shape in _STEP_SHAPE.items():
         found = problem(line.get(name), shape, name)
         if found:

@@ -8,9 +8,9 @@ against a declared shape and either hands out a record every reader can use, or 
 which value is wrong. Shapes declare only what readers use; other keys pass as they are.
 
 A shape is one of:
-- `NUMBER`: a finite int or float (not a bool), at most MAX_MAGNITUDE in size; `REAL` the same
-  or NaN or infinity;
-- `INT`: an int (not a bool), at most MAX_MAGNITUDE in size;
+- `NUMBER`: a finite float at most MAX_MAGNITUDE in size, or an int at most MAX_INTEGER (never a
+  bool); `REAL` the same or NaN or infinity;
+- `INT`: an int (not a bool), at most MAX_INTEGER in size;
 - `STR`, `BOOL`, `DICT` (any object), `LIST` (any array), `SCALAR` (str, bool or a NUMBER);
 - a dict {key: shape}: an object whose listed keys, where present, have their shapes
   (`Required(shape)`: the key must be present and not null);
@@ -27,12 +27,16 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 # Larger magnitudes are not measurements; they overflow a float (OverflowError) when formatted.
 MAX_MAGNITUDE = 1e300
+# Larger integers are no count either; a table column cannot hold them (Parquet's is 64-bit), and
+# a float holds every integer up to here exactly.
+MAX_INTEGER = 2**53
 # Records are a few levels deep; deeper ones exhaust the recursion of whoever walks them.
 MAX_DEPTH = 32
 
@@ -78,7 +82,7 @@ class MapOf:
 def _number_problem(value: Any, finite: bool) -> str | None:
     if isinstance(value, float) and not math.isfinite(value):
         return f"{value}" if finite else None
-    if abs(value) > MAX_MAGNITUDE:
+    if abs(value) > (MAX_INTEGER if isinstance(value, int) else MAX_MAGNITUDE):
         return "a number beyond any measurement"
     return None
 
@@ -130,6 +134,30 @@ def problem(value: Any, shape: Any, where: str) -> str | None:
                 return found
         return None
     raise TypeError(f"not a shape: {shape!r}")
+
+
+# A JSON escape of a UTF-16 surrogate: the only way a record decoded from UTF-8 holds text that
+# cannot be printed or written back (a lone surrogate); a pair is one character, and fine.
+SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+
+
+def not_unicode(value: Any) -> bool:
+    """Whether a string anywhere in `value` (keys too) holds a lone surrogate, which no terminal,
+    CSV or Parquet writer can encode."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            try:
+                item.encode()
+            except UnicodeEncodeError:
+                return True
+        elif isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return False
 
 
 def too_deep(value: Any, limit: int = MAX_DEPTH) -> bool:
@@ -233,4 +261,6 @@ def load_json(path: Path) -> Any:
         raise RecordError(path, f"not JSON a reader can hold ({str(exc).split(';')[0]})") from None
     if too_deep(value):
         raise RecordError(path, f"nested deeper than {MAX_DEPTH} levels")
+    if SURROGATE_ESCAPE.search(text) and not_unicode(value):
+        raise RecordError(path, "text that is not Unicode (a lone surrogate escape)")
     return value

@@ -325,7 +325,9 @@ def settle_running(run_dir: Path, record: RunRecord, write: bool = True) -> RunR
         why,
     )
     base = base_from_point(run_dir)
-    settled = write_failure(run_dir, diagnosis, [], base) if write else failed_record(raw, diagnosis, [], base)
+    settled = (
+        write_failure(run_dir, diagnosis, [], base) if write else failed_record(raw, diagnosis, [], base)
+    )
     return RunRecord.from_json(settled)
 
 

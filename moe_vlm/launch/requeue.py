@@ -116,5 +116,10 @@ def _record_requeue(point_dir: Path, marker: dict[str, object], budget: int) -> 
         return
     reason = str(marker["reason"])
     message = f"stopped by USR2 ({reason}) and requeued; the job may requeue {budget} time(s)"
-    record = {**run.to_json(), "status": REQUEUED, "requeue": marker, "failure": {"class": reason, "message": message}}
+    record = {
+        **run.to_json(),
+        "status": REQUEUED,
+        "requeue": marker,
+        "failure": {"class": reason, "message": message},
+    }
     write_json_atomic(point_dir / RUN_JSON, record)
