@@ -128,6 +128,7 @@ def row_of(run_file: Path, run: RunRecord) -> dict[str, Any]:
         "mfu_precision": summary.get("mfu_precision"),
         "mfu_precision_note": summary.get("mfu_precision_note"),
         "precision_peak_name": (summary.get("precision_peak") or {}).get("name"),
+        "step_time_mean_s": step_time.get("mean"),
         "step_time_p10_s": step_time.get("p10"),
         "step_time_p50_s": step_time.get("p50"),
         "step_time_p90_s": step_time.get("p90"),
