@@ -249,7 +249,7 @@ def spread(row: Mapping[str, Any]) -> tuple[float, float] | None:
     times = [row.get(f"step_time_{q}_s") for q in ("mean", "p10", "p90")]
     if any(v is None or pd.isna(v) or v <= 0 for v in times):
         return None
-    mean, p10, p90 = (float(v) for v in times)
+    mean, p10, p90 = (float(v) for v in times if v is not None)
     value = float(row[THROUGHPUT])
     return value * mean / p90, value * mean / p10
 
