@@ -382,15 +382,22 @@ _STEP_SHAPE: dict[str, Any] = {
 
 
 # Fields a line has always had a value for (a missing one reads as _STEP_ABSENT; null is no count).
-_STEP_NOT_NULL = tuple(name for name, types in _STEP_TYPES.items() if type(None) not in types)
+_STEP_NOT_NULL = frozenset(name for name, types in _STEP_TYPES.items() if type(None) not in types)
 
 
 def _step_problem(line: Mapping[str, Any]) -> str | None:
-    for name in _STEP_NOT_NULL:
-        if name in line and line[name] is None:
-            return f"{name} is null"
-    for name, shape in _STEP_SHAPE.items():
-        found = problem(line.get(name), shape, name)
+    for name in _STEP_REQUIRED:
+        if line.get(name) is None:
+            return f"{name} is missing"
+    for name, value in line.items():  # only the keys a line has: a lean loop
+        shape = _STEP_SHAPE.get(name)
+        if shape is None:
+            continue  # an unknown key: StepRecord.extra keeps it
+        if value is None:
+            if name in _STEP_NOT_NULL:
+                return f"{name} is null"
+            continue
+        found = problem(value, shape, name)
         if found:
             return found
     return None

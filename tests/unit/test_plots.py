@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import pytest
 from matplotlib.collections import PathCollection
+from matplotlib.container import ErrorbarContainer
 from matplotlib.patches import Rectangle
 from matplotlib.text import Annotation
 
@@ -194,6 +195,7 @@ def test_scatter_fits_the_axes_to_the_points_and_shows_each_runs_spread(tmp_path
     assert all(lo < t < hi for (_, lo, hi), (_, t) in zip(expected, plot.series["configs"], strict=True))
     assert bottom < min(v for _, v, _ in expected) and max(v for _, _, v in expected) < top
     (bars,) = axes.containers  # one errorbar container: a bar per point
+    assert isinstance(bars, ErrorbarContainer)
     assert len(bars.lines[2][0].get_segments()) == len(expected) == 2
     plot.save(tmp_path / "throughput_vs_memory.png")
 

@@ -28,7 +28,7 @@ import pytest
 from moe_vlm import report
 from moe_vlm.advise import main as advise_main
 from moe_vlm.launch import status
-from moe_vlm.record import RUN_JSON, STEPS_JSONL, RecordError, RunRecord
+from moe_vlm.record import RUN_JSON, STEPS_JSONL, RecordError, RunRecord, read_steps
 from tests.conftest import REPO
 
 FIXTURE = REPO / "tests" / "fixtures" / "cpu_sweep"
@@ -292,3 +292,27 @@ def test_status_on_a_directory_that_is_not_a_sweep_is_one_line_exit_2(tmp_path: 
     done = subprocess.run([moe_vlm, "status", str(sweep)], capture_output=True, text=True, timeout=120)
     assert done.returncode == 2
     assert [line.split(": skipped ")[0] for line in done.stderr.splitlines()[:-1]] == ["moe-vlm status"] * 2
+
+
+def test_read_steps_keeps_the_steps_and_skips_what_is_no_step(tmp_path: Path) -> None:
+    lines = (FIXTURE / POINTS[0] / STEPS_JSONL).read_text().splitlines()
+    first, second = json.loads(lines[0]), json.loads(lines[1])
+    diverged = {**second, "loss": float("nan"), "grad_norm": float("inf")}  # measured: kept
+    bad = [
+        {**first, "step_time_s": "1.5"},
+        {**first, "step_time_s": float("nan")},
+        {**first, "sequences": None},
+        {**first, "tokens": {"real": 1.5}},
+        {**first, "components_s": [1, 2]},
+        {**first, "rank": 10**40},
+        [first],
+        {k: v for k, v in first.items() if k != "step"},
+    ]
+    text = "\n".join([json.dumps(first), *map(json.dumps, bad), "\x00\xff binary", json.dumps(diverged)])
+    (tmp_path / STEPS_JSONL).write_text(text + '\n{"step": 3, "step_ti')  # and a torn last line
+    steps = read_steps(tmp_path / STEPS_JSONL)
+    assert [(s.step, s.rank) for s in steps] == [
+        (first["step"], first["rank"]),
+        (second["step"], second["rank"]),
+    ]
+    assert steps[1].grad_norm == float("inf") and steps[1].loss != steps[1].loss  # NaN kept
