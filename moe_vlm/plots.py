@@ -286,13 +286,19 @@ def throughput_vs_memory(
         )
     labelled: list[str] = []
     unlabelled: list[float] = []
+    numbers: dict[Point, list[int]] = {}  # each numbered point's ranks: runs may share a point
     for rank, (row, point) in enumerate(zip(measured, points, strict=True), start=1):
         if rank <= top or point in unnamed_front:
             unnamed_front.discard(point)
             labelled.append(f"{rank}: {label_of(row, varying)}")
-            axes.annotate(str(rank), point, xytext=(6, 4), textcoords="offset points", fontsize=7)
+            numbers.setdefault(point, []).append(rank)
         else:
             unlabelled.append(point[1])
+    for point, ranks in numbers.items():
+        text = str(ranks[0]) if len(ranks) == 1 else f"{ranks[0]}-{ranks[-1]}"
+        if len(ranks) > 1 and ranks != list(range(ranks[0], ranks[-1] + 1)):
+            text = ",".join(map(str, ranks))
+        axes.annotate(text, point, xytext=(6, 4), textcoords="offset points", fontsize=7)
     if labelled:
         key = "\n".join(["rank by eff tok/s/GPU:", *labelled])
         axes.text(1.02, 1.0, key, transform=axes.transAxes, va="top", fontsize=7)

@@ -210,3 +210,6 @@ def test_scatter_numbers_a_point_many_identical_runs_share_once(tmp_path: Path) 
     plot = plots.throughput_vs_memory(rows, ["mbs"], top=1)
     assert [t.get_text() for t in plot.figure.axes[0].texts if isinstance(t, Annotation)] == ["1"]
     assert plot.omitted == 29 and len(plot.series["configs"]) == 30
+    plot = plots.throughput_vs_memory(rows, ["mbs"])  # the best 10 share the point: one number
+    assert [t.get_text() for t in plot.figure.axes[0].texts if isinstance(t, Annotation)] == ["1-10"]
+    assert len(plot.categories) == 10 and plot.omitted == 20
