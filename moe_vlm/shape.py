@@ -19,7 +19,7 @@ A shape is one of:
 `None` (JSON null) passes everywhere: a reader treats a missing value and null alike.
 
 Here too: the shape of run.json (RUN_SHAPE, SUMMARY_SHAPE; the knobs' kinds sit beside KNOBS in
-moe_vlm/record.py), `load_json` for a record file and `RecordError`, the one-line reason a
+moe_vlm/record.py) and of point.json (POINT_SHAPE), `load_json` for a record file and `RecordError`, the one-line reason a
 command prints for a record it skips.
 """
 
@@ -232,6 +232,23 @@ RUN_SHAPE: dict[str, Any] = {
     # A running record's process (moe_vlm/heartbeat.py); Bridge's effective config (report --diff).
     "process": {"pid": INT, "host": STR, "started_unix_s": NUMBER, "pid_start_ticks": INT},
     "bridge": {"effective": {"sections": MapOf(DICT)}},
+}
+
+# point.json (the sweeper's, moe_vlm/launch/points.py): what `moe-vlm status` reads of it.
+_SUBMISSION = {
+    "executor": STR,
+    "job_id": SCALAR,
+    "canary": {"job_id": Required(SCALAR), "dir": Required(STR)},
+    "pack": {"index": Required(INT), "size": Required(INT)},
+}
+POINT_SHAPE: dict[str, Any] = {
+    "point_id": STR,
+    "job_id": SCALAR,
+    "overrides": ListOf(SCALAR),
+    "launcher_overrides": ListOf(SCALAR),
+    "config": DICT,
+    "submitit_folder": STR,
+    "submissions": ListOf(_SUBMISSION),
 }
 
 

@@ -31,6 +31,7 @@ from moe_vlm.compose import override_key
 from moe_vlm.heartbeat import HEARTBEAT_JSON
 from moe_vlm.launch.safety import scrub
 from moe_vlm.record import RUN_JSON, STEPS_JSONL, RecordError, RunRecord, point_id, write_json_atomic
+from moe_vlm.shape import POINT_SHAPE, load_json, problem
 
 POINT_JSON = "point.json"
 CANARIES = "canaries"
@@ -62,15 +63,30 @@ def resolved(task: DictConfig) -> dict[str, Any]:
 
 
 def read_json(path: Path) -> dict[str, Any] | None:
+    """A JSON object file (point.json, canary.json, a requeue marker); None when it is missing or
+    no object a reader can use (shape.load_json: binary, truncated, nested too deep)."""
     try:
-        payload = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError):
+        payload = load_json(path)
+    except RecordError:
         return None
     return payload if isinstance(payload, dict) else None
 
 
 def read_point(point_dir: Path) -> dict[str, Any] | None:
     return read_json(point_dir / POINT_JSON)
+
+
+def read_point_checked(point_dir: Path) -> dict[str, Any]:
+    """point.json as `moe-vlm status` reads it ({} when there is none: a point with only a run.json);
+    RecordError when no reader can use it (binary, not JSON, a value of the wrong type: POINT_SHAPE)."""
+    path = point_dir / POINT_JSON
+    if not path.exists():
+        return {}
+    point = load_json(path)
+    found = problem(point, POINT_SHAPE, POINT_JSON) if isinstance(point, dict) else "not an object"
+    if found:
+        raise RecordError(path, found.removeprefix(f"{POINT_JSON}."))
+    return point
 
 
 def read_run(point_dir: Path) -> RunRecord | None:

@@ -185,17 +185,18 @@ def collect(sweep_dir: Path, record: bool = True) -> list[PointStatus]:
 def read_points(
     sweep_dir: Path, skipped: list[RecordError]
 ) -> dict[Path, tuple[dict[str, Any], RunRecord | None]]:
-    """Each point's point.json and run.json (None: not written yet); a point whose run.json no
-    reader can use (RunRecord.read) is left out, and why is added to `skipped`: shown, never
-    overwritten by a failure record."""
+    """Each point's point.json and run.json (None: not written yet); a point whose point.json or
+    run.json no reader can use (read_point_checked, RunRecord.read) is left out, and why is added
+    to `skipped`: shown, never overwritten by a failure record."""
     info: dict[Path, tuple[dict[str, Any], RunRecord | None]] = {}
     for point_dir in points.iter_points(sweep_dir):
         try:
+            point = points.read_point_checked(point_dir)
             run = RunRecord.read(point_dir / RUN_JSON) if (point_dir / RUN_JSON).exists() else None
         except RecordError as exc:
             skipped.append(exc)
             continue
-        info[point_dir] = (points.read_point(point_dir) or {}, run)
+        info[point_dir] = (point, run)
     return info
 
 

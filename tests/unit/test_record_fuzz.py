@@ -27,7 +27,8 @@ import pytest
 
 from moe_vlm import report
 from moe_vlm.advise import main as advise_main
-from moe_vlm.launch import status
+from moe_vlm.launch import points, status
+from moe_vlm.launch.points import POINT_JSON
 from moe_vlm.record import RUN_JSON, STEPS_JSONL, RecordError, RunRecord, read_steps
 from tests.conftest import REPO
 
@@ -142,7 +143,8 @@ def running(raw: dict[str, Any]) -> dict[str, Any]:
 
 
 def mutate_point(point: Path, rng: random.Random) -> list[str]:
-    """One to three mutations of the point's run.json and steps.jsonl; what was done."""
+    """One to three mutations of the point's run.json and steps.jsonl, sometimes one of its
+    point.json; what was done."""
     done = []
     run_file, steps_file = point / RUN_JSON, point / STEPS_JSONL
     if rng.random() < 0.3:
@@ -176,6 +178,15 @@ def mutate_point(point: Path, rng: random.Random) -> list[str]:
                 blob, what = mutate_text("\n".join(lines), rng)
                 steps_file.write_bytes(blob)
             done.append(f"steps.jsonl line {index}: {what}")
+    if rng.random() < 0.15:  # the sweeper's point.json, which status reads too
+        point_file = point / POINT_JSON
+        if rng.random() < 0.7:
+            new, what = mutate_json(json.loads(point_file.read_text()), rng)
+            point_file.write_text(new)
+        else:
+            blob, what = mutate_text(point_file.read_text(), rng)
+            point_file.write_bytes(blob)
+        done.append(f"point.json: {what}")
     return done
 
 
@@ -210,11 +221,17 @@ def test_no_mutation_of_a_real_sweeps_records_crashes_a_command(tmp_path: Path) 
         target = sweep / POINTS[number % len(POINTS)]
         what = f"mutation {number} (seed {SEED}) of {target.name}: " + "; ".join(mutate_point(target, rng))
         bad = refused(target / RUN_JSON)
+        try:
+            points.read_point_checked(target)
+            point_bad = None
+        except RecordError as exc:
+            point_bad = exc
 
         code, err = call(status.main, [str(sweep)], what)
         assert code == 0, f"status found no point on: {what}\n{err}"  # the other point is intact
-        if bad is not None:
-            assert f"moe-vlm status: skipped {bad.path}: " in err, what
+        first = point_bad or bad  # status reads point.json first
+        if first is not None:
+            assert f"moe-vlm status: skipped {first.path}: " in err, what
         code, err = call(advise_main, [f"sweep={sweep}"], what)
         assert code == 0, f"advise read no run on: {what}\n{err}"
         other = sweep / next(p for p in POINTS if p != target.name)
