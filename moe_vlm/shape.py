@@ -144,6 +144,7 @@ def problem(value: Any, shape: Any, where: str) -> str | None:
     raise TypeError(f"not a shape: {shape!r}")
 
 
+_CONTAINERS = (dict, list)  # what json.loads nests: exact types
 # A JSON escape of a UTF-16 surrogate: the only way a record decoded from UTF-8 holds text that
 # cannot be printed or written back (a lone surrogate); a pair is one character, and fine.
 SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
@@ -169,20 +170,17 @@ def not_unicode(value: Any) -> bool:
 
 
 def too_deep(value: Any, limit: int = MAX_DEPTH) -> bool:
-    """Whether arrays and objects nest deeper than `limit` (walked without recursion)."""
-    stack: list[tuple[Any, int]] = [(value, 0)]
-    while stack:
-        item, depth = stack.pop()
-        if isinstance(item, dict):
-            children: Any = item.values()
-        elif isinstance(item, list):
-            children = item
-        else:
-            continue
-        if depth >= limit:
-            return True
-        stack.extend((child, depth + 1) for child in children if isinstance(child, dict | list))
-    return False
+    """Whether arrays and objects nest deeper than `limit` (walked level by level, no recursion)."""
+    level = [value] if type(value) in _CONTAINERS else []
+    for _ in range(limit):
+        below: list[Any] = []
+        for item in level:
+            children = item.values() if type(item) is dict else item
+            below += [child for child in children if type(child) in _CONTAINERS]
+        if not below:
+            return False
+        level = below
+    return bool(level)
 
 
 # --- what the readers of run.json use, checked by RunRecord.from_json ---------------------------
