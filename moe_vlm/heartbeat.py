@@ -90,9 +90,9 @@ def beat(run_dir: Path) -> None:
 def read_heartbeat(run_dir: Path) -> float | None:
     try:
         value = json.loads((run_dir / HEARTBEAT_JSON).read_text()).get("time_unix_s")
-    except (OSError, json.JSONDecodeError, AttributeError):
+    except (OSError, ValueError, RecursionError, AttributeError):  # torn, binary, not an object
         return None
-    return float(value) if isinstance(value, int | float) else None
+    return float(value) if isinstance(value, int | float) and abs(value) < 1e300 else None
 
 
 def write_running(run_dir: Path, record: dict[str, Any]) -> dict[str, Any]:
@@ -130,9 +130,11 @@ class Heartbeat:
 
 
 def _alive(pid: int, start_ticks: int | None) -> bool:
+    if pid <= 0:
+        return False  # no process id: kill(0) and kill(-1) would ask about process groups
     try:
         os.kill(pid, 0)
-    except ProcessLookupError:
+    except (ProcessLookupError, OverflowError):  # no such process; a number no PID can be
         return False
     except PermissionError:
         pass  # another user's process: it exists

@@ -242,6 +242,18 @@ def pareto_front(points: list[Point]) -> list[Point]:
     return front
 
 
+def spread(row: Mapping[str, Any]) -> tuple[float, float] | None:
+    """The effective tokens/s/GPU a step at the run's p90 and at its p10 step time would give:
+    the point's throughput is over its mean step time, so these are throughput x mean / p90 and x
+    mean / p10 (equal work per step). None where the run recorded no step-time percentiles."""
+    times = [row.get(f"step_time_{q}_s") for q in ("mean", "p10", "p90")]
+    if any(v is None or pd.isna(v) or v <= 0 for v in times):
+        return None
+    mean, p10, p90 = (float(v) for v in times if v is not None)
+    value = float(row[THROUGHPUT])
+    return value * mean / p90, value * mean / p10
+
+
 def throughput_vs_memory(
     rows: pd.DataFrame, varying: list[str], mock: bool = False, top: int = PLOT_TOP
 ) -> Plot:
@@ -249,21 +261,44 @@ def throughput_vs_memory(
 
     A point carries its rank by effective tokens/s/GPU; the config of each number is listed beside
     the axes (full labels on the points overlap as soon as the best configs sit close together).
+    Each point has a bar from its p90-step to its p10-step throughput (`spread`): CPU points often
+    differ by less than their own noise. The axes fit the points and bars, not zero: this plot
+    compares configs with each other, and the bars show what a difference is worth.
     """
     measured = _records(best_first(rows.dropna(subset=[THROUGHPUT, MEMORY])))
     points = [(float(row[MEMORY]), float(row[THROUGHPUT])) for row in measured]
     front = pareto_front(points)
-    on_front = set(front)
+    unnamed_front = set(front)  # a front point is numbered once, whatever runs share it
     figure, axes = _figure(7, 4.5)
     axes.scatter([m for m, _ in points], [t for _, t in points], color="tab:blue", label="configs", s=12)
+    spreads = [(point, spread(row)) for row, point in zip(measured, points, strict=True)]
+    bars = [(point, bar) for point, bar in spreads if bar is not None]
+    if bars:
+        axes.errorbar(
+            [m for (m, _), _ in bars],
+            [t for (_, t), _ in bars],
+            yerr=[[t - low for (_, t), (low, _) in bars], [high - t for (_, t), (_, high) in bars]],
+            fmt="none",
+            ecolor="tab:blue",
+            alpha=0.5,
+            capsize=2,
+            label="p10-p90 step time",
+        )
     labelled: list[str] = []
     unlabelled: list[float] = []
+    numbers: dict[Point, list[int]] = {}  # each numbered point's ranks: runs may share a point
     for rank, (row, point) in enumerate(zip(measured, points, strict=True), start=1):
-        if rank <= top or point in on_front:
+        if rank <= top or point in unnamed_front:
+            unnamed_front.discard(point)
             labelled.append(f"{rank}: {label_of(row, varying)}")
-            axes.annotate(str(rank), point, xytext=(3, 3), textcoords="offset points", fontsize=7)
+            numbers.setdefault(point, []).append(rank)
         else:
             unlabelled.append(point[1])
+    for point, ranks in numbers.items():
+        text = str(ranks[0]) if len(ranks) == 1 else f"{ranks[0]}-{ranks[-1]}"
+        if len(ranks) > 1 and ranks != list(range(ranks[0], ranks[-1] + 1)):
+            text = ",".join(map(str, ranks))
+        axes.annotate(text, point, xytext=(6, 4), textcoords="offset points", fontsize=7)
     if labelled:
         key = "\n".join(["rank by eff tok/s/GPU:", *labelled])
         axes.text(1.02, 1.0, key, transform=axes.transAxes, va="top", fontsize=7)
@@ -281,12 +316,18 @@ def throughput_vs_memory(
         _legend_note(axes, notes[-1])
     axes.set_xlabel("peak memory per GPU (GiB)")
     axes.set_ylabel("effective (real) tokens/s/GPU")
-    axes.set_ylim(bottom=0)
-    axes.set_xlim(left=0)
+    # Fitted to the data (matplotlib's autoscale) with room for the rank numbers at the edges.
+    axes.margins(x=0.08, y=0.1)
     axes.set_title(_title("Throughput vs memory", mock))
     axes.grid(alpha=0.3)
-    axes.legend(fontsize=8, loc="lower right")
-    series = {"configs": points, "pareto_front": front}
+    axes.legend(fontsize=8, loc="best")
+    series = {
+        "configs": points,
+        "pareto_front": front,
+        # Each bar's ends, (memory, throughput at p90 step time) and (memory, at p10).
+        "p90_step": [(m, low) for (m, _), (low, _) in bars],
+        "p10_step": [(m, high) for (m, _), (_, high) in bars],
+    }
     return Plot("throughput_vs_memory", figure, series, notes, categories=labelled, omitted=len(unlabelled))
 
 

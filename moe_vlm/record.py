@@ -36,6 +36,23 @@ from typing import TYPE_CHECKING, Any, TextIO, cast, get_args, get_origin, get_t
 
 from moe_vlm.launch.safety import scrub
 from moe_vlm.schema import TrainConfig
+from moe_vlm.shape import (
+    BOOL,
+    INT,
+    NUMBER,
+    REAL,
+    RUN_SHAPE,
+    SCALAR,
+    STR,
+    SURROGATE_ESCAPE,
+    Kind,
+    MapOf,
+    RecordError,
+    Required,
+    load_json,
+    not_unicode,
+    problem,
+)
 from moe_vlm.spec import RunSpec
 
 if TYPE_CHECKING:
@@ -117,15 +134,22 @@ class StepWriter:
 
 
 def read_steps(path: Path) -> list[StepRecord]:
-    """Every complete line; a torn last line from a killed writer is skipped."""
+    """Every line that is a step: a torn last line from a killed writer, or a line that is no step
+    of any version (not an object, a count that is not an integer, a step time that is not a finite
+    number), is skipped, so whoever summarises the steps sees only measurements."""
     steps: list[StepRecord] = []
-    if not path.exists():
+    try:
+        text = path.read_bytes().decode(errors="replace")
+    except OSError:
         return steps
-    for line in path.read_text().splitlines():
+    surrogates = SURROGATE_ESCAPE.search(text) is not None
+    for line in text.splitlines():
         try:
-            steps.append(StepRecord.from_json(json.loads(line)))
-        except json.JSONDecodeError:
+            raw = json.loads(line)
+        except (ValueError, RecursionError):  # torn, corrupt, or an integer too long to convert
             continue
+        if isinstance(raw, dict) and _step_problem(raw) is None and not (surrogates and not_unicode(raw)):
+            steps.append(StepRecord.from_json(raw))
     return steps
 
 
@@ -344,6 +368,46 @@ def _check_line(line: Mapping[str, Any], tokens: Any) -> None:
         raise ValueError(f"not a steps.jsonl line of this version: {'; '.join(problems)}")
 
 
+# What a line read from disk must be for StepRecord and its readers (metrics, stragglers): each
+# field it has of its declared type, numbers finite and in range; missing fields read as absent.
+_STEP_SHAPE: dict[str, Any] = {
+    **{
+        name: (
+            NUMBER if float in types else INT if int in types else STR if str in types
+            else BOOL if bool in types else MapOf(NUMBER)
+        )
+        for name, types in _STEP_TYPES.items()
+        if name not in _TOKENS.values()
+    },
+    "step": Required(INT),
+    "step_time_s": Required(NUMBER),
+    **dict.fromkeys(("loss", "grad_norm", "lr"), REAL),
+    "tokens": MapOf(INT),
+}  # fmt: skip
+
+
+# Fields a line has always had a value for (a missing one reads as _STEP_ABSENT; null is no count).
+_STEP_NOT_NULL = frozenset(name for name, types in _STEP_TYPES.items() if type(None) not in types)
+
+
+def _step_problem(line: Mapping[str, Any]) -> str | None:
+    for name in _STEP_REQUIRED:
+        if line.get(name) is None:
+            return f"{name} is missing"
+    for name, value in line.items():  # only the keys a line has: a lean loop
+        shape = _STEP_SHAPE.get(name)
+        if shape is None:
+            continue  # an unknown key: StepRecord.extra keeps it
+        if value is None:
+            if name in _STEP_NOT_NULL:
+                return f"{name} is null"
+            continue
+        found = problem(value, shape, name)
+        if found:
+            return found
+    return None
+
+
 def as_step(line: StepRecord | Mapping[str, Any]) -> StepRecord:
     return line if isinstance(line, StepRecord) else StepRecord.from_json(line)
 
@@ -443,6 +507,41 @@ _RUN_KEYS = frozenset(
     {"schema_version", "status", "point_id", "config", "spec", "layout", "engine", "data", "env",
      "summary", "findings", "failure", "launch"}
 )  # fmt: skip
+
+
+# The kind of each KNOBS value (a report column: one type per column) where it is not a string.
+KNOB_KINDS: dict[str, Kind] = {
+    **dict.fromkeys(
+        (
+            "nodes",
+            "world_size",
+            "tp",
+            "pp",
+            "vp",
+            "cp",
+            "ep",
+            "etp",
+            "mbs",
+            "gbs",
+            "seq_length",
+            "train_iters",
+        ),
+        INT,
+    ),
+    "pack_sequences": BOOL,
+}
+# Settings (RunRecord.setting) the report reads beside the knobs.
+SETTING_KINDS: dict[tuple[str, ...], Kind] = {
+    ("cluster", "gpu"): STR,
+    ("cluster", "gpu_memory_gib"): NUMBER,
+    ("router", "force_load_balancing"): BOOL,
+}
+
+
+def _kind_of(value: Any) -> str:
+    return {list: "an array", str: "a string", bool: "a boolean", type(None): "null"}.get(
+        type(value), f"a {type(value).__name__}"
+    )
 
 
 def _dig(value: Any, path: Sequence[str]) -> Any:
@@ -576,16 +675,21 @@ class RunRecord:
 
     @classmethod
     def from_json(cls, raw: Mapping[str, Any]) -> RunRecord:
+        """A run.json as written, by this version or an older one; ValueError naming the value
+        when it is not a run record its readers can use (RUN_SHAPE, KNOB_KINDS, SETTING_KINDS)."""
         if not isinstance(raw, Mapping):
-            raise ValueError(f"a run record is a JSON object, not {type(raw).__name__}")
+            raise ValueError(f"a run record is a JSON object, not {_kind_of(raw)}")
+        for key, shape in RUN_SHAPE.items():
+            found = problem(raw.get(key), shape, key)
+            if found:
+                raise ValueError(found)
         spec = raw.get("spec")
-        spec = spec if isinstance(spec, dict) else None
         sections = {key: value for key, value in raw.items() if key not in _RUN_KEYS}
         if "layout" in raw and not (spec and "layout" in spec):
             sections["layout"] = raw["layout"]  # from before the spec: kept as it was written
         failure = raw.get("failure")
-        return cls(
-            status=str(raw.get("status", "unknown")),
+        record = cls(
+            status=raw["status"],
             config=raw.get("config") or {},
             spec=spec,
             point_id=raw.get("point_id"),
@@ -594,16 +698,35 @@ class RunRecord:
             env=raw.get("env") or {},
             summary=raw.get("summary"),
             findings=list(raw.get("findings") or []),
-            failure=Failure.from_json(failure) if isinstance(failure, dict) else None,
+            failure=Failure.from_json(failure) if failure is not None else None,
             launch=raw.get("launch") or {},
             sections=sections,
-            schema_version=int(raw.get("schema_version") or SCHEMA_VERSION),
+            schema_version=raw.get("schema_version") or SCHEMA_VERSION,
         )
+        record._check_knobs()
+        return record
+
+    def _check_knobs(self) -> None:
+        for name, value in self.knobs().items():
+            found = problem(value, KNOB_KINDS.get(name, SCALAR if name == "engine" else STR), f"knob {name}")
+            if found:
+                raise ValueError(found)
+        for path, kind in SETTING_KINDS.items():
+            found = problem(self.setting(*path), kind, ".".join(path))
+            if found:
+                raise ValueError(found)
 
     @classmethod
     def read(cls, path: Path) -> RunRecord:
-        """run.json at `path` (OSError, json.JSONDecodeError or ValueError when unreadable)."""
-        return cls.from_json(json.loads(path.read_text()))
+        """The one reader of run.json: `path` a run directory or its run.json. RecordError (the file
+        and why, one line) for a record its readers cannot use: missing, unreadable, binary, not
+        JSON, nested too deep, or a value of the wrong type where a reader needs it."""
+        file = path / RUN_JSON if path.is_dir() else path
+        raw = load_json(file)
+        try:
+            return cls.from_json(raw)
+        except ValueError as exc:
+            raise RecordError(file, str(exc)) from None
 
     @classmethod
     def of(cls, record: RunRecord | Mapping[str, Any]) -> RunRecord:
@@ -653,7 +776,7 @@ class RunRecord:
         if self.failure is not None:
             return f"{self.failure.name}: {self.failure.message}".strip()
         errors = [f for f in self.findings if f.get("level") == "error"]
-        return "; ".join(f"{f['code']} {f['message']}" for f in errors) or None
+        return "; ".join(f"{f.get('code')} {f.get('message') or ''}".strip() for f in errors) or None
 
 
 def base_record(spec: RunSpec, config: dict[str, Any], status: str) -> dict[str, Any]:

@@ -41,7 +41,7 @@ from moe_vlm import halving_report, module_table, plots, stragglers
 from moe_vlm.errors import EXIT_FAILED, EXIT_INVALID, BadInput
 from moe_vlm.launch.failures import settle_running
 from moe_vlm.metrics import TimeBasis
-from moe_vlm.record import KNOBS, RUN_JSON, RunRecord, write_atomic
+from moe_vlm.record import KNOBS, RUN_JSON, RecordError, RunRecord, write_atomic
 
 EXIT_OK = 0
 EXIT_REGRESSED = EXIT_FAILED  # the work "failed": --baseline found a regression
@@ -93,9 +93,8 @@ def find_run_files(paths: list[str]) -> list[Path]:
     return list(found)
 
 
-def row_of(run_file: Path, record: RunRecord | Mapping[str, Any]) -> dict[str, Any]:
+def row_of(run_file: Path, run: RunRecord) -> dict[str, Any]:
     """One table row: the knobs, the status, and the summary numbers a report shows."""
-    run = RunRecord.of(record)
     row: dict[str, Any] = {"run_dir": str(run_file.parent)}
     row |= run.knobs()
     row["status"] = run.status
@@ -130,6 +129,7 @@ def row_of(run_file: Path, record: RunRecord | Mapping[str, Any]) -> dict[str, A
         "mfu_precision": summary.get("mfu_precision"),
         "mfu_precision_note": summary.get("mfu_precision_note"),
         "precision_peak_name": (summary.get("precision_peak") or {}).get("name"),
+        "step_time_mean_s": step_time.get("mean"),
         "step_time_p10_s": step_time.get("p10"),
         "step_time_p50_s": step_time.get("p50"),
         "step_time_p90_s": step_time.get("p90"),
@@ -155,27 +155,27 @@ def _steady(steps: Any) -> str | None:
     return f"{steps[0]}-{steps[1]}" if isinstance(steps, list) and len(steps) == 2 else None
 
 
-def read_run(run_file: Path) -> Any:
-    """One run.json as JSON (OSError, json.JSONDecodeError when unreadable); RunRecord.of reads it."""
-    return json.loads(run_file.read_text())
-
-
 def load_table(paths: list[str]) -> pd.DataFrame:
+    """One row per usable run.json under `paths`; each record RunRecord.read cannot use is left
+    out with one line on stderr naming the file and why (BadInput when none is left)."""
     run_files = find_run_files(paths)
     if not run_files:
         raise BadInput(f"no {RUN_JSON} found under {' '.join(paths)}; {PATH_HINT}")
     rows = []
     for run_file in run_files:
         try:
-            record = read_run(run_file)
-        except (OSError, json.JSONDecodeError) as exc:
-            print(f"moe-vlm report: warning: skipping unreadable {run_file}: {exc}", file=sys.stderr)
+            record = RunRecord.read(run_file)
+        except RecordError as exc:
+            print(exc.skipped("moe-vlm report"), file=sys.stderr)
             continue
         # A `running` record whose process is gone is a killed run (read only: status writes it).
         record = settle_running(run_file.parent, record, write=False)
         rows.append(row_of(run_file, record))
     if not rows:
-        raise BadInput(f"every {RUN_JSON} under {' '.join(paths)} was unreadable (see warnings above)")
+        raise BadInput(
+            f"none of the {len(run_files)} {RUN_JSON} file(s) under {' '.join(paths)} is a record a report "
+            "can use (each is named above with why); pass runs that wrote their record"
+        )
     table = pd.DataFrame(rows)
     common = os.path.commonpath([str(Path(r).parent) for r in table["run_dir"]]) if len(table) > 1 else None
     table["run"] = [os.path.relpath(r, common) if common else Path(r).name for r in table["run_dir"]]
@@ -206,6 +206,20 @@ def ranked(table: pd.DataFrame, mock: bool, forced: bool = False) -> pd.DataFram
 # ---------------------------------------------------------------- formatting
 
 Row = Mapping[str, Any]  # a table row: a plain dict (fast to index) or a pandas Series
+
+
+def records(rows: pd.DataFrame) -> list[dict[str, Any]]:
+    """The rows as plain dicts, a missing value as None: pandas stores one as NaN, in a text column
+    too, and NaN is true in an `if` (a run with no straggler would read as flagged)."""
+    return [{k: None if _missing(v) else v for k, v in row.items()} for row in rows.to_dict("records")]
+
+
+def _missing(value: Any) -> bool:
+    return value is None or (isinstance(value, float) and math.isnan(value)) or value is pd.NA
+
+
+def _cell(value: Any) -> str:
+    return "-" if _missing(value) else str(value)
 
 
 def _number(value: Any, digits: int = 1) -> str:
@@ -239,10 +253,10 @@ def _shares(row: Row) -> str:
 
 
 def _step_time(row: Row) -> str:
-    p50 = row.get("step_time_p50_s")
-    if p50 is None or (isinstance(p50, float) and math.isnan(p50)):
+    p10, p50, p90 = (row.get(f"step_time_p{q}_s") for q in (10, 50, 90))
+    if _missing(p50):
         return "-"
-    return f"{p50:.3f} ({row['step_time_p10_s']:.3f}-{row['step_time_p90_s']:.3f})"
+    return f"{p50:.3f}" + ("" if _missing(p10) or _missing(p90) else f" ({p10:.3f}-{p90:.3f})")
 
 
 def markdown_table(header: list[str], rows: list[list[str]]) -> str:
@@ -270,12 +284,12 @@ def results_table(rows: pd.DataFrame, knobs: list[str], top: int | None = None) 
         "status",
     ]
     body = []
-    for rank, row in enumerate((rows if top is None else rows.head(top)).to_dict("records"), start=1):
+    for rank, row in enumerate(records(rows if top is None else rows.head(top)), start=1):
         body.append(
             [
                 str(rank),
                 str(row["run"]),
-                *(str(row[k]) for k in knobs),
+                *(_cell(row[k]) for k in knobs),
                 _number(row["effective_tokens_per_s_per_gpu"]),
                 _number(row["nominal_tokens_per_s_per_gpu"]),
                 _flops(row["tflops_per_gpu"]),
@@ -317,7 +331,7 @@ def _peak_lines(rows: pd.DataFrame, top: int = DEFAULT_TOP) -> list[str]:
     notes = {str(n) for n in rows["mfu_note"].dropna() if not str(n).startswith("ERROR")}
     lines += sorted(f"MFU n/a: {note}." for note in notes)
     failing = rows.dropna(subset=["errors"])
-    for row in failing.head(top).to_dict("records"):
+    for row in records(failing.head(top)):
         lines.append(f"**ERROR** in run {row['run']}: {str(row['errors']).removeprefix('ERROR: ')}")
     if len(failing) > top:
         lines.append(f"**ERROR** in {len(failing) - top} more runs: see the errors column of results.csv.")
@@ -597,7 +611,7 @@ def build_report(
         if not made and not forced:  # from the ranked class if any, else mock (labelled), never mixed
             made = plots.all_plots(rows, knobs, mock, min(top, plots.PLOT_TOP))
 
-    completed = table[table["status"] == "completed"].to_dict("records")
+    completed = records(table[table["status"] == "completed"])
     lines += stragglers.section(completed, top) + module_table.section(completed, top)
     lines += halving_report.section(table["run_dir"])
 
@@ -605,8 +619,8 @@ def build_report(
     if not unfinished.empty:
         lines += ["", "## Not completed", ""]
         body = [
-            [str(r["run"]), *(str(r[k]) for k in knobs), str(r["status"]), str(r["reason"] or "-")]
-            for r in unfinished.head(top).to_dict("records")
+            [str(r["run"]), *(_cell(r[k]) for k in knobs), str(r["status"]), _cell(r["reason"])]
+            for r in records(unfinished.head(top))
         ]
         lines.append(markdown_table(["run", *knobs, "status", "reason"], body))
         if len(unfinished) > top:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -25,21 +26,23 @@ from typing import Any
 from moe_vlm.engines.megatron.effective import EFFECTIVE_JSON, differing
 from moe_vlm.errors import BadInput
 from moe_vlm.flops import MODULES
-from moe_vlm.report import PATH_HINT, _differs, find_run_files, markdown_table, read_run, row_of
+from moe_vlm.record import RecordError, RunRecord
+from moe_vlm.report import PATH_HINT, _differs, find_run_files, markdown_table, row_of
+from moe_vlm.shape import RUN_SHAPE, load_json, problem
 
 OUTSIDE = "rest of the step"  # step time the three components do not explain: optimizer, comms, data
 
 
-def load(path: str) -> tuple[Path, dict[str, Any]]:
+def load(path: str) -> tuple[Path, RunRecord]:
     """The one run.json under `path` (a run directory or its run.json)."""
     found = find_run_files([path])
     if len(found) != 1:
         where = "no run.json" if not found else f"{len(found)} run.json files"
         raise BadInput(f"--diff {path}: {where} under it; --diff compares two runs: {PATH_HINT}")
     try:
-        return found[0], read_run(found[0])
-    except (OSError, json.JSONDecodeError) as exc:
-        raise BadInput(f"--diff {path}: unreadable {found[0]} ({exc}); pass another run") from exc
+        return found[0], RunRecord.read(found[0])
+    except RecordError as exc:
+        raise BadInput(f"--diff {path}: {exc}; pass a run that wrote its record") from None
 
 
 def flatten(value: Any, prefix: str = "") -> dict[str, Any]:
@@ -52,12 +55,20 @@ def flatten(value: Any, prefix: str = "") -> dict[str, Any]:
     return {prefix.rstrip("."): value}
 
 
-def effective(run_file: Path, record: Mapping[str, Any]) -> dict[str, Any] | None:
-    """Bridge's effective configuration, flat ("section.field"); None for a run without one."""
-    recorded = (record.get("bridge") or {}).get("effective")
+def effective(run_file: Path, record: RunRecord) -> dict[str, Any] | None:
+    """Bridge's effective configuration, flat ("section.field"); None for a run without one (or
+    whose bridge_effective.json is no such record: skipped with one line naming it and why)."""
+    recorded = (record.sections.get("bridge") or {}).get("effective")
     beside = run_file.parent / EFFECTIVE_JSON
     if recorded is None and beside.is_file():
-        recorded = json.loads(beside.read_text())
+        try:
+            recorded = load_json(beside)
+            found = problem(recorded, RUN_SHAPE["bridge"]["effective"], EFFECTIVE_JSON)
+            if found or not isinstance(recorded, dict):
+                raise RecordError(beside, found or "not an object")
+        except RecordError as exc:
+            print(exc.skipped("moe-vlm report --diff"), file=sys.stderr)
+            return None
     if not isinstance(recorded, dict):
         return None
     sections = recorded.get("sections") or {}
@@ -68,9 +79,9 @@ def _seconds(value: Any) -> float | None:
     return None if value is None or (isinstance(value, float) and math.isnan(value)) else float(value)
 
 
-def times(record: Mapping[str, Any]) -> dict[str, float | None]:
+def times(record: RunRecord) -> dict[str, float | None]:
     """Seconds per step where the run spent them (steady window), and what they add up to."""
-    summary = record.get("summary") or {}
+    summary = record.summary or {}
     step = summary.get("step_time_s") or {}
     per_component = summary.get("component_time_s_per_rank_step") or {}
     mean = _seconds(step.get("mean"))
@@ -180,7 +191,7 @@ def render(path_a: str, path_b: str) -> str:
         "",
         "## Knobs that differ (resolved config)",
         "",
-        config_table(flatten(rec_a.get("config") or {}), flatten(rec_b.get("config") or {}), "key"),
+        config_table(flatten(rec_a.config), flatten(rec_b.config), "key"),
     ]
     eff_a, eff_b = effective(file_a, rec_a), effective(file_b, rec_b)
     lines += ["", "## Bridge's effective configuration that differs (after its runtime update)", ""]

@@ -186,12 +186,17 @@ def _count(value: Any) -> int:
     return int(value) if isinstance(value, int | float) and value == value else 0
 
 
+def _text(value: Any) -> str | None:
+    """A text cell: pandas turns a missing string into NaN, a float, and NaN is true in an `if`."""
+    return value if isinstance(value, str) and value else None
+
+
 def section(rows: list[dict[str, Any]], top: int) -> list[str]:
     """The report's straggler section over completed runs (table rows with the straggler columns)."""
     compared = [r for r in rows if _count(r.get("straggler_ranks")) >= 2]
     if not compared:
         return []
-    flagged = [r for r in compared if r.get("stragglers")]
+    flagged = [r for r in compared if _text(r.get("stragglers"))]
     lines = [
         "",
         "## Stragglers",
@@ -209,7 +214,9 @@ def section(rows: list[dict[str, Any]], top: int) -> list[str]:
         lines += [f"- run {r['run']}: {r['stragglers']}" for r in flagged[:top]]
     if len(flagged) > top:
         lines.append(f"+ {len(flagged) - top} more flagged runs: see the stragglers column of results.csv.")
-    nodes = sorted({host for r in flagged for host in str(r.get("straggler_nodes") or "").split(",") if host})
+    nodes = sorted(
+        {host for r in flagged for host in (_text(r.get("straggler_nodes")) or "").split(",") if host}
+    )
     if nodes:
         lines += [
             "",

@@ -3,6 +3,7 @@
 
     python scripts/bench_report.py                        # N = 10 and 1000, 3 timings each
     python scripts/bench_report.py --runs 10 1000 --repeat 5 --keep /tmp/bench_report
+    python scripts/bench_report.py --copies-of tests/fixtures/cpu_sweep/4b3021dc6b3c834c
 
 For each N it writes a sweep directory of N FIXTURE runs (below) into a temp dir, then times
 the console script `moe-vlm report SWEEP` as a subprocess (interpreter start and imports count),
@@ -20,6 +21,10 @@ rejected record run.py writes, with the findings), steps.jsonl lines go through
 record.StepWriter, run.json through record.RunRecord (rejected, completed with metrics.summarize
 of the lines, failed), an OOM (peak memory: moe_vlm.memory.estimate, give or take a few percent,
 above the GPU's) through launch.failures.write_failure, and each run gets Hydra's .hydra/ files.
+
+With --copies-of RUN_DIR the sweeps are instead N copies of one recorded run (its run.json,
+steps.jsonl, point.json and .hydra/), e.g. the real CPU run in tests/fixtures/cpu_sweep: every
+row the same configuration, every point of the scatter in one place (issue 18 measured 6x here).
 """
 
 from __future__ import annotations
@@ -177,6 +182,15 @@ def make_sweep(root: Path, n: int) -> dict[str, int]:
     return counts
 
 
+def copy_sweep(root: Path, n: int, run_dir: Path) -> dict[str, int]:
+    """n copies of one recorded run directory under root; counts by status."""
+    root.mkdir(parents=True)
+    for index in range(n):
+        shutil.copytree(run_dir, root / str(index))
+    status = str(json.loads((run_dir / "run.json").read_text()).get("status"))
+    return {status: n}
+
+
 def report_command() -> list[str]:
     script = Path(sys.executable).with_name("moe-vlm")
     return [str(script)] if script.exists() else [sys.executable, "-m", "moe_vlm.cli"]
@@ -222,18 +236,30 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-ratio", type=float, default=3.0, help="allowed largest/smallest (default 3)")
     p.add_argument("--keep", metavar="DIR", help="write the sweeps here (replaced) and keep them")
     p.add_argument("--json", metavar="FILE", help="also write the figures as JSON")
+    p.add_argument(
+        "--copies-of",
+        metavar="RUN_DIR",
+        type=Path,
+        help="sweeps of N copies of this recorded run instead of the GB200 fixtures",
+    )
     args = p.parse_args(argv)
     if min(args.runs) < 1 or args.repeat < 1:
         p.error("--runs and --repeat must be 1 or more")
+    if args.copies_of is not None and not (args.copies_of / "run.json").is_file():
+        p.error(f"--copies-of {args.copies_of}: no run.json in it; pass a run directory")
 
     sizes = sorted(set(args.runs))
     with workdir(args.keep) as root:
         results = []
         for n in sizes:
             start = time.perf_counter()
-            statuses = make_sweep(root / f"runs_{n}", n)
+            if args.copies_of is None:
+                statuses = make_sweep(root / f"runs_{n}", n)
+            else:
+                statuses = copy_sweep(root / f"runs_{n}", n, args.copies_of)
             took = time.perf_counter() - start
-            print(f"wrote {n} fixture runs in {took:.1f} s: {statuses}", flush=True)
+            what = f"copies of {args.copies_of}" if args.copies_of else "fixture runs"
+            print(f"wrote {n} {what} in {took:.1f} s: {statuses}", flush=True)
             results.append(Size(n, statuses, []))
         time_report(root / f"runs_{sizes[0]}")  # warm the page cache and .pyc files, not counted
         for _ in range(args.repeat):

@@ -43,7 +43,7 @@ from moe_vlm.heartbeat import process_started_unix_s
 from moe_vlm.launch import pack, points, requeue, slurm
 from moe_vlm.launch.failures import launch_info
 from moe_vlm.launch.safety import scrub
-from moe_vlm.record import RunRecord, write_json_atomic
+from moe_vlm.record import write_json_atomic
 from moe_vlm.spec import RunSpec
 
 log = logging.getLogger(__name__)
@@ -534,4 +534,4 @@ def _record_launch(point_dir: Path, job_id: str, executor: str) -> None:
         "task_started_unix_s": process_started_unix_s(),
         "task_ended_unix_s": points.now(),
     }
-    RunRecord.from_json(run).with_launch(launch).write(point_dir)
+    run.with_launch(launch).write(point_dir)

@@ -10,6 +10,7 @@ each point.json), and a proposal to extend an axis is a sweep of it (`-m mbs=8,1
 from __future__ import annotations
 
 import shlex
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,9 +20,10 @@ import yaml
 from moe_vlm.advise.start import candidate, command
 from moe_vlm.compose import compose_spec, override_key, set_overrides
 from moe_vlm.data.stats import MOCK_SPEEDUP_NOTE
+from moe_vlm.errors import BadInput
 from moe_vlm.launch.points import POINT_JSON, read_json
 from moe_vlm.memory import THIN_HEADROOM_FRACTION, MemoryEstimate, estimate, fits_after
-from moe_vlm.record import Failure, RunRecord
+from moe_vlm.record import RUN_JSON, Failure, RecordError, RunRecord
 from moe_vlm.rules import errors
 from moe_vlm.rules.guide import etp_replaceable_by_ep
 from moe_vlm.rules.memory import describe_fit
@@ -95,18 +97,19 @@ class SweepRun:
 
 
 def load_records(root: Path) -> list[SweepRun]:
+    """Every usable run under `root`; a record RunRecord.read cannot use is left out with one line
+    on stderr naming the file and why (BadInput when none is left)."""
     # The report's finder (imported here: it brings pandas, which planning a first run does not need).
     from moe_vlm.report import find_run_files
 
     records = []
-    for path in find_run_files([str(root)]):
+    found = find_run_files([str(root)])
+    for path in found:
         try:
             record = RunRecord.read(path)
-        except (OSError, ValueError):  # json.JSONDecodeError is a ValueError
-            continue
-        try:
             overrides = point_overrides(path.parent, record)
-        except (OSError, yaml.YAMLError):
+        except RecordError as exc:
+            print(exc.skipped("moe-vlm advise"), file=sys.stderr)
             continue
         try:
             spec: RunSpec | None = compose_spec(overrides)
@@ -114,6 +117,11 @@ def load_records(root: Path) -> list[SweepRun]:
             spec = None
         launcher = launcher_overrides(path.parent)
         records.append(SweepRun(path=path, record=record, overrides=overrides, spec=spec, launcher=launcher))
+    if not records:
+        raise BadInput(
+            f"sweep={root}: none of its {len(found)} {RUN_JSON} file(s) is a record advise can use (each "
+            "is named above with why). Fix: point sweep= at a sweep whose runs wrote their records."
+        )
     return records
 
 
@@ -123,7 +131,13 @@ def point_overrides(point_dir: Path, record: RunRecord) -> list[str]:
     overrides_file = point_dir / ".hydra" / "overrides.yaml"
     point = read_json(point_dir / POINT_JSON) or {}
     if overrides_file.is_file():
-        overrides = [str(o) for o in yaml.safe_load(overrides_file.read_text()) or []]
+        try:
+            saved = yaml.safe_load(overrides_file.read_text())
+        except (OSError, ValueError, yaml.YAMLError) as exc:  # unreadable, binary, not YAML
+            raise RecordError(overrides_file, f"not Hydra's overrides list ({type(exc).__name__})") from None
+        if not isinstance(saved, list | None):
+            raise RecordError(overrides_file, f"not Hydra's overrides list (a {type(saved).__name__})")
+        overrides = [str(o) for o in saved or []]
     elif isinstance(point.get("overrides"), list):
         overrides = [str(o) for o in point["overrides"]]
     else:
@@ -142,7 +156,7 @@ def launcher_overrides(point_dir: Path) -> list[str]:
     try:
         saved = yaml.safe_load((point_dir / ".hydra" / "hydra.yaml").read_text()) or {}
         given = [str(o) for o in saved["hydra"]["overrides"]["hydra"] or []]
-    except (OSError, yaml.YAMLError, KeyError, TypeError):
+    except (OSError, ValueError, yaml.YAMLError, KeyError, TypeError):
         return []
     return [
         o

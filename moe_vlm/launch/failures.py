@@ -229,7 +229,8 @@ def write_failure(
     launch: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Record a failure in run.json unless the record there says more (see failed_record)."""
-    existing = points.read_run(point_dir)
+    read = points.read_run(point_dir)
+    existing = read.to_json() if read else None
     record = failed_record(existing, diagnosis, log_tail, base, launch)
     if record is not existing:
         write_json_atomic(point_dir / RUN_JSON, record)
@@ -284,11 +285,11 @@ def base_from_point(point_dir: Path) -> dict[str, Any]:
     """A run record for a point whose process could not write one: its running record when it
     started, else rebuilt from point.json; with the steps it finished summarised."""
     point = points.read_point(point_dir) or {}
-    run = points.read_run(point_dir) or {}
-    config = run.get("config") or point.get("config") or {}
+    run = points.read_run(point_dir)
+    config = (run.config if run else None) or point.get("config") or {}
     spec = spec_of(config)
-    if run.get("status") in (RUNNING, REQUEUED):
-        base = dict(run)
+    if run and run.status in (RUNNING, REQUEUED):
+        base = run.to_json()
     elif spec is not None:
         base = RunRecord.failed(spec, config).to_json()
     else:
@@ -305,17 +306,18 @@ def finished_steps(run_dir: Path) -> int:
     return len({s.step for s in read_steps(run_dir / STEPS_JSONL)})
 
 
-def settle_running(run_dir: Path, record: dict[str, Any], write: bool = True) -> dict[str, Any]:
+def settle_running(run_dir: Path, record: RunRecord, write: bool = True) -> RunRecord:
     """A `running` record whose process is gone (heartbeat.gone): the run was killed before it could
     write its final record (SIGKILL, the OOM killer, a node lost outside Slurm). Returned as
     failed, class killed, with the steps it finished summarised; written to run.json with `write`.
     Any other record is returned as it is."""
-    if not isinstance(record, dict) or record.get("status") != RUNNING:
+    if record.status != RUNNING:
         return record
-    why = gone(record, read_heartbeat(run_dir))
+    raw = record.to_json()
+    why = gone(raw, read_heartbeat(run_dir))
     if why is None:
         return record
-    planned = (record.get("config") or {}).get("train_iters")
+    planned = record.config.get("train_iters")
     diagnosis = Diagnosis(
         "killed",
         "the run died without writing its final record (SIGKILL, the OOM killer or a lost node) after "
@@ -323,9 +325,10 @@ def settle_running(run_dir: Path, record: dict[str, Any], write: bool = True) ->
         why,
     )
     base = base_from_point(run_dir)
-    if write:
-        return write_failure(run_dir, diagnosis, [], base)
-    return failed_record(record, diagnosis, [], base)
+    settled = (
+        write_failure(run_dir, diagnosis, [], base) if write else failed_record(raw, diagnosis, [], base)
+    )
+    return RunRecord.from_json(settled)
 
 
 def record_job_failure(

@@ -30,7 +30,8 @@ from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 from moe_vlm.compose import override_key
 from moe_vlm.heartbeat import HEARTBEAT_JSON
 from moe_vlm.launch.safety import scrub
-from moe_vlm.record import RUN_JSON, STEPS_JSONL, point_id, write_json_atomic
+from moe_vlm.record import RUN_JSON, STEPS_JSONL, RecordError, RunRecord, point_id, write_json_atomic
+from moe_vlm.shape import POINT_SHAPE, load_json, problem
 
 POINT_JSON = "point.json"
 CANARIES = "canaries"
@@ -62,9 +63,11 @@ def resolved(task: DictConfig) -> dict[str, Any]:
 
 
 def read_json(path: Path) -> dict[str, Any] | None:
+    """A JSON object file (point.json, canary.json, a requeue marker); None when it is missing or
+    no object a reader can use (shape.load_json: binary, truncated, nested too deep)."""
     try:
-        payload = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError):
+        payload = load_json(path)
+    except RecordError:
         return None
     return payload if isinstance(payload, dict) else None
 
@@ -73,14 +76,31 @@ def read_point(point_dir: Path) -> dict[str, Any] | None:
     return read_json(point_dir / POINT_JSON)
 
 
-def read_run(point_dir: Path) -> dict[str, Any] | None:
-    return read_json(point_dir / RUN_JSON)
+def read_point_checked(point_dir: Path) -> dict[str, Any]:
+    """point.json as `moe-vlm status` reads it ({} when there is none: a point with only a run.json);
+    RecordError when no reader can use it (binary, not JSON, a value of the wrong type: POINT_SHAPE)."""
+    path = point_dir / POINT_JSON
+    if not path.exists():
+        return {}
+    point = load_json(path)
+    found = problem(point, POINT_SHAPE, POINT_JSON) if isinstance(point, dict) else "not an object"
+    if found:
+        raise RecordError(path, found.removeprefix(f"{POINT_JSON}."))
+    return point
+
+
+def read_run(point_dir: Path) -> RunRecord | None:
+    """The point's run.json (RunRecord.read); None when there is none, or none a reader can use
+    (the commands that show records name the file and why: RunRecord.read's RecordError)."""
+    try:
+        return RunRecord.read(point_dir / RUN_JSON)
+    except RecordError:
+        return None
 
 
 def run_status(point_dir: Path) -> str | None:
     run = read_run(point_dir)
-    status = run.get("status") if run else None
-    return status if status in TERMINAL else None
+    return run.status if run and run.status in TERMINAL else None
 
 
 def write_point(point_dir: Path, payload: dict[str, Any]) -> None:

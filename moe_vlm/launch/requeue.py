@@ -112,9 +112,14 @@ def _record_requeue(point_dir: Path, marker: dict[str, object], budget: int) -> 
     """The running record becomes `requeued`: this attempt ended by a USR2 and is archived when
     the job comes back, so a report over the sweep does not take it for a killed run."""
     run = points.read_run(point_dir)
-    if not run or run.get("status") != RUNNING:
+    if not run or run.status != RUNNING:
         return
     reason = str(marker["reason"])
     message = f"stopped by USR2 ({reason}) and requeued; the job may requeue {budget} time(s)"
-    record = {**run, "status": REQUEUED, "requeue": marker, "failure": {"class": reason, "message": message}}
+    record = {
+        **run.to_json(),
+        "status": REQUEUED,
+        "requeue": marker,
+        "failure": {"class": reason, "message": message},
+    }
     write_json_atomic(point_dir / RUN_JSON, record)

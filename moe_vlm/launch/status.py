@@ -37,7 +37,7 @@ from moe_vlm.launch.failures import (
     settle_running,
     write_failure,
 )
-from moe_vlm.record import RUNNING, Failure, RunRecord, RunStatus
+from moe_vlm.record import RUN_JSON, RUNNING, Failure, RecordError, RunRecord, RunStatus
 
 STATES = ("completed", "failed", "rejected", "running", "queued", "planned", "unknown")
 FINISHED = ("completed", "failed", "rejected")
@@ -141,14 +141,12 @@ def _canary_of(point: dict[str, Any]) -> dict[str, Any] | None:
     return canary if isinstance(canary, dict) and canary.get("job_id") else None
 
 
-def _open_canaries(
-    sweep_dir: Path, info: dict[Path, tuple[dict[str, Any], dict[str, Any] | None]]
-) -> list[str]:
+def _open_canaries(sweep_dir: Path, info: dict[Path, tuple[dict[str, Any], RunRecord | None]]) -> list[str]:
     """Canary jobs without an exit status yet: the sweep's latest ones and those open points wait on."""
     wanted = {(str(r["dir"]), str(r["job_id"])) for r in points.iter_canaries(sweep_dir)}
     for point, run in info.values():
         canary = _canary_of(point)
-        if canary and (run or {}).get("status") not in points.TERMINAL:
+        if canary and (run.status if run else None) not in points.TERMINAL:
             wanted.add((str(canary["dir"]), str(canary["job_id"])))
     return [job for folder, job in wanted if not (Path(folder) / f"{job}{slurm.CANARY_RC_SUFFIX}").exists()]
 
@@ -171,8 +169,8 @@ def _overrides(point: dict[str, Any]) -> list[str]:
     return [o for o in point.get("overrides", []) if not str(o).startswith("hydra.")]
 
 
-def _finished_detail(record: Mapping[str, Any]) -> str:
-    run = RunRecord.from_json(record)
+def _finished_detail(record: RunRecord | Mapping[str, Any]) -> str:
+    run = RunRecord.of(record)
     if run.status == RunStatus.failed:
         failure = run.failure or Failure("unknown", "")
         return f"{failure.name}: {failure.evidence or failure.message}"
@@ -194,20 +192,40 @@ def collect(sweep_dir: Path, record: bool = True) -> list[PointStatus]:
     return snapshot(sweep_dir, record)[0]
 
 
-def snapshot(sweep_dir: Path, record: bool = True) -> tuple[list[PointStatus], list[CanaryStatus]]:
-    """Every point's and every canary's state, from one Slurm query."""
-    dirs = list(points.iter_points(sweep_dir))
-    info = {d: (points.read_point(d) or {}, points.read_run(d)) for d in dirs}
+def read_points(
+    sweep_dir: Path, skipped: list[RecordError]
+) -> dict[Path, tuple[dict[str, Any], RunRecord | None]]:
+    """Each point's point.json and run.json (None: not written yet); a point whose point.json or
+    run.json no reader can use (read_point_checked, RunRecord.read) is left out, and why is added
+    to `skipped`: shown, never overwritten by a failure record."""
+    info: dict[Path, tuple[dict[str, Any], RunRecord | None]] = {}
+    for point_dir in points.iter_points(sweep_dir):
+        try:
+            point = points.read_point_checked(point_dir)
+            run = RunRecord.read(point_dir / RUN_JSON) if (point_dir / RUN_JSON).exists() else None
+        except RecordError as exc:
+            skipped.append(exc)
+            continue
+        info[point_dir] = (point, run)
+    return info
+
+
+def snapshot(
+    sweep_dir: Path, record: bool = True, skipped: list[RecordError] | None = None
+) -> tuple[list[PointStatus], list[CanaryStatus]]:
+    """Every point's and every canary's state, from one Slurm query; points whose record cannot
+    be used go to `skipped`."""
+    info = read_points(sweep_dir, [] if skipped is None else skipped)
     open_jobs = [
         str(p.get("job_id"))
         for p, run in info.values()
-        if p.get("job_id") and (run or {}).get("status") not in points.TERMINAL
+        if p.get("job_id") and (run.status if run else None) not in points.TERMINAL
     ] + _open_canaries(sweep_dir, info)
     states = slurm.query_jobs(open_jobs) if open_jobs else {}
     out = []
     for point_dir, (point, run) in info.items():
         job_id = str(point["job_id"]) if point.get("job_id") else None
-        launch = (run or {}).get("launch") or {}
+        launch = run.launch if run else {}
         restarts = int(launch.get("restarts") or 0)
         pack = _pack_of(point)
         state, detail = _state(point_dir, point, run, job_id, states, record)
@@ -216,7 +234,7 @@ def snapshot(sweep_dir: Path, record: bool = True) -> tuple[list[PointStatus], l
             restarts = max(restarts, states[job_id].restarts)
         out.append(
             PointStatus(
-                point_id=str(point.get("point_id") or (run or {}).get("point_id") or point_dir.name),
+                point_id=str(point.get("point_id") or (run.point_id if run else None) or point_dir.name),
                 state=state,
                 job_id=job_id,
                 restarts=restarts,
@@ -236,12 +254,12 @@ def snapshot(sweep_dir: Path, record: bool = True) -> tuple[list[PointStatus], l
 def _state(
     point_dir: Path,
     point: dict[str, Any],
-    run: dict[str, Any] | None,
+    run: RunRecord | None,
     job_id: str | None,
     states: dict[str, slurm.JobState] | None,
     record: bool,
 ) -> tuple[str, str]:
-    status = (run or {}).get("status")
+    status = run.status if run else None
     if run and status in points.TERMINAL:
         return str(status), _finished_detail(run)
     executor = (point.get("submissions") or [{}])[-1].get("executor", "slurm")
@@ -249,7 +267,7 @@ def _state(
         # No Slurm to ask: the record's own process (PID, heartbeat) says whether it still runs.
         if run and status == RUNNING:
             settled = settle_running(point_dir, run, write=record)
-            if settled.get("status") == "failed":
+            if settled.status == "failed":
                 return "failed", _finished_detail(settled)
             return "running", ""
         if not job_id:
@@ -414,8 +432,27 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
+    if not any(points.iter_points(args.sweep_dir)):
+        single = (args.sweep_dir / RUN_JSON).exists()
+        print(
+            f"moe-vlm status: error: {args.sweep_dir}: not a sweep directory (no point directory with "
+            f"{points.POINT_JSON} or {RUN_JSON} in it). Fix: pass the sweep directory the sweep printed "
+            "(hydra.sweep.dir)" + (f"; for this one run: moe-vlm report {args.sweep_dir}" if single else "."),
+            file=sys.stderr,
+        )
+        return 2
     while True:
-        statuses, canaries = snapshot(args.sweep_dir)
+        skipped: list[RecordError] = []
+        statuses, canaries = snapshot(args.sweep_dir, skipped=skipped)
+        for error in skipped:
+            print(error.skipped("moe-vlm status"), file=sys.stderr)
+        if not statuses:
+            print(
+                f"moe-vlm status: error: {args.sweep_dir}: no point has a record status can use (each "
+                "is named above with why).",
+                file=sys.stderr,
+            )
+            return 2
         if args.json:
             for c in canaries:
                 print(json.dumps({"canary": asdict(c)}, sort_keys=True))

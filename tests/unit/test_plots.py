@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import pytest
 from matplotlib.collections import PathCollection
+from matplotlib.container import ErrorbarContainer
 from matplotlib.patches import Rectangle
 from matplotlib.text import Annotation
 
@@ -165,3 +166,50 @@ def test_small_sweep_shows_every_row(tmp_path: Path) -> None:
     assert "more ranked runs not shown" not in text
     plot = plots.throughput_vs_mbs(report.ranked(report.load_table([str(tmp_path)]), False), ["mbs"])
     assert plot.notes == [] and plot.omitted == 0
+
+
+CPU_SWEEP = Path(__file__).resolve().parent.parent / "fixtures" / "cpu_sweep"
+
+
+def test_scatter_fits_the_axes_to_the_points_and_shows_each_runs_spread(tmp_path: Path) -> None:
+    """A real CPU sweep's two runs (tests/fixtures/cpu_sweep): about 0.86 and 0.90 GiB, 400 and 750
+    tokens/s/GPU. From zero both points sat against the right edge; now the axes fit them and each
+    has its p10-p90 bar, throughput x mean / p90 up to x mean / p10 of its own step times."""
+    table = report.load_table([str(CPU_SWEEP)])
+    rows = report.ranked(table, mock=False)
+    plot = plots.throughput_vs_memory(rows, ["mbs", "recompute"])
+    axes = plot.figure.axes[0]
+    memory = [m for m, _ in plot.series["configs"]]
+    (left, right), (bottom, top) = axes.get_xlim(), axes.get_ylim()
+    assert 0 < left < min(memory) and max(memory) < right
+    assert (max(memory) - min(memory)) / (right - left) > 0.7  # the points spread over the axes
+    expected = []
+    for record in rows.to_dict("records"):
+        scale = record["effective_tokens_per_s_per_gpu"] * record["step_time_mean_s"]
+        expected.append(
+            (record["peak_memory_gib"], scale / record["step_time_p90_s"], scale / record["step_time_p10_s"])
+        )
+    low = [(m, pytest.approx(v)) for m, v, _ in expected]
+    high = [(m, pytest.approx(v)) for m, _, v in expected]
+    assert plot.series["p90_step"] == low and plot.series["p10_step"] == high
+    assert all(lo < t < hi for (_, lo, hi), (_, t) in zip(expected, plot.series["configs"], strict=True))
+    assert bottom < min(v for _, v, _ in expected) and max(v for _, _, v in expected) < top
+    (bars,) = axes.containers  # one errorbar container: a bar per point
+    assert isinstance(bars, ErrorbarContainer)
+    assert len(bars.lines[2][0].get_segments()) == len(expected) == 2
+    plot.save(tmp_path / "throughput_vs_memory.png")
+
+
+def test_scatter_numbers_a_point_many_identical_runs_share_once(tmp_path: Path) -> None:
+    """1,000 copies of one run are one point on the front: numbered once, not 1,000 times."""
+    run = next(p for p in CPU_SWEEP.iterdir() if p.is_dir())
+    for copy_number in range(30):
+        (tmp_path / str(copy_number)).mkdir()
+        (tmp_path / str(copy_number) / RUN_JSON).write_bytes((run / RUN_JSON).read_bytes())
+    rows = report.ranked(report.load_table([str(tmp_path)]), mock=False)
+    plot = plots.throughput_vs_memory(rows, ["mbs"], top=1)
+    assert [t.get_text() for t in plot.figure.axes[0].texts if isinstance(t, Annotation)] == ["1"]
+    assert plot.omitted == 29 and len(plot.series["configs"]) == 30
+    plot = plots.throughput_vs_memory(rows, ["mbs"])  # the best 10 share the point: one number
+    assert [t.get_text() for t in plot.figure.axes[0].texts if isinstance(t, Annotation)] == ["1-10"]
+    assert len(plot.categories) == 10 and plot.omitted == 20

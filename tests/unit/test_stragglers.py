@@ -141,3 +141,30 @@ def test_summary_keeps_every_rank_with_its_host() -> None:
         (rank, host_of(rank), spec.train_iters - spec.warmup_steps) for rank in range(8)
     ]
     assert per_rank[1]["median_s"]["step_time_s"] == 2.0  # the 9 s warm-up step is outside the window
+
+
+def test_a_sweep_mixing_flagged_and_even_runs_counts_and_lists_only_the_flagged(tmp_path: Path) -> None:
+    """The report's table holds the straggler columns of every run; pandas stores a run without a
+    flag as NaN (in a text column too), which once read as a flag: "4 flagged", "run ...: nan"."""
+    write_run(tmp_path / "slow", keep_per_rank=True)
+    cfg = compose_cfg(*OVERRIDES)
+    spec = RunSpec.from_config(cfg)
+    for name, mbs in (("even1", 1), ("even2", 2), ("even4", 4)):
+        steps = step_records(spec, [2.0] * spec.train_iters, components_s={"decoder": 1.2})
+        for step in steps:
+            step["host"] = host_of(step["rank"])
+        record = base_record(spec, resolved_config(cfg), status="completed")
+        record["config"]["mbs"] = mbs  # four configurations, as a sweep has
+        record["summary"] = summarize(steps, spec)
+        write_json_atomic(tmp_path / name / RUN_JSON, record)
+    from contextlib import redirect_stdout
+    from io import StringIO
+
+    out = StringIO()
+    with redirect_stdout(out):
+        assert report.main([str(tmp_path), "--out", str(tmp_path / "report")]) == 0
+    section = out.getvalue().split("## Stragglers", 1)[1].split("\n## ", 1)[0]
+    assert "4 completed run(s) with 2 or more ranks checked: 1 flagged." in section
+    listed = [line for line in section.splitlines() if line.startswith("- run ")]
+    assert len(listed) == 1 and listed[0].startswith("- run slow: ") and "nan" not in section
+    assert "exclude=gb200-b`" in section  # the one flagged node, no "nan" host
