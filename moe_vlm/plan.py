@@ -260,5 +260,18 @@ def render(
             "transformers Qwen3VLMoeForConditionalGeneration + torch FSDP2 "
             f"({spec.parallelism.sharding_strategy.value}), {spec.layout.world_size} rank(s)",
         ]
-    out += ["", "VALID" if not errors else f"INVALID: {len(errors)} error(s); nothing was run or submitted."]
-    return "\n".join(out)
+    return "\n".join([*out, "", *verdict_lines(findings)])
+
+
+def verdict_lines(findings: list[Finding]) -> list[str]:
+    """The plan's last lines: the verdict, with every finding again in one short line (code, the
+    rule's title, the fix), since the full lines sit far above the Megatron sections."""
+    bad = [f for f in findings if f.is_error]
+    if not findings:
+        return ["VALID"]
+    head = (
+        f"INVALID: {len(bad)} error(s), {len(findings) - len(bad)} warning(s); nothing was run or submitted:"
+        if bad
+        else f"VALID, with {len(findings)} warning(s):"
+    )
+    return [head, *(f"  {f.brief()}" for f in findings)]
