@@ -9,8 +9,7 @@ from __future__ import annotations
 import shlex
 from dataclasses import dataclass, field
 
-from moe_vlm.advise.playbook import playbook_lines
-from moe_vlm.arch import profile
+from moe_vlm.advise.playbook import graph_scope, playbook_lines
 from moe_vlm.compose import compose_spec, override_key, set_overrides
 from moe_vlm.data.stats import MOCK_SPEEDUP_NOTE
 from moe_vlm.engines.support import accepts
@@ -25,6 +24,14 @@ GOALS = ("bring-up", "peak-throughput")
 FSDP_LABEL = "FSDP (Megatron FSDP: TP=1 CP=1 PP=1, EP sized to the experts)"
 MBS_LADDER = (1, 2, 4, 8)
 PIPELINE_LADDER = (1, 2, 4, 8, 16)
+# A warning the start resolves by applying its rule's fix, when the result still validates (and,
+# past bring-up, fits with headroom): O007, Megatron FSDP sharded across NVLink-domain segments.
+APPLIED_FIXES: dict[str, tuple[str, ...]] = {"O007": ("parallelism.dp_outer=0",)}
+# A warning the start keeps on purpose, by goal, and why.
+KEPT_WARNINGS: dict[tuple[str, str], str] = {
+    ("R003", "bring-up"): "bring-up keeps full recompute on purpose; the MBS x recompute sweep below "
+    "relaxes it once the run is stable",
+}
 
 
 def command(overrides: list[str]) -> str:
@@ -39,6 +46,7 @@ class Start:
     findings: list[Finding]
     memory: MemoryEstimate
     why: list[str] = field(default_factory=list)
+    goal: str = "bring-up"
 
 
 def _user_keys(overrides: list[str]) -> set[str]:
@@ -58,12 +66,7 @@ def _graph_choice(spec: RunSpec, goal: str) -> tuple[str, str]:
         return "none", no_graphs
     if goal == "bring-up":
         return "none", "CUDA graphs are useful after bring-up, once the training loop is stable"
-    if not profile(spec.model.arch).graphs_capture_attention:  # G009
-        return "te_moe", (
-            "TE-scoped [moe_router, moe_preprocess]: narrow, and what Bridge's Qwen3-VL recipes use "
-            "(the attn scope breaks Qwen3VLModel capture)"
-        )
-    return "te_attn_moe", "TE-scoped [attn, moe_router, moe_preprocess]: the guide's safer MoE default"
+    return graph_scope(spec)  # the model's playbook: Qwen3.5 runs without graphs
 
 
 def _fits_comfortably(found: MemoryEstimate) -> bool:
@@ -140,16 +143,46 @@ def starting_point(base: list[str], goal: str, family: str) -> Start | None:
                     overrides = set_overrides(overrides, *_pipeline_split(probe.model.num_layers, pp))
                 settled = _settle(overrides, allow_variants)
                 if settled is not None and (goal == "bring-up" or _fits_comfortably(settled[3])):
-                    final, spec, findings, memory = settled
-                    return Start(
-                        family,
-                        final,
-                        spec,
-                        findings,
-                        memory,
-                        knob_reasons(spec, goal, user, final != overrides),
-                    )
+                    changed_for_memory = settled[0] != overrides
+                    (final, spec, findings, memory), fixed = _apply_fixes(settled, goal)
+                    why = knob_reasons(spec, goal, user, changed_for_memory)
+                    return Start(family, final, spec, findings, memory, [*why, *fixed], goal)
     return None
+
+
+Settled = tuple[list[str], RunSpec, list[Finding], MemoryEstimate]
+
+
+def _apply_fixes(settled: Settled, goal: str) -> tuple[Settled, list[str]]:
+    """settled with each warning of APPLIED_FIXES resolved by its rule's fix where the result still
+    validates (and fits with headroom past bring-up); the reasons for the changes made."""
+    reasons: list[str] = []
+    for found in settled[2]:
+        fix = APPLIED_FIXES.get(found.code)
+        if fix is None or found.is_error:
+            continue
+        tried = _settle(set_overrides(settled[0], *fix), allow_variants=False)
+        if tried is None or found.code in {f.code for f in tried[2]}:
+            continue
+        if goal == "bring-up" or _fits_comfortably(tried[3]):
+            settled = tried
+            reasons.append(f"{' '.join(fix)}: the fix of {found.code} ({found.title}): {found.message}")
+    return settled, reasons
+
+
+def warning_lines(findings: list[Finding], goal: str) -> list[str]:
+    """Each warning the start still has: kept on purpose (and why), or left to the user (its fix)."""
+    lines = []
+    for found in findings:
+        if found.is_error:
+            continue
+        kept = KEPT_WARNINGS.get((found.code, goal))
+        lines.append(
+            f"  ! {found.code} {found.title}: kept: {kept}"
+            if kept
+            else f"  ! {found.code} {found.title}: {found.message} Fix: {found.fix}"
+        )
+    return lines
 
 
 def knob_reasons(spec: RunSpec, goal: str, user: set[str], changed_for_memory: bool) -> list[str]:
@@ -175,7 +208,7 @@ def knob_reasons(spec: RunSpec, goal: str, user: set[str], changed_for_memory: b
         reason = _no_graphs(spec) or (
             "full recompute works only with full-iteration graphs"
             if spec.recompute.granularity is RecomputeGranularity.full and goal != "bring-up"
-            else "CUDA graphs are useful after bring-up, once the training loop is stable"
+            else _graph_choice(spec, goal)[1]
         )
         why.append(f"cuda_graph=none: {reason}")
     else:
@@ -319,5 +352,6 @@ def _describe_start(title: str, start: Start) -> list[str]:
         f"  {fit}; validation: 0 errors, {len(warnings)} warning(s)"
         + (f" ({', '.join(sorted({f.code for f in warnings}))})" if warnings else ""),
     ]
+    lines += warning_lines(start.findings, start.goal)
     lines += [f"  - {w}" for w in start.why]
     return lines
