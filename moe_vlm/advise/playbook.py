@@ -186,7 +186,7 @@ def graph_scope(spec: RunSpec) -> tuple[str, str]:
         )
     if not profile(spec.model.arch).graphs_capture_attention:  # G009
         return "te_moe", (
-            "TE scope [moe_router, moe_preprocess], what every Bridge Qwen3-VL perf recipe forces; the attn "
+            "Qwen3-VL: TE scope [moe_router, moe_preprocess], what every Bridge Qwen3-VL perf recipe forces; the attn "
             "scope breaks Qwen3VLModel capture (rule G009)"
         )
     return "te_attn_moe", "TE scope [attn, moe_router, moe_preprocess]: the guide's safer MoE default"

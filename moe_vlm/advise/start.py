@@ -14,6 +14,7 @@ from moe_vlm.compose import compose_spec, override_key, set_overrides
 from moe_vlm.data.stats import MOCK_SPEEDUP_NOTE
 from moe_vlm.engines.support import accepts
 from moe_vlm.errors import BadInput
+from moe_vlm.launch.points import sweep_name
 from moe_vlm.memory import THIN_HEADROOM_FRACTION, MemoryEstimate, estimate, memory_variants
 from moe_vlm.rules import Finding, errors, validate
 from moe_vlm.rules.catalogue import CATALOGUE
@@ -317,15 +318,45 @@ def before_any_run(base: list[str], goal: str) -> list[str]:
         nxt = starting_point(set_overrides(base, "parallelism=3d"), "peak-throughput", "3d")
         if nxt is not None:
             out += ["", *(_describe_start("next, once stable on FSDP (3D candidate)", nxt))]
-    sweep_overrides = [o for o in start.overrides if override_key(o) not in ("mbs", "recompute")]
-    out += [
-        "",
-        "then sweep MBS x recompute together (the setting that fits is often not the fastest steady state):",
-        f"  python train.py -m sweep=mbs_recompute {' '.join(shlex.quote(o) for o in sweep_overrides)}",
-        "  moe-vlm advise sweep=<that sweep's directory>",
-    ]
+    out += ["", *mbs_recompute_lines(start.overrides)]
     out += playbook_lines(start.spec, start.overrides, nxt.overrides if nxt else None)
     return out
+
+
+def mbs_recompute_lines(start: list[str]) -> list[str]:
+    """The MBS x recompute sweep to run next, as sweeps whose every point is predicted to fit and
+    validates (the preset itself when all of its points do), each with the advise command for
+    the directory it will write."""
+    base = [o for o in start if override_key(o) not in ("mbs", "recompute")]
+    fits = {
+        (mbs, recompute): (found := candidate(set_overrides(base, f"mbs={mbs}", f"recompute={recompute}")))
+        is not None
+        and not errors(found[1])
+        for mbs in MBS_LADDER
+        for recompute in ("full", "selective")
+    }
+    both = [m for m in MBS_LADDER if fits[(m, "full")] and fits[(m, "selective")]]
+    full_only = [m for m in MBS_LADDER if fits[(m, "full")] and not fits[(m, "selective")]]
+    sweeps: list[list[str]] = []
+    if len(both) == len(MBS_LADDER):
+        sweeps.append(["sweep=mbs_recompute", *base])
+    else:
+        if both:
+            sweeps.append([*base, f"mbs={','.join(map(str, both))}", "recompute=full,selective"])
+        if full_only:  # selective does not fit at these MBS: full recompute alone
+            sweeps.append([*base, f"mbs={','.join(map(str, full_only))}", "recompute=full"])
+    if not sweeps:
+        return ["no MBS x recompute point is predicted to fit beyond the start above"]
+    lines = [
+        "then sweep MBS x recompute together (the setting that fits is often not the fastest steady "
+        f"state; every point below is predicted to fit{'' if len(both) == len(MBS_LADDER) else ', the rest would be rejected'}):"
+    ]
+    for overrides in sweeps:
+        lines += [
+            f"  python train.py -m {' '.join(shlex.quote(o) for o in overrides)}",
+            f"  moe-vlm advise sweep=multirun/{sweep_name(overrides)}",
+        ]
+    return lines
 
 
 def _reject_impossible(spec: RunSpec) -> None:
