@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from moe_vlm.memory import estimate
+from moe_vlm.memory.predict import estimate
 from moe_vlm.profiling import TENSORBOARD_DIR, TORCH_PROFILE_DIR
 from moe_vlm.schema import DataKind, ExperimentLogger, Profiler
 from moe_vlm.spec import RunSpec

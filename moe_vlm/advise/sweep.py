@@ -104,9 +104,10 @@ class SweepRun:
         rate = self.throughput
         if rate is None or not isinstance(times, dict):
             return None
-        p10, p50, p90 = (times.get(k) for k in ("p10", "p50", "p90"))
-        if not all(isinstance(v, int | float) and v > 0 for v in (p10, p50, p90)):
+        values = [times.get(k) for k in ("p10", "p50", "p90")]
+        if not all(isinstance(v, int | float) and not isinstance(v, bool) and v > 0 for v in values):
             return None
+        p10, p50, p90 = (float(v) for v in values)
         return rate * p50 / p90, rate * p50 / p10
 
     def suggest(self, topic: str, why: str, overrides: list[str], axis: bool = False) -> Suggestion:

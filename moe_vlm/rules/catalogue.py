@@ -82,7 +82,9 @@ def rule(code: str, level: Level, title: str) -> Callable[[Check], Check]:
 
 def validate(spec: RunSpec) -> list[Finding]:
     """Every finding at once, errors first, in catalogue order."""
-    findings = [Finding(r.code, r.level, v.keys, v.message, v.fix, r.title) for r in CATALOGUE for v in r.check(spec)]
+    findings = [
+        Finding(r.code, r.level, v.keys, v.message, v.fix, r.title) for r in CATALOGUE for v in r.check(spec)
+    ]
     return sorted(findings, key=lambda f: f.level is not Level.error)
 
 

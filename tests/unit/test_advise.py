@@ -344,7 +344,9 @@ def test_bad_input_through_the_command_is_one_line_exit_2(argv: list[str]) -> No
     assert done.stderr.startswith("moe-vlm advise: error: ") and "Fix:" in done.stderr
 
 
-def test_a_measured_point_is_never_suggested_again(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+def test_a_measured_point_is_never_suggested_again(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
     # MBS 1, 2, 4 rising; MBS 8 (what the advisor would propose next) is already in the sweep but
     # slower; the axis keeps only MBS 16, the one point not measured.
     sweep = tmp_path / "sweep"
