@@ -104,8 +104,8 @@ class SweepRun:
         rate = self.throughput
         if rate is None or not isinstance(times, dict):
             return None
-        values = [times.get(k) for k in ("p10", "p50", "p90")]
-        if not all(isinstance(v, int | float) and not isinstance(v, bool) and v > 0 for v in values):
+        values = [v for k in ("p10", "p50", "p90") if isinstance(v := times.get(k), int | float) and v > 0]
+        if len(values) != 3:
             return None
         p10, p50, p90 = (float(v) for v in values)
         return rate * p50 / p90, rate * p50 / p10
