@@ -40,7 +40,8 @@ class Finding:
 
     def brief(self) -> str:
         """One short line: level, code, the rule's title and the fix (line() has the whole message)."""
-        return f"{self.level.value.upper()} {self.code} {self.title or self.message}. Fix: {self.fix}"
+        what = f"rule: {self.title}" if self.title else self.message
+        return f"{self.level.value.upper()} {self.code} ({what}). Fix: {self.fix}"
 
     def line(self) -> str:
         return (
