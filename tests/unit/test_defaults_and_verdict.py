@@ -70,6 +70,8 @@ def test_an_invalid_plan_ends_with_every_finding_in_one_short_line() -> None:
 def test_a_valid_plan_with_warnings_names_them_last() -> None:
     spec = make_spec("cluster=gb200", "model=qwen3_vl_30b_a3b", "nodes=2", "dispatcher=alltoall")
     tail = render(spec, validate(spec), deep=False).splitlines()
-    assert tail[-2] == "VALID, with 1 warning(s):" and tail[-1].startswith("  WARNING W003 (rule: GB200: HybridEP")
+    assert tail[-2] == "VALID, with 1 warning(s):" and tail[-1].startswith(
+        "  WARNING W003 (rule: GB200: HybridEP"
+    )
     clean = make_spec("cluster=gb200", "model=qwen3_vl_30b_a3b", "nodes=2")
     assert render(clean, validate(clean), deep=False).splitlines()[-1] == "VALID"

@@ -88,6 +88,13 @@ def test_the_commands_of_a_document_run_as_written(doc: Path, tmp_path: Path) ->
                 continue
             script.append(planned_form(command))
         done = subprocess.run(
-            ["bash", "-c", "\n".join(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
+            ["bash", "-c", "\n".join(script)],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
         )
-        assert done.returncode == 0, f"{doc.name}: {script}\nstdout: {done.stdout[-3000:]}\nstderr: {done.stderr[-3000:]}"
+        assert done.returncode == 0, (
+            f"{doc.name}: {script}\nstdout: {done.stdout[-3000:]}\nstderr: {done.stderr[-3000:]}"
+        )
