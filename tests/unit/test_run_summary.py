@@ -36,7 +36,7 @@ def test_a_gpu_run_reads_in_one_short_table(tmp_path: Path) -> None:
     assert len(lines) <= 25
     assert f"run directory             {tmp_path}" in text
     assert "effective tokens/s/GPU    4,000.0" in text
-    assert "1.100 s (p10-p90 1.000-1.200 s)" in text
+    assert "1.100 s (p10-p90 1.080-1.120 s)" in text
     assert "15.0% of NVIDIA GB200 dense BF16" in text
     assert "41.00 GiB (cuda_max_allocated) vs" in text and "predicted" in text
     assert "decoder 76%, projector 2%, vision_encoder 22%" in text
