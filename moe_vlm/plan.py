@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import textwrap
 from typing import TYPE_CHECKING, Any
 
@@ -20,6 +21,7 @@ from moe_vlm.spec import RunSpec
 if TYPE_CHECKING:
     from moe_vlm.engines.megatron.effective import Planned
 
+SHALLOW_ENV = "MOE_VLM_PLAN_SHALLOW"
 SHALLOW_NOTE = (
     "not built in a big dry run (seconds per point): plan this point alone, or rerun the sweep with "
     "dry_run=full"
@@ -266,7 +268,10 @@ def render(
     spec: RunSpec, findings: list[Finding], deep: bool = True, memory: MemoryEstimate | str | None = None
 ) -> str:
     """The whole plan. deep=False leaves out what takes seconds per point on the Megatron engine
-    (the stack probe, Bridge's effective configuration): a big dry run writes every plan."""
+    (the stack probe, Bridge's effective configuration): a big dry run writes every plan.
+    MOE_VLM_PLAN_SHALLOW=1 does the same for every plan (tests/unit/test_docs_commands.py plans
+    every documented command this way; tests/megatron checks the Bridge-built sections)."""
+    deep = deep and os.environ.get(SHALLOW_ENV) != "1"
     # Every config group's choice (record.GROUPS), then the top-level knobs.
     knobs = [
         *textwrap.wrap(" ".join(f"{group}={choice}" for group, choice in choices(spec).items()), 110),
@@ -297,5 +302,18 @@ def render(
             "transformers Qwen3VLMoeForConditionalGeneration + torch FSDP2 "
             f"({spec.parallelism.sharding_strategy.value}), {spec.layout.world_size} rank(s)",
         ]
-    out += ["", "VALID" if not errors else f"INVALID: {len(errors)} error(s); nothing was run or submitted."]
-    return "\n".join(out)
+    return "\n".join([*out, "", *verdict_lines(findings)])
+
+
+def verdict_lines(findings: list[Finding]) -> list[str]:
+    """The plan's last lines: the verdict, with every finding again in one short line (code, the
+    rule's title, the fix), since the full lines sit far above the Megatron sections."""
+    bad = [f for f in findings if f.is_error]
+    if not findings:
+        return ["VALID"]
+    head = (
+        f"INVALID: {len(bad)} error(s), {len(findings) - len(bad)} warning(s); nothing was run or submitted:"
+        if bad
+        else f"VALID, with {len(findings)} warning(s):"
+    )
+    return [head, *(f"  {f.brief()}" for f in findings)]

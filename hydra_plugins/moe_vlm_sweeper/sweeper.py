@@ -196,7 +196,10 @@ class PlanningSweeper(Sweeper):
         else:
             finished = [points.run_status(sweep_dir / p.point_id) or "no record" for p in to_launch]
             tally = ", ".join(f"{finished.count(s)} {s}" for s in sorted(set(finished)))
-            print(f"moe_vlm: done: {tally}. Table: moe-vlm status {sweep_dir}")
+            print(
+                f"moe_vlm: sweep {sweep_dir} done: {tally}. Table: moe-vlm status {sweep_dir}; "
+                f"ranking: moe-vlm report {sweep_dir}"
+            )
         return results
 
     def triage(self, planned: list[Point], sweep_dir: Path) -> tuple[list[Point], dict[str, int]]:

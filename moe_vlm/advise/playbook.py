@@ -9,7 +9,9 @@ A piece of advice that can be a command is one: its overrides go on top of the s
 configuration the advisor settled (or the 3D candidate), every point of it (a sweep axis is
 `key=a,b`) is composed and validated here, and it is printed only when no point has an error
 finding; otherwise the advice is printed as text with the rule that stands in its way.
-Precision is advice in words: this tool runs the recipe's BF16, and no knob selects another.
+Precision advice is an A/B sweep of `precision=` (conf/precision: Bridge's mixed-precision recipes).
+The CUDA-graph scope a model's playbook recommends (`graph_scope`) is also the scope the
+advisor's peak-throughput start uses: one fact for both.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import shlex
 from dataclasses import dataclass
 from enum import Enum
 
+from moe_vlm.arch import profile
 from moe_vlm.compose import compose_spec, set_overrides
 from moe_vlm.engines.bridge_fields import select_recipe
 from moe_vlm.rules import errors, validate
@@ -73,9 +76,9 @@ class Playbook:
 
 
 _PRECISION_NOTE = (
-    "this tool runs the recipe's BF16; Bridge ships FP8 variants beside each BF16 perf recipe "
-    "(*_fp8cs_config, *_fp8mx_config); FP8 for VLM MoE is untested on the card, and MFU is quoted "
-    "against the BF16 peak: compare absolute throughput"
+    "precision= selects Bridge's mixed-precision recipe, as its *_fp8cs_config / *_fp8mx_config perf "
+    "recipes set it; FP8 for VLM MoE is not validated upstream (rule P002 warns): A/B it against BF16 on "
+    "absolute throughput and compare loss curves (MFU is given against the BF16 and the format's peak)"
 )
 
 # Process settings the perf recipes put in cfg.env_vars (Bridge applies them on each rank), and
@@ -104,7 +107,8 @@ _HOPPER = Playbook(
                "shape; the Qwen3-235B 256xH100 recipe uses alltoall with EP overlap, which Qwen3VLModel "
                "cannot run here (rule D008)", f"{HW}; {DISPATCH}", ("dispatcher=deepep,hybridep",)),
         Advice(Topic.precision, "BF16 first; on Hopper the FP8 recipes are per-tensor delayed, current "
-               "scaling and blockwise; keep the router in FP32; " + _PRECISION_NOTE, f"{HW}; {WORKFLOW}"),
+               "scaling and blockwise (this tool runs current scaling, precision=fp8cs); keep the router in "
+               "FP32; " + _PRECISION_NOTE, f"{HW}; {WORKFLOW}", ("precision=bf16,fp8cs",)),
     ),
     _COMMON_ENV,
 )  # fmt: skip
@@ -116,7 +120,7 @@ _B200 = Playbook(
                "the alltoall bring-up", f"{HW}; {DISPATCH}", ("dispatcher=alltoall,deepep,hybridep",)),
         Advice(Topic.setup, "focus on container quality and the PP layout", HW),
         Advice(Topic.precision, "BF16 until stable, then MXFP8 (Blackwell); " + _PRECISION_NOTE,
-               f"{HW}; {WORKFLOW}"),
+               f"{HW}; {WORKFLOW}", ("precision=bf16,fp8mx",)),
     ),
     _COMMON_ENV,
 )  # fmt: skip
@@ -140,7 +144,7 @@ def _grace_blackwell(platform: str, extra: tuple[Advice, ...]) -> Playbook:
                    "swap: check the straggler section of `moe-vlm report` before tuning", HW),
             Advice(Topic.graphs, "add CUDA graphs only when a profile shows host overhead", HW),
             Advice(Topic.precision, "BF16 until stable, then MXFP8 (the GB200/GB300 DSV3 rows are FP8-MX); "
-                   + _PRECISION_NOTE, f"{HW}; {WORKFLOW}"),
+                   + _PRECISION_NOTE, f"{HW}; {WORKFLOW}", ("precision=bf16,fp8mx",)),
             *extra,
         ),
         _COMMON_ENV,
@@ -173,21 +177,31 @@ PLAYBOOKS: dict[str, Playbook] = {
 }  # fmt: skip
 
 
-def _graph_advice(spec: RunSpec) -> Advice:
+def graph_scope(spec: RunSpec) -> tuple[str, str]:
+    """The CUDA-graph option this model's playbook recommends once the loop is stable, and why."""
     if spec.model.arch == Arch.qwen3_5_moe:
-        return Advice(
-            Topic.graphs,
+        return "none", (
             "Qwen3.5-VL: Bridge's perf recipes run without CUDA graphs for variable-length VLM inputs; the "
-            "card's Qwen3.5 graph row contradicts them: keep cuda_graph=none",
-            f"{QWEN35_GRAPHS}; {SKILLS} 3.2",
+            "card's Qwen3.5 graph row contradicts them"
         )
+    if not profile(spec.model.arch).graphs_capture_attention:  # G009
+        return "te_moe", (
+            "Qwen3-VL: TE scope [moe_router, moe_preprocess], what every Bridge Qwen3-VL perf recipe forces; the attn "
+            "scope breaks Qwen3VLModel capture (rule G009)"
+        )
+    return "te_attn_moe", "TE scope [attn, moe_router, moe_preprocess]: the guide's safer MoE default"
+
+
+def _graph_advice(spec: RunSpec) -> Advice:
+    choice, why = graph_scope(spec)
+    if choice == "none":
+        return Advice(Topic.graphs, f"{why}: keep cuda_graph=none", f"{QWEN35_GRAPHS}; {SKILLS} 3.2")
     return Advice(
         Topic.graphs,
-        "Qwen3-VL: TE scope [moe_router, moe_preprocess] (cuda_graph=te_moe), what every Bridge Qwen3-VL "
-        "perf recipe forces; the attn scope breaks Qwen3VLModel capture (rule G009), and full recompute "
-        "with a TE scope asserts (rule G007): selective recompute with it",
+        f"{why} (cuda_graph={choice}); full recompute with a TE scope asserts (rule G007): selective "
+        "recompute with it",
         f"{QWEN3_VL_GRAPHS}; {GRAPHS} [main]",
-        ("cuda_graph=te_moe", "recompute=selective"),
+        (f"cuda_graph={choice}", "recompute=selective"),
     )
 
 

@@ -9,12 +9,12 @@ from __future__ import annotations
 import shlex
 from dataclasses import dataclass, field
 
-from moe_vlm.advise.playbook import playbook_lines
-from moe_vlm.arch import profile
+from moe_vlm.advise.playbook import graph_scope, playbook_lines
 from moe_vlm.compose import compose_spec, override_key, set_overrides
 from moe_vlm.data.stats import MOCK_SPEEDUP_NOTE
 from moe_vlm.engines.support import accepts
 from moe_vlm.errors import BadInput
+from moe_vlm.launch.points import sweep_name
 from moe_vlm.memory import THIN_HEADROOM_FRACTION, MemoryEstimate, estimate, memory_variants
 from moe_vlm.rules import Finding, errors, validate
 from moe_vlm.rules.catalogue import CATALOGUE
@@ -25,6 +25,14 @@ GOALS = ("bring-up", "peak-throughput")
 FSDP_LABEL = "FSDP (Megatron FSDP: TP=1 CP=1 PP=1, EP sized to the experts)"
 MBS_LADDER = (1, 2, 4, 8)
 PIPELINE_LADDER = (1, 2, 4, 8, 16)
+# A warning the start resolves by applying its rule's fix, when the result still validates (and,
+# past bring-up, fits with headroom): O007, Megatron FSDP sharded across NVLink-domain segments.
+APPLIED_FIXES: dict[str, tuple[str, ...]] = {"O007": ("parallelism.dp_outer=0",)}
+# A warning the start keeps on purpose, by goal, and why.
+KEPT_WARNINGS: dict[tuple[str, str], str] = {
+    ("R003", "bring-up"): "bring-up keeps full recompute on purpose; the MBS x recompute sweep below "
+    "relaxes it once the run is stable",
+}
 
 
 def command(overrides: list[str]) -> str:
@@ -39,6 +47,7 @@ class Start:
     findings: list[Finding]
     memory: MemoryEstimate
     why: list[str] = field(default_factory=list)
+    goal: str = "bring-up"
 
 
 def _user_keys(overrides: list[str]) -> set[str]:
@@ -58,12 +67,7 @@ def _graph_choice(spec: RunSpec, goal: str) -> tuple[str, str]:
         return "none", no_graphs
     if goal == "bring-up":
         return "none", "CUDA graphs are useful after bring-up, once the training loop is stable"
-    if not profile(spec.model.arch).graphs_capture_attention:  # G009
-        return "te_moe", (
-            "TE-scoped [moe_router, moe_preprocess]: narrow, and what Bridge's Qwen3-VL recipes use "
-            "(the attn scope breaks Qwen3VLModel capture)"
-        )
-    return "te_attn_moe", "TE-scoped [attn, moe_router, moe_preprocess]: the guide's safer MoE default"
+    return graph_scope(spec)  # the model's playbook: Qwen3.5 runs without graphs
 
 
 def _fits_comfortably(found: MemoryEstimate) -> bool:
@@ -140,16 +144,46 @@ def starting_point(base: list[str], goal: str, family: str) -> Start | None:
                     overrides = set_overrides(overrides, *_pipeline_split(probe.model.num_layers, pp))
                 settled = _settle(overrides, allow_variants)
                 if settled is not None and (goal == "bring-up" or _fits_comfortably(settled[3])):
-                    final, spec, findings, memory = settled
-                    return Start(
-                        family,
-                        final,
-                        spec,
-                        findings,
-                        memory,
-                        knob_reasons(spec, goal, user, final != overrides),
-                    )
+                    changed_for_memory = settled[0] != overrides
+                    (final, spec, findings, memory), fixed = _apply_fixes(settled, goal)
+                    why = knob_reasons(spec, goal, user, changed_for_memory)
+                    return Start(family, final, spec, findings, memory, [*why, *fixed], goal)
     return None
+
+
+Settled = tuple[list[str], RunSpec, list[Finding], MemoryEstimate]
+
+
+def _apply_fixes(settled: Settled, goal: str) -> tuple[Settled, list[str]]:
+    """settled with each warning of APPLIED_FIXES resolved by its rule's fix where the result still
+    validates (and fits with headroom past bring-up); the reasons for the changes made."""
+    reasons: list[str] = []
+    for found in settled[2]:
+        fix = APPLIED_FIXES.get(found.code)
+        if fix is None or found.is_error:
+            continue
+        tried = _settle(set_overrides(settled[0], *fix), allow_variants=False)
+        if tried is None or found.code in {f.code for f in tried[2]}:
+            continue
+        if goal == "bring-up" or _fits_comfortably(tried[3]):
+            settled = tried
+            reasons.append(f"{' '.join(fix)}: the fix of {found.code} ({found.title}): {found.message}")
+    return settled, reasons
+
+
+def warning_lines(findings: list[Finding], goal: str) -> list[str]:
+    """Each warning the start still has: kept on purpose (and why), or left to the user (its fix)."""
+    lines = []
+    for found in findings:
+        if found.is_error:
+            continue
+        kept = KEPT_WARNINGS.get((found.code, goal))
+        lines.append(
+            f"  ! {found.code} {found.title}: kept: {kept}"
+            if kept
+            else f"  ! {found.code} {found.title}: {found.message} Fix: {found.fix}"
+        )
+    return lines
 
 
 def knob_reasons(spec: RunSpec, goal: str, user: set[str], changed_for_memory: bool) -> list[str]:
@@ -175,7 +209,7 @@ def knob_reasons(spec: RunSpec, goal: str, user: set[str], changed_for_memory: b
         reason = _no_graphs(spec) or (
             "full recompute works only with full-iteration graphs"
             if spec.recompute.granularity is RecomputeGranularity.full and goal != "bring-up"
-            else "CUDA graphs are useful after bring-up, once the training loop is stable"
+            else _graph_choice(spec, goal)[1]
         )
         why.append(f"cuda_graph=none: {reason}")
     else:
@@ -284,15 +318,45 @@ def before_any_run(base: list[str], goal: str) -> list[str]:
         nxt = starting_point(set_overrides(base, "parallelism=3d"), "peak-throughput", "3d")
         if nxt is not None:
             out += ["", *(_describe_start("next, once stable on FSDP (3D candidate)", nxt))]
-    sweep_overrides = [o for o in start.overrides if override_key(o) not in ("mbs", "recompute")]
-    out += [
-        "",
-        "then sweep MBS x recompute together (the setting that fits is often not the fastest steady state):",
-        f"  python train.py -m sweep=mbs_recompute {' '.join(shlex.quote(o) for o in sweep_overrides)}",
-        "  moe-vlm advise sweep=<that sweep's directory>",
-    ]
+    out += ["", *mbs_recompute_lines(start.overrides)]
     out += playbook_lines(start.spec, start.overrides, nxt.overrides if nxt else None)
     return out
+
+
+def mbs_recompute_lines(start: list[str]) -> list[str]:
+    """The MBS x recompute sweep to run next, as sweeps whose every point is predicted to fit and
+    validates (the preset itself when all of its points do), each with the advise command for
+    the directory it will write."""
+    base = [o for o in start if override_key(o) not in ("mbs", "recompute")]
+    fits = {
+        (mbs, recompute): (found := candidate(set_overrides(base, f"mbs={mbs}", f"recompute={recompute}")))
+        is not None
+        and not errors(found[1])
+        for mbs in MBS_LADDER
+        for recompute in ("full", "selective")
+    }
+    both = [m for m in MBS_LADDER if fits[(m, "full")] and fits[(m, "selective")]]
+    full_only = [m for m in MBS_LADDER if fits[(m, "full")] and not fits[(m, "selective")]]
+    sweeps: list[list[str]] = []
+    if len(both) == len(MBS_LADDER):
+        sweeps.append(["sweep=mbs_recompute", *base])
+    else:
+        if both:
+            sweeps.append([*base, f"mbs={','.join(map(str, both))}", "recompute=full,selective"])
+        if full_only:  # selective does not fit at these MBS: full recompute alone
+            sweeps.append([*base, f"mbs={','.join(map(str, full_only))}", "recompute=full"])
+    if not sweeps:
+        return ["no MBS x recompute point is predicted to fit beyond the start above"]
+    lines = [
+        "then sweep MBS x recompute together (the setting that fits is often not the fastest steady "
+        f"state; every point below is predicted to fit{'' if len(both) == len(MBS_LADDER) else ', the rest would be rejected'}):"
+    ]
+    for overrides in sweeps:
+        lines += [
+            f"  python train.py -m {' '.join(shlex.quote(o) for o in overrides)}",
+            f"  moe-vlm advise sweep=multirun/{sweep_name(overrides)}",
+        ]
+    return lines
 
 
 def _reject_impossible(spec: RunSpec) -> None:
@@ -319,5 +383,6 @@ def _describe_start(title: str, start: Start) -> list[str]:
         f"  {fit}; validation: 0 errors, {len(warnings)} warning(s)"
         + (f" ({', '.join(sorted({f.code for f in warnings}))})" if warnings else ""),
     ]
+    lines += warning_lines(start.findings, start.goal)
     lines += [f"  - {w}" for w in start.why]
     return lines

@@ -9,6 +9,7 @@ each point.json), and a proposal to extend an axis is a sweep of it (`-m mbs=8,1
 
 from __future__ import annotations
 
+import json
 import shlex
 import sys
 from dataclasses import dataclass, field
@@ -41,6 +42,10 @@ class Suggestion:
     topic: str
     why: str
     command: str
+    # The point(s) it proposes (overrides as the run's; a `key=a,b` value is an axis), and the run
+    # whose cluster, model, nodes and launcher it keeps; None: a command that runs nothing new.
+    overrides: tuple[str, ...] | None = None
+    run: SweepRun | None = None
 
 
 @dataclass
@@ -94,6 +99,22 @@ class SweepRun:
     @property
     def label(self) -> str:
         return " ".join(self.overrides)
+
+    def throughput_band(self) -> tuple[float, float] | None:
+        """Effective tokens/s/GPU at the p90 and the p10 step time: the run's own noise."""
+        times = self.summary.get("step_time_s")
+        rate = self.throughput
+        if rate is None or not isinstance(times, dict):
+            return None
+        values = [v for k in ("p10", "p50", "p90") if isinstance(v := times.get(k), int | float) and v > 0]
+        if len(values) != 3:
+            return None
+        p10, p50, p90 = (float(v) for v in values)
+        return rate * p50 / p90, rate * p50 / p10
+
+    def suggest(self, topic: str, why: str, overrides: list[str], axis: bool = False) -> Suggestion:
+        """A suggestion to run `overrides` where this run ran."""
+        return Suggestion(topic, why, self.command(overrides, axis), tuple(overrides), self)
 
 
 def load_records(root: Path) -> list[SweepRun]:
@@ -177,13 +198,25 @@ def suggest_mock(records: list[SweepRun]) -> list[Suggestion]:
     if not mocks:
         return []
     best = max(mocks, key=lambda r: r.throughput or 0.0)
+    realistic = set_overrides(best.overrides, "data=synthetic")
+    twin = next((r for r in records if r.status == "completed" and measured_as(r, realistic)), None)
+    if twin is not None:  # already measured on realistic images: compare, do not rerun
+        return [
+            Suggestion(
+                "mock data used as evidence",
+                f"{len(mocks)} completed run(s) used data=mock: {MOCK_SPEEDUP_NOTE}; `{best.label}` was "
+                f"also measured on realistic images (`{twin.label}`): compare the two, and rank only the "
+                "realistic one",
+                f"moe-vlm report --diff {shlex.quote(str(twin.path.parent))} {shlex.quote(str(best.path.parent))}",
+            )
+        ]
     return [
-        Suggestion(
+        best.suggest(
             "mock data used as evidence",
             f"{len(mocks)} completed run(s) used data=mock: {MOCK_SPEEDUP_NOTE}, so their throughput "
             "says little about the VLM; rerun the best one on realistic images (mock and real results "
             "are never ranked together)",
-            best.command(set_overrides(best.overrides, "data=synthetic")),
+            realistic,
         )
     ]
 
@@ -197,10 +230,10 @@ def suggest_oom(records: list[SweepRun]) -> list[Suggestion]:
         if fit is None:
             continue
         out.append(
-            Suggestion(
+            r.suggest(
                 "out of memory",
                 f"`{r.label}` ran out of memory; the estimate's first change that fits: {describe_fit(fit)}",
-                r.command(set_overrides(r.overrides, *shlex.split(fit.variant.overrides))),
+                set_overrides(r.overrides, *shlex.split(fit.variant.overrides)),
             )
         )
     return out
@@ -225,21 +258,21 @@ def suggest_vision(records: list[SweepRun]) -> list[Suggestion]:
     )
     if r.spec is not None and not r.spec.freeze.vision:
         out.append(
-            Suggestion(
+            r.suggest(
                 "vision encoder dominates the step",
                 why + "; for decoder-focused tuning freeze the vision stack (less compute and memory)",
-                r.command(set_overrides(r.overrides, "vision_freeze=vision")),
+                set_overrides(r.overrides, "vision_freeze=vision"),
             )
         )
     if r.spec is not None:
         bigger = set_overrides(r.overrides, f"mbs={r.spec.mbs * 2}")
         if _validated(bigger) is not None:
             out.append(
-                Suggestion(
+                r.suggest(
                     "vision encoder dominates the step",
                     f"raise MBS carefully: MBS {r.spec.mbs * 2} is predicted to fit, but the vision "
                     "path grows with it; compare effective tokens/s, not step time",
-                    r.command(bigger),
+                    bigger,
                 )
             )
     return out
@@ -280,14 +313,14 @@ def suggest_selective(records: list[SweepRun]) -> list[Suggestion]:
         capacity = r.spec.cluster.gpu_memory_gib
         if predicted <= capacity * (1 - THIN_HEADROOM_FRACTION):
             out.append(
-                Suggestion(
+                r.suggest(
                     "full recompute with headroom",
                     f"`{r.label}` peaked at {r.summary['peak_memory_gib']:.1f} GiB ({kind}) of "
                     f"{capacity:.0f} GiB "
                     f"with full recompute; selective is predicted at {predicted:.1f} GiB: relax to "
                     "selective, "
                     "the usual faster steady state",
-                    r.command(relaxed),
+                    relaxed,
                 )
             )
     return out[:2]
@@ -308,11 +341,11 @@ def suggest_etp(records: list[SweepRun]) -> list[Suggestion]:
             continue
         seen.add(tuple(changed))
         out.append(
-            Suggestion(
+            r.suggest(
                 "ETP in use where EP alone fits",
                 f"`{r.label}` uses ETP={lay.etp}; EP={wider} alone fits in memory and inside the "
                 "NVLink domain. ETP adds communication and tuning surface: use it only when EP alone is not enough",
-                r.command(changed),
+                changed,
             )
         )
     return out
@@ -337,8 +370,8 @@ def suggest_mbs(records: list[SweepRun]) -> list[Suggestion]:
             continue
         top, previous = sorted(by_mbs)[-1], sorted(by_mbs)[-2]
         rate_top, rate_prev = by_mbs[top].throughput or 0.0, by_mbs[previous].throughput or 0.0
-        if rate_top <= rate_prev * (1 + MBS_RISING_MARGIN):
-            continue
+        if rate_top <= rate_prev * (1 + MBS_RISING_MARGIN) or within_noise(by_mbs[top], by_mbs[previous]):
+            continue  # not rising, or rising by less than the runs' own noise (noise_lines says so)
         curve = ", ".join(f"MBS {m}: {by_mbs[m].throughput:,.0f}" for m in sorted(by_mbs))
         last = by_mbs[top]
         why = (
@@ -354,10 +387,11 @@ def suggest_mbs(records: list[SweepRun]) -> list[Suggestion]:
         if fitting:
             axis = f"mbs={','.join(str(m) for m in fitting)}"
             out.append(
-                Suggestion(
+                last.suggest(
                     "MBS still rising",
                     why + f"; MBS {' and '.join(str(m) for m in fitting)} predicted to fit",
-                    last.command(set_overrides(last.overrides, axis), axis=len(fitting) > 1),
+                    set_overrides(last.overrides, axis),
+                    axis=len(fitting) > 1,
                 )
             )
             continue
@@ -365,12 +399,106 @@ def suggest_mbs(records: list[SweepRun]) -> list[Suggestion]:
         fit = fits_after(compose_spec(nxt))
         if fit is not None:
             out.append(
-                Suggestion(
+                last.suggest(
                     "MBS still rising",
                     why + f"; MBS {top * 2} needs more memory: {describe_fit(fit)}",
-                    last.command(set_overrides(nxt, *shlex.split(fit.variant.overrides))),
+                    set_overrides(nxt, *shlex.split(fit.variant.overrides)),
                 )
             )
+    return out
+
+
+def spec_key(spec: RunSpec) -> str:
+    """A point's identity for "already measured": its whole RunSpec, whatever spelled it."""
+    plain = {k: v for k, v in spec.to_dict().items() if k != "dry_run"}
+    return json.dumps(plain, sort_keys=True, default=str)
+
+
+def measured_as(run: SweepRun, overrides: list[str]) -> bool:
+    """Whether `overrides`, run where `run` ran, is the point `run` measured."""
+    if run.spec is None:
+        return False
+    try:
+        return spec_key(compose_spec(overrides)) == spec_key(run.spec)
+    except Exception:  # a combination Hydra rejects is no measured point
+        return False
+
+
+def _axis_points(overrides: tuple[str, ...]) -> list[list[str]]:
+    points: list[list[str]] = [[]]
+    for override in overrides:
+        key, _, value = override.partition("=")
+        values = value.split(",") if "," in value and not value.startswith("[") else [value]
+        points = [[*point, f"{key}={v}"] for point in points for v in values]
+    return points
+
+
+def unmeasured(suggestion: Suggestion, measured: dict[str, SweepRun]) -> Suggestion | None:
+    """The suggestion without the points the sweep already ran (an axis loses those values);
+    None when every point it proposes was measured."""
+    if suggestion.overrides is None or suggestion.run is None:
+        return suggestion
+    keep: list[list[str]] = []
+    for point in _axis_points(suggestion.overrides):
+        try:
+            if spec_key(compose_spec(point)) in measured:
+                continue
+        except Exception:  # the command stays as the suggester checked it
+            pass
+        keep.append(point)
+    if not keep:
+        return None
+    if len(keep) == len(_axis_points(suggestion.overrides)):
+        return suggestion
+    axes: dict[str, list[str]] = {}
+    for point in keep:
+        for override in point:
+            key, _, value = override.partition("=")
+            axes.setdefault(key, [])
+            if value not in axes[key]:
+                axes[key].append(value)
+    overrides = [f"{key}={','.join(values)}" for key, values in axes.items()]
+    return suggestion.run.suggest(suggestion.topic, suggestion.why, overrides, axis=len(keep) > 1)
+
+
+def within_noise(a: SweepRun, b: SweepRun) -> bool:
+    """Whether two runs' effective tokens/s overlap between their p10 and p90 step times."""
+    band_a, band_b = a.throughput_band(), b.throughput_band()
+    return band_a is not None and band_b is not None and band_a[0] <= band_b[1] and band_b[0] <= band_a[1]
+
+
+def noise_lines(records: list[SweepRun]) -> list[str]:
+    """Which measured differences are inside the runs' own noise: the fastest run against each
+    run whose p10-p90 throughput band overlaps its own (per data class: mock is never compared)."""
+    out = []
+    for mock in (False, True):
+        done = sorted(
+            (
+                r
+                for r in records
+                if r.status == "completed"
+                and r.throughput_band() is not None
+                and (r.data_kind == DataKind.mock.value) == mock
+            ),
+            key=lambda r: r.throughput or 0.0,
+            reverse=True,
+        )
+        if len(done) < 2:
+            continue
+        best, tied = done[0], [r for r in done[1:] if within_noise(done[0], r)]
+        if not tied:
+            continue
+
+        def band(r: SweepRun) -> str:
+            low, high = r.throughput_band() or (0.0, 0.0)
+            return f"`{r.label}` {r.throughput:,.0f} ({low:,.0f}-{high:,.0f})"
+
+        out.append(
+            f"inside the noise: the fastest{' mock' if mock else ''} run {band(best)} and "
+            + ", ".join(band(r) for r in tied)
+            + " effective tokens/s/GPU (p10-p90 step times) overlap: their differences are not "
+            "measured; rerun them with more train_iters before choosing"
+        )
     return out
 
 
@@ -387,10 +515,19 @@ def after_sweep(sweep: Path, goal: str) -> list[str]:
         *suggest_etp(records),
         *suggest_mbs(records),
     ]
+    measured = {spec_key(r.spec): r for r in records if r.spec is not None and r.status != "rejected"}
+    kept = [unmeasured(s, measured) for s in suggestions]
+    dropped = [s for s, k in zip(suggestions, kept, strict=True) if k is None]
+    suggestions = [k for k in kept if k is not None]
     status = ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
     out = [
         f"== moe-vlm advise: sweep={sweep} ({len(records)} runs: {status}) goal={goal} ==",
         "",
+    ]
+    out += [*noise_lines(records), *([""] if noise_lines(records) else [])]
+    out += [
+        f"not suggested: [{s.topic}] `{' '.join(s.overrides or ())}` was already measured in this sweep"
+        for s in dropped
     ]
     if not suggestions:
         out.append(

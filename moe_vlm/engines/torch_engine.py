@@ -12,7 +12,6 @@ prints one progress line per step, and writes run.json once at the end (atomical
 from __future__ import annotations
 
 import ctypes
-import math
 import os
 import resource
 import signal
@@ -37,7 +36,7 @@ from moe_vlm import profiling
 from moe_vlm.data import Batch, BatchStats, DataStats, build_batches
 from moe_vlm.engines import EngineUnavailable, RunFailed
 from moe_vlm.engines.torch_model import apply_freeze, apply_recompute, build_model
-from moe_vlm.explog import ExperimentLog, flatten, open_log, step_metrics, summary_metrics
+from moe_vlm.explog import ExperimentLog, open_log, step_metrics, summary_metrics
 from moe_vlm.launch.dist_env import DistEnv
 from moe_vlm.launch.failures import LOG_TAIL_LINES, classify, launch_info, write_failure
 from moe_vlm.profiling import StepProfiler
@@ -51,6 +50,7 @@ from moe_vlm.record import (
     read_steps,
     write_json_atomic,
 )
+from moe_vlm.run_summary import summary_lines
 from moe_vlm.schema import DataKind, ShardingStrategy
 from moe_vlm.spec import RunSpec
 from moe_vlm.timing import COMPONENTS, ComponentTimer, clock_for
@@ -227,7 +227,7 @@ def run_rank(spec: RunSpec, config: dict[str, Any], run_dir: Path, env: DistEnv)
             record = _record(spec, config, run_dir, "completed", trainer, steps, data_stats)
             write_json_atomic(run_dir / RUN_JSON, record)
             if console is not None:
-                console.finish(record)
+                console.finish(record, run_dir)
             if tracker is not None:
                 tracker.log(spec.train_iters, summary_metrics(record["summary"]))
                 tracker.close("completed")
@@ -480,26 +480,5 @@ class Console:
             flush=True,
         )
 
-    def finish(self, record: dict[str, Any]) -> None:
-        summary = record.get("summary") or {}
-        rows: list[tuple[str, str]] = [
-            ("status", str(record["status"])),
-            ("data", str(record["data"]["kind"])),
-        ]
-        for key, value in sorted(flatten(summary).items()):
-            rows.append((key, _format(value)))
-        width = max(len(key) for key, _ in rows)
-        print("-" * (width + 30), flush=True)
-        for key, value in rows:
-            print(f"{key:<{width}}  {value}", flush=True)
-        print("-" * (width + 30), flush=True)
-
-
-def _format(value: Any) -> str:
-    if isinstance(value, float):
-        if math.isnan(value):
-            return "nan"
-        return f"{value:,.4g}" if abs(value) < 1e6 else f"{value:,.0f}"
-    if isinstance(value, list):
-        return ", ".join(_format(item) for item in value)
-    return str(value)
+    def finish(self, record: dict[str, Any], run_dir: Path) -> None:
+        print("\n".join(summary_lines(self.spec, record, run_dir)), flush=True)

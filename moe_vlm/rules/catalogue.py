@@ -32,10 +32,16 @@ class Finding:
     keys: tuple[str, ...]
     message: str
     fix: str
+    title: str = ""  # the rule's one-line title (its catalogue entry), for the plan's closing summary
 
     @property
     def is_error(self) -> bool:
         return self.level is Level.error
+
+    def brief(self) -> str:
+        """One short line: level, code, the rule's title and the fix (line() has the whole message)."""
+        what = f"rule: {self.title}" if self.title else self.message
+        return f"{self.level.value.upper()} {self.code} ({what}). Fix: {self.fix}"
 
     def line(self) -> str:
         return (
@@ -77,7 +83,9 @@ def rule(code: str, level: Level, title: str) -> Callable[[Check], Check]:
 
 def validate(spec: RunSpec) -> list[Finding]:
     """Every finding at once, errors first, in catalogue order."""
-    findings = [Finding(r.code, r.level, v.keys, v.message, v.fix) for r in CATALOGUE for v in r.check(spec)]
+    findings = [
+        Finding(r.code, r.level, v.keys, v.message, v.fix, r.title) for r in CATALOGUE for v in r.check(spec)
+    ]
     return sorted(findings, key=lambda f: f.level is not Level.error)
 
 

@@ -63,7 +63,11 @@ def test_default_run_completes_on_two_ranks(tmp_path: Path) -> None:
     # Console: one progress line per step, then the summary table.
     progress = [line for line in done.stdout.splitlines() if line.startswith("step ")]
     assert len(progress) == 3 and "loss" in progress[0] and "tok/s" in progress[0] and "GiB" in progress[0]
-    assert "effective_tokens_per_s_per_gpu" in done.stdout
+    # The end-of-run table (moe_vlm/run_summary.py): short, the run directory, the key figure.
+    table = done.stdout.split("\n" + "-" * 78 + "\n", 1)[1].splitlines()
+    assert len(table) <= 25, table
+    assert f"run directory             {tmp_path}" in done.stdout
+    assert "effective tokens/s/rank" in done.stdout and f"moe-vlm report {tmp_path}" in done.stdout
 
 
 @pytest.mark.slow

@@ -5,7 +5,8 @@ of a Qwen3-VL-30B-A3B sweep on 2 GB200 nodes submitted through hydra/launcher=sl
 with the .hydra/overrides.yaml Hydra writes and the point.json the sweeper writes (its
 `launcher_overrides` name the launcher):
 
-    p01 mock data, full recompute, MBS 1             -> "mock data used as evidence"
+    p01 mock data, full recompute, MBS 1             -> "mock data used as evidence": its realistic twin
+                                                        p02 was measured: compare them (report --diff)
     p02-p04 synthetic, full recompute, MBS 1/2/4     -> tokens/s 4000 -> 5200 -> 6100: "MBS still rising";
             peaks 41 / 58 / 92 GiB of 185            -> "full recompute with headroom" (MBS 2 is the
                                                         fastest full run whose selective variant fits)
@@ -54,8 +55,6 @@ def test_sweep_suggestions_are_the_known_right_answers(capsys: pytest.CaptureFix
     assert "(8 runs: 6 completed, 1 failed, 1 rejected)" in out
     found = commands(out)
     expected = [
-        # mock -> the same point on realistic images
-        f"{BASE} recompute=full mbs=1 data=synthetic",
         # vision encoder at 55%: freeze it for decoder-focused tuning, or raise MBS carefully
         f"{BASE} data=synthetic recompute=selective mbs=1 vision_freeze=vision",
         f"{BASE} data=synthetic recompute=selective mbs=2",
@@ -68,6 +67,9 @@ def test_sweep_suggestions_are_the_known_right_answers(capsys: pytest.CaptureFix
     ]
     for line in expected:
         assert line in found, f"missing suggestion: {line}\n{out}"
+    # mock -> the same point on realistic images was measured (p02): compare, never rerun it.
+    assert f"moe-vlm report --diff {SWEEP / 'p02_full_mbs1'} {SWEEP / 'p01_mock_full_mbs1'}" in out
+    assert f"{BASE} recompute=full mbs=1 data=synthetic" not in found
     # The mock run is not evidence for relaxing recompute, and MBS 4's selective variant does not fit.
     assert f"{BASE} data=mock mbs=1 recompute=selective" not in found
     assert f"{BASE} data=synthetic mbs=4 recompute=selective" not in found
@@ -277,7 +279,6 @@ def test_playbook_commands_compose_and_validate(
             spec = compose_spec(point)
             assert spec.cluster.name == cluster
             assert not errors(validate(spec)), (point, [f.line() for f in errors(validate(spec))])
-        assert "precision" not in line, "precision is advice in words: no such knob"
     # Every piece of advice and every variable names its source.
     advice = [line for line in section.splitlines() if line.startswith("  [")]
     topics = {a.split("]")[0] + "]" for a in advice}
@@ -341,3 +342,40 @@ def test_bad_input_through_the_command_is_one_line_exit_2(argv: list[str]) -> No
     assert done.returncode == 2 and done.stdout == "", done.stderr
     assert len(done.stderr.strip().splitlines()) == 1 and "Traceback" not in done.stderr
     assert done.stderr.startswith("moe-vlm advise: error: ") and "Fix:" in done.stderr
+
+
+def test_a_measured_point_is_never_suggested_again(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    # MBS 1, 2, 4 rising; MBS 8 (what the advisor would propose next) is already in the sweep but
+    # slower; the axis keeps only MBS 16, the one point not measured.
+    sweep = tmp_path / "sweep"
+    common = ["cluster=local", "train_iters=20", "recompute=selective"]
+    for mbs, rate in ((1, 100.0), (2, 150.0), (4, 210.0)):
+        write_point(sweep, f"p{mbs}", [*common, f"mbs={mbs}"], rate)
+    write_point(sweep, "p8", [*common, "mbs=8"], 0.0)
+    record = json.loads((sweep / "p8" / "run.json").read_text())
+    (sweep / "p8" / "run.json").write_text(json.dumps({**record, "status": "failed", "summary": None}))
+    _, out, _ = advise(capsys, f"sweep={sweep}")
+    found = commands(out)
+    assert not any(line.endswith(("mbs=8", "mbs=8,16")) for line in found), out
+    assert any(line.endswith("recompute=selective mbs=16") for line in found), out
+    for line in found:
+        for point in sweep_points(line):
+            assert point[-1] not in ("mbs=1", "mbs=2", "mbs=4", "mbs=8") or "recompute=selective" not in point
+
+
+def test_differences_inside_the_runs_own_noise_are_said_and_not_chased(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    sweep = tmp_path / "sweep"
+    common = ["cluster=local", "train_iters=20", "recompute=selective"]
+    for mbs, rate in ((1, 100.0), (2, 104.0)):
+        write_point(sweep, f"p{mbs}", [*common, f"mbs={mbs}"], rate)
+        path = sweep / f"p{mbs}" / "run.json"
+        record = json.loads(path.read_text())
+        record["summary"]["step_time_s"] = {"p10": 0.9, "p50": 1.0, "p90": 1.2}  # a wide CPU spread
+        path.write_text(json.dumps(record))
+    _, out, _ = advise(capsys, f"sweep={sweep}")
+    assert "inside the noise: the fastest run `" in out and "mbs=2` 104 (87-116)" in out
+    assert "[MBS still rising]" not in out

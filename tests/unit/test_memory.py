@@ -246,7 +246,9 @@ def test_hybridep_buffer_by_hand() -> None:
     # 2 fp32 prob buffers x 128 experts, fp32 scales x 2048/128.
     assert term.bytes == 2 * 32768 * 2048 * 2 + 2 * 32768 * 128 * 4 + 32768 * 16 * 4  # 304,087,040
     assert (
-        estimate(make_spec("cluster=gb200", "model=qwen3_vl_30b_a3b", "nodes=2")).gib_of("dispatcher_buffers")
+        estimate(
+            make_spec("cluster=gb200", "model=qwen3_vl_30b_a3b", "nodes=2", "dispatcher=alltoall")
+        ).gib_of("dispatcher_buffers")
         == 0
     )
 

@@ -208,7 +208,7 @@ CASES: dict[str, tuple[list[str], list[str]]] = {
     "A009": ([*MEG, "data.num_workers=0"], [*MEG, "data.num_workers=2"]),
     "W001": ([*MEG, "parallelism=3d", "ep=4", "etp=2"], [*MEG, "parallelism=3d", "ep=8"]),
     "W002": ([*MEG, "nodes=2", "ep=16"], [*MEG, "nodes=2"]),
-    "W003": (GB200, [*GB200, "dispatcher=hybridep"]),
+    "W003": ([*GB200, "dispatcher=alltoall"], GB200),
     # No recompute: MBS 2 is far over 185 GiB (an error); MBS 1 is ~7% over, inside the estimate's
     # 10% uncertainty (M003 warning); full recompute fits.
     "M001": ([*BIG_FSDP, "mbs=2"], BIG_FSDP),

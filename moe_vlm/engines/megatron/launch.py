@@ -17,6 +17,7 @@ from moe_vlm.engines.megatron.effective import EFFECTIVE_JSON, Effective, effect
 from moe_vlm.engines.megatron.recording import StepRecorder, counting_forward_step
 from moe_vlm.engines.megatron.stack import stack_problem, versions
 from moe_vlm.record import REPO_ROOT, STEPS_JSONL, RunRecord, read_steps, write_json_atomic
+from moe_vlm.run_summary import summary_lines
 from moe_vlm.spec import RunSpec
 
 
@@ -184,4 +185,5 @@ def _write_run_json(
             else None
         ),
     }
-    RunRecord.completed(spec, config, steps, bridge=bridge).write(run_dir)
+    record = RunRecord.completed(spec, config, steps, bridge=bridge).write(run_dir)
+    print("\n".join(summary_lines(spec, record, run_dir)), flush=True)
