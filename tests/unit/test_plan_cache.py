@@ -18,11 +18,7 @@ from tests.conftest import make_spec
 
 POINT = ("cluster=gb200", "model=qwen3_vl_30b_a3b", "nodes=2", "dry_run=true")
 INPUTS = {"effective": effective_inputs, "stack": stack_inputs}
-ROOTS = (
-    "moe_vlm.engines.megatron.effective",
-    "moe_vlm.engines.megatron.config",
-    "moe_vlm.engines.bridge_fields",
-)
+ROOTS = plan_cache.EFFECTIVE_ROOTS
 
 
 @pytest.fixture(autouse=True)
@@ -95,6 +91,7 @@ def test_the_code_version_follows_the_modules_the_build_imports(
 
     def version() -> str:
         plan_cache._project_modules.cache_clear()
+        plan_cache.code_modules.cache_clear()
         plan_cache.code_version.cache_clear()
         return plan_cache.code_version(*ROOTS)
 
@@ -112,4 +109,5 @@ def test_the_code_version_follows_the_modules_the_build_imports(
         assert version() == before
     finally:
         plan_cache._project_modules.cache_clear()
+        plan_cache.code_modules.cache_clear()
         plan_cache.code_version.cache_clear()

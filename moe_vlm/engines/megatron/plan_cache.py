@@ -57,6 +57,13 @@ LIBRARIES = ("megatron-core", "megatron-bridge", "transformer-engine", "torch", 
 # (megatron/core/distributed/distributed_data_parallel_config.py:257), Transformer Engine and
 # torch read their own NVTE_* / TORCH_* at import. Other names are ours or the shell's.
 ENV_PREFIXES = ("NVTE_", "NCCL_", "CUDA_", "TORCH_", "PYTORCH_", "NVSHMEM_", "MEGATRON", "TE_")
+# The modules whose code (with everything they import) builds each section.
+EFFECTIVE_ROOTS = (
+    "moe_vlm.engines.megatron.effective",
+    "moe_vlm.engines.megatron.config",
+    "moe_vlm.engines.bridge_fields",
+)
+STACK_ROOTS = ("moe_vlm.engines.megatron.stack",)
 _PACKAGE_ROOT = Path(__file__).resolve().parents[3]  # the directory holding moe_vlm/
 # `from moe_vlm.x import (a, b)`, `from moe_vlm.x import a, b` or `import moe_vlm.x`, at any indent.
 _IMPORT = re.compile(
@@ -122,8 +129,8 @@ def _project_modules() -> dict[str, str]:
 
 
 @functools.cache
-def code_version(*roots: str) -> str:
-    """sha256 over the sources of `roots` (module names) and every project module they import,
+def code_modules(*roots: str) -> dict[str, bytes]:
+    """The sources of `roots` (module names) and of every project module they import,
     transitively (at module level or inside functions), with their packages' __init__ files."""
     modules = _project_modules()
     seen: dict[str, bytes] = {}
@@ -144,9 +151,15 @@ def code_version(*roots: str) -> str:
                     source,
                     *(f"{source}.{n.strip()}" for n in (grouped or names).split(",") if n.strip()),
                 ]
+    return seen
+
+
+@functools.cache
+def code_version(*roots: str) -> str:
+    """sha256 over code_modules(*roots)."""
     digest = hashlib.sha256()
-    for module in sorted(seen):
-        digest.update(module.encode() + b"\0" + seen[module] + b"\0")
+    for module, source in sorted(code_modules(*roots).items()):
+        digest.update(module.encode() + b"\0" + source + b"\0")
     return digest.hexdigest()
 
 
@@ -267,7 +280,7 @@ def stack_inputs(spec: RunSpec) -> dict[str, Any]:
         "modules": [asdict(m) for m in required(spec)],
         "path": sys.path,
         **_python(),
-        "code": code_version("moe_vlm.engines.megatron.stack"),
+        "code": code_version(*STACK_ROOTS),
     }
 
 
@@ -300,11 +313,7 @@ def effective_inputs(spec: RunSpec) -> dict[str, Any]:
         "spec": _spec_key(spec),
         **_python(),
         "environment": _environment(),
-        "code": code_version(
-            "moe_vlm.engines.megatron.effective",
-            "moe_vlm.engines.megatron.config",
-            "moe_vlm.engines.bridge_fields",
-        ),
+        "code": code_version(*EFFECTIVE_ROOTS),
     }
 
 
