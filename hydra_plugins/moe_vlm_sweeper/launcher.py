@@ -91,9 +91,9 @@ Numbered = tuple[int, PlannedJob]  # (the job number Hydra gives the point, the 
 class JobKind(enum.Enum):
     """What one sbatch call submits."""
 
-    job = "one job"
-    array = "a job array"
-    pack = "a packed job"
+    job = "job"
+    array = "array"
+    pack = "pack"
 
 
 @dataclass(frozen=True)
