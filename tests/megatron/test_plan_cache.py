@@ -8,6 +8,7 @@ runtime update on each (the seconds the cache saves); the tests after it read wh
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -56,6 +57,31 @@ def test_a_second_plan_reads_every_bridge_section_from_the_cache_and_prints_the_
     assert capsys.readouterr().err == ""  # no build, so no progress line
     assert again.count("(from the plan cache:") == 2
     assert without_notes(again) == without_notes(built)
+
+
+def test_the_second_dry_run_command_reads_both_sections_from_the_cache(tmp_path: Path) -> None:
+    """Two `train.py ... dry_run=true` commands: the first builds (and says so on stderr), the
+    second reads the stack check and the effective configuration from the cache, although it
+    never imports the stack whose import sets environment variables (TE sets
+    NVTE_CUDA_INCLUDE_DIR) and prints the same plan."""
+    env = {
+        **os.environ,
+        plan_cache.CACHE_ENV: str(tmp_path / "cache"),
+        "MOE_VLM_SITE_FILE": str(tmp_path / "none"),
+    }
+
+    def dry_run() -> subprocess.CompletedProcess[str]:
+        command = [sys.executable, str(REPO / "train.py"), *POINT, f"hydra.run.dir={tmp_path / 'out'}"]
+        done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
+        assert done.returncode == 0, done.stderr[-3000:]
+        return done
+
+    cold, warm = dry_run(), dry_run()
+    assert cold.stdout.count("(built now with") == 2 and "first time for this configuration" in cold.stderr
+    assert warm.stdout.count("(from the plan cache:") == 2, warm.stdout[-3000:]
+    assert "first time for this configuration" not in warm.stderr
+    plan = [line for line in cold.stdout.splitlines() if line.startswith(("==", "--", "  ", "VALID"))]
+    assert [line for line in warm.stdout.splitlines() if line.startswith(("==", "--", "  ", "VALID"))] == plan
 
 
 def test_a_cached_entry_round_trips_to_the_same_objects(first: tuple[RunSpec, str]) -> None:

@@ -7,14 +7,17 @@ checked against the real Bridge in tests/megatron/test_plan_cache.py.
 from __future__ import annotations
 
 import importlib.metadata
+import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from moe_vlm.engines.megatron import plan_cache
 from moe_vlm.engines.megatron.plan_cache import effective_inputs, entry_path, stack_inputs
-from tests.conftest import make_spec
+from tests.conftest import REPO, make_spec
 
 POINT = ("cluster=gb200", "model=qwen3_vl_30b_a3b", "nodes=2", "dry_run=true")
 INPUTS = {"effective": effective_inputs, "stack": stack_inputs}
@@ -59,14 +62,26 @@ def test_a_library_version_or_a_reinstall_changes_both_keys(monkeypatch: pytest.
             assert entry_path(kind, inputs(spec)) != before[kind], (kind, change)
 
 
-def test_an_environment_variable_bridge_reads_changes_the_key_and_others_do_not(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    before = effective_path()
-    monkeypatch.setenv("MOE_VLM_UNRELATED", "1")
-    assert effective_path() == before
-    monkeypatch.setenv("NCCL_ALGO", "Ring")  # megatron/bridge/training/config.py:1058
-    assert effective_path() != before
+def test_an_environment_variable_bridge_reads_changes_the_key_and_others_do_not(tmp_path: Path) -> None:
+    """The environment the process started with: a fresh interpreter per environment."""
+    script = (
+        "from moe_vlm.engines.megatron.plan_cache import effective_inputs, entry_path\n"
+        "from tests.conftest import make_spec\n"
+        f"print(entry_path('effective', effective_inputs(make_spec(*{POINT!r}))))\n"
+    )
+
+    def path(**extra: str) -> str:
+        env = {k: v for k, v in os.environ.items() if not k.startswith(plan_cache.ENV_PREFIXES)}
+        env.update({plan_cache.CACHE_ENV: str(tmp_path), **extra})
+        done = subprocess.run(
+            [sys.executable, "-c", script], cwd=REPO, env=env, capture_output=True, text=True, timeout=120
+        )
+        assert done.returncode == 0, done.stderr[-2000:]
+        return done.stdout.strip()
+
+    before = path()
+    assert path(MOE_VLM_UNRELATED="1") == before
+    assert path(NCCL_ALGO="Ring") != before  # megatron/bridge/training/config.py:1058
 
 
 def test_the_installed_versions_are_importlib_metadatas() -> None:

@@ -35,7 +35,7 @@ import os
 import re
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -163,8 +163,14 @@ def code_version(*roots: str) -> str:
     return digest.hexdigest()
 
 
-def _environment() -> dict[str, str]:
-    return {k: v for k, v in sorted(os.environ.items()) if k.startswith(ENV_PREFIXES)}
+def _environment(environ: Mapping[str, str]) -> dict[str, str]:
+    return {k: v for k, v in sorted(environ.items()) if k.startswith(ENV_PREFIXES)}
+
+
+# The environment as this process found it, before the libraries imported here set their own
+# (Transformer Engine sets NVTE_CUDA_INCLUDE_DIR at import): a plan that reads the stack check from
+# the cache imports nothing, and must compute the same key as one that imported the stack first.
+_STARTED_WITH = _environment(os.environ)
 
 
 def _spec_key(spec: RunSpec) -> dict[str, Any]:
@@ -312,7 +318,7 @@ def effective_inputs(spec: RunSpec) -> dict[str, Any]:
     return {
         "spec": _spec_key(spec),
         **_python(),
-        "environment": _environment(),
+        "environment": _STARTED_WITH,
         "code": code_version(*EFFECTIVE_ROOTS),
     }
 
