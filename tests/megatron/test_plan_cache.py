@@ -134,13 +134,14 @@ spec = make_spec(*{POINT!r})
 before = set(sys.modules)
 plan_cache.plan_effective(spec)
 loaded = sorted(m for m in set(sys.modules) - before if m == "moe_vlm" or m.startswith("moe_vlm."))
-print("\\n".join(loaded))
+print("LOADED=" + ",".join(loaded))
 """
     done = subprocess.run(
         [sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=600
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    loaded = set(done.stdout.split())
+    (line,) = [line for line in done.stdout.splitlines() if line.startswith("LOADED=")]
+    loaded = set(line.removeprefix("LOADED=").split(",")) - {""}
     assert loaded, "the build imported no project module (the check would prove nothing)"
     covered = set(plan_cache.code_modules(*plan_cache.EFFECTIVE_ROOTS))
     assert loaded <= covered, sorted(loaded - covered)
