@@ -106,6 +106,7 @@ def test_the_code_version_follows_the_modules_the_build_imports(
 
     def version() -> str:
         plan_cache._project_modules.cache_clear()
+        plan_cache._parsed.cache_clear()
         plan_cache.code_modules.cache_clear()
         plan_cache.code_version.cache_clear()
         return plan_cache.code_version(*ROOTS)
@@ -124,5 +125,6 @@ def test_the_code_version_follows_the_modules_the_build_imports(
         assert version() == before
     finally:
         plan_cache._project_modules.cache_clear()
+        plan_cache._parsed.cache_clear()
         plan_cache.code_modules.cache_clear()
         plan_cache.code_version.cache_clear()

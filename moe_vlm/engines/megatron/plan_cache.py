@@ -6,8 +6,8 @@ update on each (`effective.plan_effective`, seconds per recipe). Both are pure f
 this module puts in their key, so a plan keeps them in a JSON file per key and the next plan of
 the same configuration reads it instead (milliseconds):
 
-- the stack probe: the modules the run imports (`stack.required`), the interpreter and its
-  import path, every installed distribution with its version and when its metadata was written
+- the stack probe: the modules the run imports (`stack.required`), the interpreter, every
+  distribution on its import path with its version and when its metadata was written
   (so installing, upgrading or reinstalling anything changes the key), and the project's code
   that decides the list and judges versions;
 - the effective configuration and the family table: the RunSpec (every field; `dry_run` aside),
@@ -129,6 +129,24 @@ def _project_modules() -> dict[str, str]:
 
 
 @functools.cache
+def _parsed(module: str) -> tuple[bytes, tuple[str, ...]]:
+    """A project module's source and the project modules it imports (anywhere in the file)."""
+    modules = _project_modules()
+    with open(modules[module], "rb") as handle:
+        source = handle.read()
+    imported: list[str] = []
+    for package, grouped, names, plain_import in _IMPORT.findall(source.decode()):
+        if plain_import:
+            imported.append(plain_import)
+            continue
+        imported.append(package)
+        for name in (grouped or names).split(","):
+            if f"{package}.{name.strip()}" in modules:  # `from moe_vlm import explog`: a module
+                imported.append(f"{package}.{name.strip()}")
+    return source, tuple(imported)
+
+
+@functools.cache
 def code_modules(*roots: str) -> dict[str, bytes]:
     """The sources of `roots` (module names) and of every project module they import,
     transitively (at module level or inside functions), with their packages' __init__ files."""
@@ -141,16 +159,8 @@ def code_modules(*roots: str) -> dict[str, bytes]:
             module = ".".join(parts[:depth])
             if module in seen or module not in modules:
                 continue
-            with open(modules[module], "rb") as handle:
-                seen[module] = handle.read()
-            for source, grouped, names, plain_import in _IMPORT.findall(seen[module].decode()):
-                if plain_import:
-                    todo.append(plain_import)
-                    continue
-                todo += [
-                    source,
-                    *(f"{source}.{n.strip()}" for n in (grouped or names).split(",") if n.strip()),
-                ]
+            seen[module], imported = _parsed(module)
+            todo += imported
     return seen
 
 
@@ -284,7 +294,6 @@ def stack_inputs(spec: RunSpec) -> dict[str, Any]:
     """Everything the stack probe's result depends on."""
     return {
         "modules": [asdict(m) for m in required(spec)],
-        "path": sys.path,
         **_python(),
         "code": code_version(*STACK_ROOTS),
     }
