@@ -11,6 +11,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -53,13 +54,37 @@ def test_a_knob_changes_the_key_and_dry_run_does_not() -> None:
 def test_a_library_version_or_a_reinstall_changes_both_keys(monkeypatch: pytest.MonkeyPatch) -> None:
     spec = make_spec(*POINT)
     before = {kind: entry_path(kind, inputs(spec)) for kind, inputs in INPUTS.items()}
-    versions = dict(plan_cache.installed())
-    for change in [("0.99.0", versions["megatron-core"][1]), (versions["megatron-core"][0], 1)]:
-        monkeypatch.setattr(
-            plan_cache, "installed", lambda change=change: {**versions, "megatron-core": change}
-        )
+    found = plan_cache.installed()
+    upgraded = plan_cache.Install({**found.versions, "megatron-core": "0.99.0"}, found.stamps)
+    # A reinstall of the same version writes the directory holding it.
+    reinstalled = plan_cache.Install(found.versions, [(d, mtime + 1) for d, mtime in found.stamps])
+    for change in (upgraded, reinstalled):
+        monkeypatch.setattr(plan_cache, "installed", lambda change=change: change)
         for kind, inputs in INPUTS.items():
             assert entry_path(kind, inputs(spec)) != before[kind], (kind, change)
+
+
+def test_installing_a_package_changes_what_installed_reads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Versions from the metadata directories' names; the stamp is the directory's own mtime,
+    which a pip install or uninstall writes when it adds or removes one."""
+    site = tmp_path / "site-packages"
+    (site / "torch-2.14.1.dist-info").mkdir(parents=True)
+    (site / "old_thing-1.0-py3.12.egg-info").mkdir()
+    monkeypatch.setattr(sys, "path", [str(tmp_path / "no-such-dir"), str(site)])
+    plan_cache.installed.cache_clear()
+    try:
+        before = plan_cache.installed()
+        assert before.versions == {"torch": "2.14.1", "old-thing": "1.0"}
+        assert [d for d, _ in before.stamps] == [str(site)]
+        time.sleep(0.05)  # past the file system's timestamp granularity
+        (site / "deep_ep-1.2.0.dist-info").mkdir()
+        plan_cache.installed.cache_clear()
+        after = plan_cache.installed()
+        assert after.versions["deep-ep"] == "1.2.0" and after.stamps != before.stamps
+    finally:
+        plan_cache.installed.cache_clear()
 
 
 def test_an_environment_variable_bridge_reads_changes_the_key_and_others_do_not(tmp_path: Path) -> None:
@@ -90,9 +115,9 @@ def test_the_installed_versions_are_importlib_metadatas() -> None:
         try:
             expected = importlib.metadata.version(name)
         except importlib.metadata.PackageNotFoundError:
-            assert name not in found
+            assert name not in found.versions
             continue
-        assert found[name][0] == expected, name
+        assert found.versions[name] == expected, name
 
 
 def test_the_code_version_follows_the_modules_the_build_imports(

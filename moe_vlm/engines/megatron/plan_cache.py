@@ -7,8 +7,8 @@ this module puts in their key, so a plan keeps them in a JSON file per key and t
 the same configuration reads it instead (milliseconds):
 
 - the stack probe: the modules the run imports (`stack.required`), the interpreter, every
-  distribution on its import path with its version and when its metadata was written
-  (so installing, upgrading or reinstalling anything changes the key), and the project's code
+  distribution on its import path with its version, and when each directory holding them was
+  last written (so installing, upgrading or reinstalling anything changes the key), and the project's code
   that decides the list and judges versions;
 - the effective configuration and the family table: the RunSpec (every field; `dry_run` aside),
   every installed distribution as above (megatron-core, megatron-bridge, Transformer Engine,
@@ -28,6 +28,7 @@ from here: they run in the job's own environment.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import json
@@ -83,36 +84,44 @@ def cache_dir() -> Path:
 # --- what a key is made of -------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class Install:
+    """What is installed on the import path."""
+
+    versions: dict[str, str]  # distribution -> version, the first on sys.path winning
+    # (directory, mtime in ns) of each path entry holding distributions: installing, removing or
+    # reinstalling anything there (even the same version) writes the directory
+    stamps: list[tuple[str, int]]
+
+
 @functools.cache
-def installed() -> dict[str, tuple[str, int]]:
-    """Every distribution on the import path: its version and when its metadata directory was
-    last written (a reinstall of the same version, a repaired build, changes it), first on
-    sys.path winning as importlib.metadata resolves them. Read from the metadata directories'
-    names: one listing per path entry, not one metadata search per distribution."""
-    found: dict[str, tuple[str, int]] = {}
+def installed() -> Install:
+    """Read from the metadata directories' names (as importlib.metadata resolves them): one
+    listing per path entry, not one metadata search per distribution."""
+    versions: dict[str, str] = {}
+    stamps: list[tuple[str, int]] = []
     for entry in sys.path:
         try:
-            listing = list(os.scandir(entry or "."))
+            names = os.listdir(entry or ".")
         except OSError:
             continue
-        for item in listing:
-            stem, dot, suffix = item.name.rpartition(".")
+        found = False
+        for item in names:
+            stem, dot, suffix = item.rpartition(".")
             if suffix not in ("dist-info", "egg-info") or not dot:
                 continue
             distribution, _, version = stem.partition("-")
-            version = version.split("-py")[0]  # name-version-pyX.Y.egg-info
-            name = re.sub(r"[-_.]+", "-", distribution).lower()
-            if name not in found:
-                try:
-                    found[name] = (version, item.stat().st_mtime_ns)
-                except OSError:
-                    continue
-    return found
+            found = True
+            versions.setdefault(re.sub(r"[-_.]+", "-", distribution).lower(), version.split("-py")[0])
+        if found:
+            with contextlib.suppress(OSError):
+                stamps.append((entry, os.stat(entry).st_mtime_ns))
+    return Install(versions, stamps)
 
 
 def library_versions() -> dict[str, str | None]:
-    versions = installed()
-    return {name: versions[name][0] if name in versions else None for name in LIBRARIES}
+    versions = installed().versions
+    return {name: versions.get(name) for name in LIBRARIES}
 
 
 @functools.cache
@@ -287,7 +296,13 @@ def _cached[T](
 
 
 def _python() -> dict[str, Any]:
-    return {"executable": sys.executable, "version": sys.version, "installed": installed()}
+    found = installed()
+    return {
+        "executable": sys.executable,
+        "version": sys.version,
+        "installed": found.versions,
+        "install_stamps": found.stamps,
+    }
 
 
 def stack_inputs(spec: RunSpec) -> dict[str, Any]:
