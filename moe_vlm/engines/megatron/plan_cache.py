@@ -7,23 +7,22 @@ this module puts in their key, so a plan keeps them in a JSON file per key and t
 the same configuration reads it instead (milliseconds):
 
 - the stack probe: the modules the run imports (`stack.required`), the interpreter, every
-  distribution on its import path with its version, and when each directory holding them was
-  last written (so installing, upgrading or reinstalling anything changes the key), and the project's code
-  that decides the list and judges versions;
-- the effective configuration and the family table: the RunSpec (every field; `dry_run` aside),
-  every installed distribution as above (megatron-core, megatron-bridge, Transformer Engine,
-  torch and transformers among them), the interpreter, the environment
-  variables Bridge's update or the libraries it calls read (ENV_PREFIXES), and the project's
-  code that builds them (the modules `effective`, `config` and `bridge_fields` import,
-  transitively, by content).
+  distribution on its import path with its version and when each directory holding them was
+  last written (installing, upgrading or reinstalling anything changes the key), and the
+  project's code that decides the list and judges versions;
+- the effective configuration and the family table: the RunSpec (every field but `dry_run`),
+  the install as above (megatron-core, megatron-bridge, Transformer Engine, torch and
+  transformers among it), the interpreter, the environment variables Bridge's update or the
+  libraries it calls read (ENV_PREFIXES, as the process started), and the project's code that
+  builds them (the modules `effective`, `config` and `bridge_fields` import, transitively, by
+  content).
 
 Where: $MOE_VLM_CACHE_DIR, else $XDG_CACHE_HOME/moe_vlm, else ~/.cache/moe_vlm (`plan/` below
 it). Each entry is written atomically (record.write_atomic); one that does not parse, or whose
 stored key differs from the one asked for, is ignored and rebuilt. A build that raised (no stack
 here) is not kept, nor is an entry that would hold a secret. Deleting the directory rebuilds
-everything. What a rank checks before
-distributed init (`stack.stack_problem`) and what a run records (`bridge.effective`) never come
-from here: they run in the job's own environment.
+everything. What a rank checks before distributed init (`stack.stack_problem`) and what a run
+records (`bridge.effective`) never come from here: they run in the job's own environment.
 """
 
 from __future__ import annotations
