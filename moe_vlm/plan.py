@@ -20,6 +20,7 @@ from moe_vlm.spec import RunSpec
 
 if TYPE_CHECKING:
     from moe_vlm.engines.megatron.effective import Planned
+    from moe_vlm.engines.megatron.plan_cache import Entry
 
 SHALLOW_ENV = "MOE_VLM_PLAN_SHALLOW"
 SHALLOW_NOTE = (
@@ -102,10 +103,11 @@ def megatron_lines(spec: RunSpec) -> list[str]:
 
 
 def stack_lines(spec: RunSpec) -> list[str]:
-    """Every module this run imports, tried here (seconds: it loads Megatron); engine=megatron only."""
-    from moe_vlm.engines.megatron.stack import probe
+    """Every module this run imports, tried here (seconds: it loads Megatron; cached after, see
+    moe_vlm/engines/megatron/plan_cache.py); engine=megatron only."""
+    from moe_vlm.engines.megatron.plan_cache import stack_probe
 
-    probes = probe(spec)
+    probes, entry = stack_probe(spec)
     missing = [p for p in probes if not p.ok]
     verdict = (
         "every module imports here"
@@ -118,15 +120,16 @@ def stack_lines(spec: RunSpec) -> list[str]:
     for found in probes:
         lines += found.lines(detail=found.error not in seen)
         seen.add(found.error)
-    return [*lines, verdict]
+    return [*lines, verdict, entry.note()]
 
 
-def planned_effective(spec: RunSpec) -> Planned | str:
-    """This point's effective configuration on its recipe family (seconds), or why it was not built."""
+def planned_effective(spec: RunSpec) -> tuple[Planned, Entry] | str:
+    """This point's effective configuration on its recipe family (seconds the first time, from the
+    plan cache after) and where it came from, or why it was not built."""
     try:
-        from moe_vlm.engines.megatron.effective import plan_effective
+        from moe_vlm.engines.megatron.plan_cache import planned_effective as cached
 
-        return plan_effective(spec)
+        return cached(spec)
     except Exception as exc:  # no stack here, or a recipe this Bridge lacks: the plan says so and goes on
         return f"{type(exc).__name__}: {exc}"
 
@@ -207,18 +210,20 @@ def tuning_lines(spec: RunSpec, planned: Planned | str | None = None) -> list[st
     return lines
 
 
-def effective_lines(spec: RunSpec, planned: Planned | str | None = None) -> list[str]:
+def effective_lines(spec: RunSpec, found: tuple[Planned, Entry] | str | None = None) -> list[str]:
     """Bridge's configuration after its own runtime update, on CPU, and what differs across the
     recipe family (moe_vlm/engines/megatron/effective.py); engine=megatron with the stack installed."""
     title = (
         "-- effective configuration: Bridge's runtime_config_update run here as one rank on "
         f"{spec.cluster.name} would; the fields that differ from the library defaults --"
     )
-    planned = planned_effective(spec) if planned is None else planned
-    if isinstance(planned, str):
-        return [title, f"not built here: {planned}"]
+    found = planned_effective(spec) if found is None else found
+    if isinstance(found, str):
+        return [title, f"not built here: {found}"]
+    planned, entry = found
     return [
         title,
+        entry.note(),
         *planned.effective.lines(),
         "",
         f"-- recipe family {planned.recipe.family}: this point on each of its perf recipes --",
@@ -292,10 +297,11 @@ def render(
             stack = ["-- stack and effective configuration --", SHALLOW_NOTE]
         else:
             stack = stack_lines(spec)
-        planned = planned_effective(spec) if not errors and deep else None
+        found = planned_effective(spec) if not errors and deep else None
+        planned = found[0] if isinstance(found, tuple) else found
         out += [*megatron_lines(spec), "", *tuning_lines(spec, planned), "", *stack]
-        if planned is not None:
-            out += ["", *effective_lines(spec, planned)]
+        if found is not None:
+            out += ["", *effective_lines(spec, found)]
     else:
         out += [
             "-- torch engine --",

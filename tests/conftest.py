@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from omegaconf import DictConfig
 
 from moe_vlm.compose import CONF_DIR, compose_config
+from moe_vlm.engines.megatron.plan_cache import CACHE_ENV
 from moe_vlm.spec import RunSpec
 
 REPO = Path(__file__).resolve().parent.parent
@@ -25,3 +27,12 @@ def make_spec(*overrides: str) -> RunSpec:
 @pytest.fixture
 def spec_of():
     return make_spec
+
+
+@pytest.fixture(autouse=True, scope="session")
+def plan_cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """Plans in tests (and the commands they start) never read or fill the user's plan cache."""
+    path = tmp_path_factory.mktemp("plan_cache")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv(CACHE_ENV, str(path))
+        yield path

@@ -19,6 +19,7 @@ point's config and runs the task through Hydra), with what release 1.2.0 lacks:
 # No `from __future__ import annotations`: Hydra's plugin scan executes this module outside
 # sys.modules, where dataclasses cannot resolve string annotations.
 import contextlib
+import enum
 import io
 import json
 import logging
@@ -52,6 +53,8 @@ _PLANNED: "weakref.WeakKeyDictionary[Any, dict[tuple[str, ...], PlannedJob]]" = 
 WAIT_POLL_S = 15.0  # submit_and_exit=false: seconds between polls of Slurm
 # dry_run: the canary's job id is known only once sbatch accepted it.
 CANARY_PLACEHOLDER = "CANARY_JOB_ID"
+# dry_run: a packed job's folder is named by a token drawn when it is submitted.
+PACK_TOKEN_PLACEHOLDER = "TOKEN"
 
 
 @dataclass
@@ -84,6 +87,35 @@ class PlannedJob:
 
 
 Numbered = tuple[int, PlannedJob]  # (the job number Hydra gives the point, the point)
+
+
+class JobKind(enum.Enum):
+    """What one sbatch call submits."""
+
+    job = "job"
+    array = "array"
+    pack = "pack"
+
+
+@dataclass(frozen=True)
+class Submission:
+    """One sbatch call: a job of one point, a job array (task i runs point i), or a pack (its
+    points one srun step after another)."""
+
+    kind: JobKind
+    points: list[Numbered]
+
+    def describe(self, settings: slurm.SlurmSettings) -> str:
+        count = len(self.points)
+        if self.kind is JobKind.pack:
+            return (
+                f"a packed job of {count} point(s) (points_per_job={settings.points_per_job}), one srun "
+                f"step after another; its time limit is the sum of theirs; its folder pack-{PACK_TOKEN_PLACEHOLDER} "
+                "gets a random name when submitted"
+            )
+        if self.kind is JobKind.array:
+            return f"a job array of {count} tasks, task i runs point i"
+        return "one job of one point"
 
 
 def _chunks(items: Sequence[Numbered], size: int) -> Iterator[list[Numbered]]:
@@ -154,30 +186,34 @@ class SubmititLauncher(BaseSubmititLauncher):
     def uses_canary(self) -> bool:
         return self.settings.executor == "slurm" and self.settings.canary
 
-    def render(self, overrides: Sequence[str]) -> str:
-        """What dry_run prints for a point: the sbatch script and the srun line, nothing submitted."""
-        job = self.plan(overrides)
+    def render_jobs(self, job_overrides: Sequence[Sequence[str]], labels: Sequence[str]) -> list[str]:
+        """What dry_run prints for these points' jobs, one section per sbatch call that `launch`
+        would make (a job, a job array, a pack), each the script it would submit: the same
+        grouping (`submissions`) and the same script code (`script`). labels: how the plan
+        names each point ("3 (id ab12...)")."""
         if self.settings.executor != "slurm":
-            return (
+            return [
                 f"(hydra/launcher executor={self.settings.executor}: runs on this machine, no sbatch script)"
-            )
+            ]
+        numbered = list(enumerate(self.plan(o) for o in job_overrides))
         canary = CANARY_PLACEHOLDER if self.uses_canary else None
-        if self.settings.points_per_job > 1:
-            pack_dir = pack.pack_folder(self.submitit_root, "TOKEN")
-            script = self.pack_script(job, pack_dir, pack.entries_for(pack_dir, [job.point_dir]), canary)
-            return "\n".join(
-                [
-                    f"-- sbatch script (points_per_job={self.settings.points_per_job}: this point's srun "
-                    "step in a job of up to that many points with its resources, one after another; "
-                    "the job's time limit is the sum of theirs) --",
-                    script.rstrip(),
-                ]
+        found = self.submissions(numbered)
+        sections = []
+        for count, submission in enumerate(found, start=1):
+            script = self.script(submission, canary, PACK_TOKEN_PLACEHOLDER)
+            names = ", ".join(labels[number] for number, _ in submission.points)
+            srun = slurm.srun_line(script)
+            sections.append(
+                "\n".join(
+                    [
+                        f"===== job {count}/{len(found)}: {submission.describe(self.settings)}: {names} =====",
+                        "-- sbatch script --",
+                        script.rstrip(),
+                        *(["", "-- srun command --", srun] if srun else []),
+                    ]
+                )
             )
-        params = slurm.point_parameters(job.params, job.point_dir, self.python(job), canary)
-        script = slurm.render_sbatch(params, self.folder, self.python(job))
-        return "\n".join(
-            ["-- sbatch script --", script.rstrip(), "", "-- srun command --", slurm.srun_line(script)]
-        )
+        return sections
 
     @property
     def submitit_root(self) -> Path:
@@ -279,40 +315,74 @@ class SubmititLauncher(BaseSubmititLauncher):
         ]
         return returns if self.settings.submit_and_exit else self._wait(planned)
 
-    def submit_points(self, numbered: list[Numbered], canaries: dict[tuple[str, str | None], str]) -> int:
-        """Submit every point: packs of points_per_job, else one job array per group of points
-        with the same resources (one sbatch call each), else one job. Returns the sbatch calls."""
+    def submissions(self, numbered: Sequence[Numbered]) -> list["Submission"]:
+        """The sbatch calls for these points: packs of points_per_job, else one job array per
+        group of points with the same resources (split at Slurm's array size), else one job
+        per point. Submitting and a dry run both ask here."""
         groups: dict[tuple[str, tuple[str, str | None]], list[Numbered]] = {}
         for item in numbered:
             groups.setdefault(item[1].resources, []).append(item)
+        packed = self.settings.points_per_job > 1
+        array = slurm.MAX_ARRAY_TASKS if self.settings.array else 1
+        size = self.settings.points_per_job if packed else array
+        out = []
+        for group in groups.values():
+            for chunk in _chunks(group, size):
+                kind = JobKind.pack if packed else JobKind.array if len(chunk) > 1 else JobKind.job
+                out.append(Submission(kind, chunk))
+        return out
+
+    def executor(self, chunk: Sequence[Numbered], canary: str | None) -> Any:
+        """submitit's SlurmExecutor for one job or one job array of these points (not packs)."""
+        import submitit
+
+        first = chunk[0][1]
+        executor = submitit.SlurmExecutor(folder=self.folder, max_num_timeout=0, python=self.python(first))
+        dirs = [job.point_dir for _, job in chunk]
+        executor.update_parameters(**slurm.point_parameters(first.params, dirs, self.python(first), canary))
+        return executor
+
+    def script(self, submission: "Submission", canary: str | None, pack_token: str) -> str:
+        """The sbatch script of one submission, as sbatch receives it: a pack's as `_submit_pack`
+        writes it; a job's or an array's as submitit writes it (SlurmExecutor's own
+        `_make_submission_file_text`; an array with map_count set, as submitit's
+        `_internal_process_submissions` sets it on its copy of the executor)."""
+        first = submission.points[0][1]
+        if submission.kind is JobKind.pack:
+            pack_dir = pack.pack_folder(self.submitit_root, pack_token)
+            entries = pack.entries_for(pack_dir, [job.point_dir for _, job in submission.points])
+            return self.pack_script(first, pack_dir, entries, canary)
+        executor = self.executor(submission.points, canary)
+        if submission.kind is JobKind.array:
+            executor.parameters["map_count"] = len(submission.points)
+        text: str = executor._make_submission_file_text(executor._submitit_command_str, "")
+        return text
+
+    def submit_points(self, numbered: list[Numbered], canaries: dict[tuple[str, str | None], str]) -> int:
+        """Submit every point, one sbatch call per `submissions` entry. Returns the sbatch calls."""
         started, calls, done = time.monotonic(), 0, 0
         state = Singleton.get_state()  # a deep copy of Hydra's state: once, not once per point
-        for group in groups.values():
-            canary = canaries.get(group[0][1].canary_key)
-            packed = self.settings.points_per_job > 1
-            if packed:
-                size = self.settings.points_per_job
-            else:
-                size = slurm.MAX_ARRAY_TASKS if self.settings.array else 1
-            for chunk in _chunks(group, size):
-                try:
-                    if packed:
-                        self._submit_pack(chunk, canary, state)
-                    else:
-                        self._submit_jobs(chunk, canary, state)
-                except (FailedJobError, FailedSubmissionError, BadInput) as exc:
-                    reason = (str(exc).strip().splitlines() or ["no message"])[-1]
-                    if isinstance(exc, slurm.SbatchRefused):
-                        reason = exc.reason
-                    first = chunk[0][1]
-                    raise BadInput(
-                        f"sbatch refused {len(chunk)} point(s) from {first.point_dir.name} "
-                        f"({' '.join(first.task_overrides)}): {reason}. {done} earlier point(s) are "
-                        "queued. Fix: check hydra.launcher partition/account/qos (or the site file), "
-                        "then rerun the command to submit the rest."
-                    ) from exc
-                calls += 1
-                done += len(chunk)
+        for submission in self.submissions(numbered):
+            chunk = submission.points
+            canary = canaries.get(chunk[0][1].canary_key)
+            try:
+                if submission.kind is JobKind.pack:
+                    self._submit_pack(chunk, canary, state)
+                else:
+                    self._submit_jobs(chunk, canary, state)
+            except (FailedJobError, FailedSubmissionError, BadInput) as exc:
+                reason = (str(exc).strip().splitlines() or ["no message"])[-1]
+                if isinstance(exc, slurm.SbatchRefused):
+                    reason = exc.reason
+                first = chunk[0][1]
+                raise BadInput(
+                    f"sbatch refused {len(chunk)} point(s) from {first.point_dir.name} "
+                    f"({' '.join(first.task_overrides)}): {reason}. {done} earlier point(s) are "
+                    "queued. Fix: check hydra.launcher partition/account/qos (or the site file), "
+                    "then rerun the command to submit the rest."
+                ) from exc
+            calls += 1
+            done += len(chunk)
         print(
             f"moe_vlm: {done} point(s) submitted in {calls} sbatch call(s) in "
             f"{time.monotonic() - started:.2f} s"
@@ -322,12 +392,8 @@ class SubmititLauncher(BaseSubmititLauncher):
 
     def _submit_jobs(self, chunk: list[Numbered], canary: str | None, state: Any) -> None:
         """One point: one job; several: one job array, its task i running point i (submitit's batch)."""
-        import submitit
-
         first = chunk[0][1]
-        executor = submitit.SlurmExecutor(folder=self.folder, max_num_timeout=0, python=self.python(first))
-        dirs = [job.point_dir for _, job in chunk]
-        executor.update_parameters(**slurm.point_parameters(first.params, dirs, self.python(first), canary))
+        executor = self.executor(chunk, canary)
         # submitit prints sbatch's stderr on failure; submit_points says it in one line.
         with contextlib.redirect_stderr(io.StringIO()):
             if len(chunk) == 1:
@@ -354,8 +420,8 @@ class SubmititLauncher(BaseSubmititLauncher):
         """One job running these points as srun steps, one after another (launch/pack.py)."""
         from submitit.core.utils import DelayedSubmission, JobPaths
 
-        first = chunk[0][1]
-        pack_dir = pack.pack_folder(self.submitit_root, uuid.uuid4().hex[:12])
+        token = uuid.uuid4().hex[:12]
+        pack_dir = pack.pack_folder(self.submitit_root, token)
         entries = pack.entries_for(pack_dir, [job.point_dir for _, job in chunk])
         pickles = []
         for (_, job), entry, call in zip(chunk, entries, self.shared(chunk, state), strict=True):
@@ -366,7 +432,7 @@ class SubmititLauncher(BaseSubmititLauncher):
             delayed.dump(pickle)
             pickles.append(pickle)
         script = pack_dir / pack.PACK_SCRIPT
-        script.write_text(self.pack_script(first, pack_dir, entries, canary))
+        script.write_text(self.script(Submission(JobKind.pack, chunk), canary, token))
         job_id = slurm.submit_script(script, "the packed job")
         # Named by the job id, as submitit's runner looks for it; a step that starts first waits for it.
         for pickle, entry in zip(pickles, entries, strict=True):

@@ -10,8 +10,9 @@ For `python train.py -m mbs=1,2,4 recompute=full,selective` (or `sweep=<preset>`
 4. names every point by its identity (hash of the resolved config and the code version) and
    skips points already completed in the sweep directory, or queued/running in Slurm:
    rerunning the command resumes the sweep; `hydra.sweeper.force=true` reruns completed ones;
-5. with `dry_run=true`, prints each point's plan and, on Slurm, its sbatch script and srun
-   line and those of the canary the points wait on, and submits nothing; beyond COMPACT_ABOVE
+5. with `dry_run=true`, prints each point's plan and, on Slurm, every job exactly as the
+   launcher would submit it (one sbatch script per job, job array or pack, naming its points)
+   and the canary the jobs wait on, and submits nothing; beyond COMPACT_ABOVE
    points it prints one line per point and a summary, and writes every plan and script to one
    file in the sweep directory (`dry_run=full` prints them all);
 6. hands the rest to the launcher; on Slurm that returns once the jobs are queued.
@@ -297,22 +298,22 @@ class PlanningSweeper(Sweeper):
     def plans(
         self, dry: list[Point], sweep_dir: Path, deep: bool, memory: list[MemoryEstimate | str] | None = None
     ) -> Iterator[str]:
-        """Each point's plan and, on Slurm, its sbatch script and srun line; then the canary's."""
-        renderer = getattr(self.launcher, "render", None)
+        """Each point's plan; then, on Slurm, every job as the launcher would submit it (one
+        sbatch script per job, job array or pack, naming its points) and the canary's."""
         for number, point in enumerate(dry, start=1):
             found = memory[number - 1] if memory else None
-            text = [
-                f"===== point {number}/{len(dry)}: {point.label()}  (id {point.point_id}) =====",
-                scrub_text(render(point.spec, point.findings, deep=deep, memory=found)),
-            ]
-            if point.valid and renderer is not None:
-                text += ["", scrub_text(renderer(self.job_overrides(point, sweep_dir)))]
-            yield "\n".join(text) + "\n"
+            header = f"===== point {number}/{len(dry)}: {point.label()}  (id {point.point_id}) ====="
+            yield f"{header}\n{scrub_text(render(point.spec, point.findings, deep=deep, memory=found))}\n"
+        valid = [(number, p) for number, p in enumerate(dry, start=1) if p.valid]
+        overrides = [self.job_overrides(p, sweep_dir) for _, p in valid]
+        jobs = getattr(self.launcher, "render_jobs", None)
+        if valid and jobs is not None:
+            for section in jobs(overrides, [f"point {number} (id {p.point_id})" for number, p in valid]):
+                yield scrub_text(section) + "\n"
         canaries = getattr(self.launcher, "render_canaries", None)
-        valid = [self.job_overrides(p, sweep_dir) for p in dry if p.valid]
-        canary = scrub_text(canaries(valid)) if valid and canaries is not None else ""
+        canary = scrub_text(canaries(overrides)) if valid and canaries is not None else ""
         if canary:
-            yield f"===== canary: runs first; the points above depend on it =====\n{canary}\n"
+            yield f"===== canary: runs first; the jobs above depend on it =====\n{canary}\n"
 
     def print_compact_dry_run(self, dry: list[Point], sweep_dir: Path) -> None:
         """One line per point and a summary; every plan and sbatch script in one file (one file,
@@ -334,7 +335,7 @@ class PlanningSweeper(Sweeper):
         why = ", ".join(
             f"{code} x{count}" for code, count in sorted(codes.items(), key=lambda kv: (-kv[1], kv[0]))
         )
-        scripts = " and sbatch script" if getattr(self.launcher, "render", None) else ""
+        scripts = " and every job's sbatch script" if getattr(self.launcher, "render_jobs", None) else ""
         summary = [
             f"moe_vlm: dry run: {len(dry)} point(s), {len(dry) - rejected} valid, {rejected} would be rejected"
             + (f" ({why})" if why else "")

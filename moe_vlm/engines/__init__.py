@@ -26,8 +26,8 @@ def launch(spec: RunSpec, config: dict[str, Any], run_dir: Path) -> None:
     if spec.engine == Engine.megatron:
         # Imports the Megatron stack lazily; raises EngineUnavailable with the reason when it
         # (or a GPU) is missing.
-        from moe_vlm.engines import megatron
+        from moe_vlm.engines.megatron.launch import launch as launch_megatron
 
-        megatron.launch(spec, config, run_dir)
+        launch_megatron(spec, config, run_dir)
         return
     raise EngineUnavailable(f"engine={spec.engine}: no such engine; allowed: torch, megatron.")

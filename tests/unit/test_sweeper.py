@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -58,6 +59,26 @@ def test_dry_run_prints_each_points_sbatch_and_srun_and_submits_nothing(tmp_path
     # The point's own overrides, as its job gets them (the variable is resolved in the job).
     assert "-m moe_vlm.launch.canary nproc=1 tp=1 'data.path=/data/$\\{oc.env\\:MOE_VLM_TEST_TOKEN\\}'" in out
     assert out.count("export HF_HUB_OFFLINE=1") == out.count("export TRANSFORMERS_OFFLINE=1") == 2
+
+
+@pytest.mark.slow
+def test_a_packed_dry_run_prints_one_script_per_job_naming_its_points(tmp_path: Path) -> None:
+    """points_per_job=8 over three points: one packed job, as the launcher submits it (the
+    scripts' identity with what sbatch receives: tests/integration/test_slurm_dry_run.py)."""
+    done = train(
+        tmp_path,
+        "hydra/launcher=slurm",
+        "nproc=1",
+        "mbs=1,2,4",
+        "hydra.launcher.points_per_job=8",
+        "dry_run=true",
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    out = done.stdout
+    (job,) = [line for line in out.splitlines() if line.startswith("===== job ")]
+    assert job.startswith("===== job 1/1: a packed job of 3 point(s)") and job.count("(id ") == 3
+    assert out.count("-- sbatch script --") == 1 and "export MOE_VLM_PACK_SIZE=3" in out
+    assert "MOE_VLM_PACK_SIZE=1" not in out and "#SBATCH --time=90" in out  # three points' limits
 
 
 @pytest.mark.slow
@@ -134,10 +155,12 @@ def test_a_big_dry_run_prints_one_line_per_point_and_writes_each_plan(tmp_path: 
     # Every plan, every valid point's sbatch script and the canary's in one file; nothing submitted.
     plans = (sweep / "dry_run_plans.txt").read_text()
     assert plans.count("===== point") == 12 and plans.count("== moe_vlm plan ==") == 12
-    assert plans.count("#SBATCH --ntasks-per-node=1") == 6 + 1  # the valid points and the canary
-    for row in rows:
-        section = plans.split(f"(id {row.split()[1]}) =====", 1)[1].split("===== ", 1)[0]
-        assert ("-- sbatch script --" in section) == (row.split()[2] == "valid")
+    # The six valid points have the same resources: one job array, as the launcher submits them.
+    assert plans.count("#SBATCH --ntasks-per-node=1") == 1 + 1  # the array and the canary
+    (job,) = [line for line in plans.splitlines() if line.startswith("===== job ")]
+    assert "a job array of 6 tasks" in job and "#SBATCH --array=0-5%6" in plans
+    valid = {row.split()[1] for row in rows if row.split()[2] == "valid"}
+    assert set(re.findall(r"\(id ([0-9a-f]{16})\)", job)) == valid
     assert "moe_vlm.launch.canary" in plans
     assert (sweep / "dry_run.txt").read_text().count("REJECTED") == 6
     assert sorted(p.name for p in sweep.iterdir()) == ["dry_run.txt", "dry_run_plans.txt"]

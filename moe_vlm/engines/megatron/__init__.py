@@ -13,8 +13,7 @@ One run, as Megatron experts would set it up by hand:
 
 The library is imported lazily: planning (dry_run) and the rest of the project never need it.
 Running needs GPUs; everything before ``pretrain`` also works on a CPU (tests/megatron).
+
+The package imports none of its modules: a plan reads the stack list and the plan cache
+(stack.py, plan_cache.py) without loading the run's path (launch.py, recording.py).
 """
-
-from moe_vlm.engines.megatron.launch import launch
-
-__all__ = ["launch"]

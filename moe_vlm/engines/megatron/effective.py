@@ -36,7 +36,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from moe_vlm.engines.bridge_fields import Recipe
+from moe_vlm.engines.bridge_fields import Recipe, RecipeKind
 from moe_vlm.engines.telemetry_fields import RUN_DIR  # this run's directory in values
 from moe_vlm.spec import RunSpec
 
@@ -63,6 +63,14 @@ class Effective:
     # Each bridge_fields.FIELD_MAP field as the run gets it, at the library default or not (the plan's
     # tuning block shows what a null "the recipe's" knob resolves to)
     table: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        """Every field, JSON-safe (the plan cache, moe_vlm/engines/megatron/plan_cache.py)."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, payload: dict[str, Any]) -> Effective:
+        return cls(**payload)
 
     def to_record(self) -> dict[str, Any]:
         """run.json's ``bridge.effective``."""
@@ -478,6 +486,23 @@ class Planned:
     recipe: Recipe
     effective: Effective
     family: dict[str, Effective]  # GPU -> this point on that GPU's perf recipe (its own first)
+
+    def to_json(self) -> dict[str, Any]:
+        """JSON-safe, in order (the plan cache)."""
+        return {
+            "recipe": {**dataclasses.asdict(self.recipe), "kind": self.recipe.kind.value},
+            "effective": self.effective.to_json(),
+            "family": {gpu: e.to_json() for gpu, e in self.family.items()},
+        }
+
+    @classmethod
+    def from_json(cls, payload: dict[str, Any]) -> Planned:
+        recipe = payload["recipe"]
+        return cls(
+            Recipe(**{**recipe, "kind": RecipeKind(recipe["kind"])}),
+            Effective.from_json(payload["effective"]),
+            {gpu: Effective.from_json(e) for gpu, e in payload["family"].items()},
+        )
 
     def family_lines(self) -> list[str]:
         """What remains different across the family: the recipes' own tuning, for these knobs."""

@@ -1,0 +1,362 @@
+"""The plan's Megatron sections, cached on disk: only the first plan of a configuration pays.
+
+`dry_run=true` on the Megatron engine imports the stack to check it (`stack.probe`, seconds) and
+builds the point's ConfigContainer on every perf recipe of its family and runs Bridge's runtime
+update on each (`effective.plan_effective`, seconds per recipe). Both are pure functions of what
+this module puts in their key, so a plan keeps them in a JSON file per key and the next plan of
+the same configuration reads it instead (milliseconds):
+
+- the stack probe: the modules the run imports (`stack.required`), the interpreter, every
+  distribution on its import path with its version and when each directory holding them was
+  last written (installing, upgrading or reinstalling anything changes the key), and the
+  project's code that decides the list and judges versions;
+- the effective configuration and the family table: the RunSpec (every field but `dry_run`),
+  the install as above (megatron-core, megatron-bridge, Transformer Engine, torch and
+  transformers among it), the interpreter, the environment variables Bridge's update or the
+  libraries it calls read (ENV_PREFIXES, as the process started), and the project's code that
+  builds them (the modules `effective`, `config` and `bridge_fields` import, transitively, by
+  content).
+
+Where: $MOE_VLM_CACHE_DIR, else $XDG_CACHE_HOME/moe_vlm, else ~/.cache/moe_vlm (`plan/` below
+it). Each entry is written atomically (record.write_atomic); one that does not parse, or whose
+stored key differs from the one asked for, is ignored and rebuilt. A build that raised (no stack
+here) is not kept, nor is an entry that would hold a secret. Deleting the directory rebuilds
+everything. What a rank checks before distributed init (`stack.stack_problem`) and what a run
+records (`bridge.effective`) never come from here: they run in the job's own environment.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import hashlib
+import json
+import os
+import re
+import sys
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from moe_vlm.engines.bridge_fields import family_recipes
+from moe_vlm.engines.megatron.effective import Planned, plan_effective
+from moe_vlm.engines.megatron.stack import Probe, probe, required
+from moe_vlm.launch.safety import scrub
+from moe_vlm.record import write_atomic
+from moe_vlm.spec import RunSpec
+
+CACHE_ENV = "MOE_VLM_CACHE_DIR"
+FORMAT = 1  # bumped when an entry's layout changes
+# The libraries a note names (every installed distribution is in the key).
+LIBRARIES = ("megatron-core", "megatron-bridge", "transformer-engine", "torch", "transformers")
+# Environment variables that can change what Bridge's runtime update leaves: it reads NCCL_ALGO
+# and CUDA_DEVICE_MAX_CONNECTIONS (megatron/bridge/training/config.py:1058, 1102) and
+# NVTE_CPU_OFFLOAD_V1 (:2055), Megatron Core reads PYTORCH_CUDA_ALLOC_CONF
+# (megatron/core/distributed/distributed_data_parallel_config.py:257), Transformer Engine and
+# torch read their own NVTE_* / TORCH_* at import. Other names are ours or the shell's.
+ENV_PREFIXES = ("NVTE_", "NCCL_", "CUDA_", "TORCH_", "PYTORCH_", "NVSHMEM_", "MEGATRON", "TE_")
+# The modules whose code (with everything they import) builds each section.
+EFFECTIVE_ROOTS = (
+    "moe_vlm.engines.megatron.effective",
+    "moe_vlm.engines.megatron.config",
+    "moe_vlm.engines.bridge_fields",
+)
+STACK_ROOTS = ("moe_vlm.engines.megatron.stack",)
+_PACKAGE_ROOT = Path(__file__).resolve().parents[3]  # the directory holding moe_vlm/
+# `from moe_vlm.x import (a, b)`, `from moe_vlm.x import a, b` or `import moe_vlm.x`, at any indent.
+_IMPORT = re.compile(
+    r"^[ \t]*(?:from[ \t]+(moe_vlm[\w.]*)[ \t]+import[ \t]+(?:\(([\w\s,]+)\)|([\w \t,]+))"
+    r"|import[ \t]+(moe_vlm[\w.]*))",
+    re.M,
+)
+
+
+def cache_dir() -> Path:
+    explicit = os.environ.get(CACHE_ENV)
+    if explicit:
+        return Path(explicit).expanduser()
+    return Path(os.environ.get("XDG_CACHE_HOME") or "~/.cache").expanduser() / "moe_vlm"
+
+
+# --- what a key is made of -------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Install:
+    """What is installed on the import path."""
+
+    versions: dict[str, str]  # distribution -> version, the first on sys.path winning
+    # (directory, mtime in ns) of each path entry holding distributions: installing, removing or
+    # reinstalling anything there (even the same version) writes the directory
+    stamps: list[tuple[str, int]]
+
+
+@functools.cache
+def installed() -> Install:
+    """Read from the metadata directories' names (as importlib.metadata resolves them): one
+    listing per path entry, not one metadata search per distribution."""
+    versions: dict[str, str] = {}
+    stamps: list[tuple[str, int]] = []
+    for entry in sys.path:
+        try:
+            names = os.listdir(entry or ".")
+        except OSError:
+            continue
+        found = False
+        for item in names:
+            stem, dot, suffix = item.rpartition(".")
+            if suffix not in ("dist-info", "egg-info") or not dot:
+                continue
+            distribution, _, version = stem.partition("-")
+            found = True
+            versions.setdefault(re.sub(r"[-_.]+", "-", distribution).lower(), version.split("-py")[0])
+        if found:
+            with contextlib.suppress(OSError):
+                stamps.append((entry, os.stat(entry).st_mtime_ns))
+    return Install(versions, stamps)
+
+
+def library_versions() -> dict[str, str | None]:
+    versions = installed().versions
+    return {name: versions.get(name) for name in LIBRARIES}
+
+
+@functools.cache
+def _project_modules() -> dict[str, str]:
+    """Every module of the moe_vlm package by dotted name -> its source file."""
+    modules: dict[str, str] = {}
+    for folder, _, files in os.walk(_PACKAGE_ROOT / "moe_vlm"):
+        package = os.path.relpath(folder, _PACKAGE_ROOT).replace(os.sep, ".")
+        for name in files:
+            if name.endswith(".py"):
+                stem = name[:-3]
+                modules[package if stem == "__init__" else f"{package}.{stem}"] = os.path.join(folder, name)
+    return modules
+
+
+@functools.cache
+def _parsed(module: str) -> tuple[bytes, tuple[str, ...]]:
+    """A project module's source and the project modules it imports (anywhere in the file)."""
+    modules = _project_modules()
+    with open(modules[module], "rb") as handle:
+        source = handle.read()
+    imported: list[str] = []
+    for package, grouped, names, plain_import in _IMPORT.findall(source.decode()):
+        if plain_import:
+            imported.append(plain_import)
+            continue
+        imported.append(package)
+        for name in (grouped or names).split(","):
+            if f"{package}.{name.strip()}" in modules:  # `from moe_vlm import explog`: a module
+                imported.append(f"{package}.{name.strip()}")
+    return source, tuple(imported)
+
+
+@functools.cache
+def code_modules(*roots: str) -> dict[str, bytes]:
+    """The sources of `roots` (module names) and of every project module they import,
+    transitively (at module level or inside functions), with their packages' __init__ files."""
+    modules = _project_modules()
+    seen: dict[str, bytes] = {}
+    todo = list(roots)
+    while todo:
+        parts = todo.pop().split(".")
+        for depth in range(1, len(parts) + 1):  # a module runs its packages' __init__ first
+            module = ".".join(parts[:depth])
+            if module in seen or module not in modules:
+                continue
+            seen[module], imported = _parsed(module)
+            todo += imported
+    return seen
+
+
+@functools.cache
+def code_version(*roots: str) -> str:
+    """sha256 over code_modules(*roots)."""
+    digest = hashlib.sha256()
+    for module, source in sorted(code_modules(*roots).items()):
+        digest.update(module.encode() + b"\0" + source + b"\0")
+    return digest.hexdigest()
+
+
+def _environment(environ: Mapping[str, str]) -> dict[str, str]:
+    return {k: v for k, v in sorted(environ.items()) if k.startswith(ENV_PREFIXES)}
+
+
+# The environment as this process found it, before the libraries imported here set their own
+# (Transformer Engine sets NVTE_CUDA_INCLUDE_DIR at import): a plan that reads the stack check from
+# the cache imports nothing, and must compute the same key as one that imported the stack first.
+_STARTED_WITH = _environment(os.environ)
+
+
+def _spec_key(spec: RunSpec) -> dict[str, Any]:
+    fields = asdict(spec)
+    fields.pop("dry_run")
+    return fields
+
+
+# --- entries ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Entry:
+    """Where one section came from: the cache (hit) or a build that was then stored."""
+
+    what: str  # what the entry holds, for people
+    path: Path
+    hit: bool
+    built_unix_s: float
+    libraries: dict[str, str | None]
+    stored: bool = True  # False: built, but not kept (it held a secret, or the directory is read-only)
+
+    def note(self) -> str:
+        built = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(self.built_unix_s))
+        libraries = ", ".join(f"{name} {version or '-'}" for name, version in self.libraries.items())
+        if self.hit:
+            return (
+                f"(from the plan cache: {self.what} built {built} for these inputs with {libraries}; "
+                f"{self.path}; ${CACHE_ENV} moves the cache, deleting the file rebuilds it)"
+            )
+        if not self.stored:
+            return (
+                f"(built now, not cached: {self.what} holds a secret, or {self.path.parent} is not writable)"
+            )
+        return f"(built now with {libraries}; cached at {self.path} for the next plan of this configuration)"
+
+
+def _key(parts: dict[str, Any]) -> tuple[str, str]:
+    text = json.dumps({"format": FORMAT, **parts}, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest(), text
+
+
+def entry_path(kind: str, parts: dict[str, Any]) -> Path:
+    """Where the entry for these inputs lives (kind: "stack" or "effective")."""
+    return cache_dir() / "plan" / f"{kind}-{_key(parts)[0][:32]}.json"
+
+
+def _read(path: Path, key: str) -> dict[str, Any] | None:
+    """The stored entry, or None when absent, unreadable, not this key's or not this format's."""
+    try:
+        entry = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(entry, dict) or entry.get("key") != key or entry.get("format") != FORMAT:
+        return None
+    if not isinstance(entry.get("built_unix_s"), float | int):
+        return None
+    return entry
+
+
+def _cached[T](
+    what: str,
+    kind: str,
+    parts: dict[str, Any],
+    build: Callable[[], T],
+    codec: tuple[Callable[[T], Any], Callable[[Any], T]],
+    progress: str,
+) -> tuple[T, Entry]:
+    """build(), or what an earlier build stored for the same inputs. codec: (dump, load), between
+    the value and its JSON form."""
+    dump, load = codec
+    key, text = _key(parts)
+    path = entry_path(kind, parts)
+    libraries = library_versions()
+    entry = _read(path, key)
+    if entry is not None:
+        try:
+            return load(entry["payload"]), Entry(what, path, True, float(entry["built_unix_s"]), libraries)
+        except (KeyError, TypeError, ValueError, AttributeError):
+            pass  # a damaged entry: rebuilt below
+    print(
+        f"moe_vlm: {progress} (first time for this configuration; cached after)", file=sys.stderr, flush=True
+    )
+    value = build()
+    built = time.time()
+    blob = {
+        "format": FORMAT,
+        "key": key,
+        "inputs": json.loads(text),
+        "built_unix_s": built,
+        "payload": dump(value),
+    }
+    # An entry never holds a secret (the value of a secret environment variable): one that would is not kept.
+    stored = scrub(blob) == blob
+    if stored:
+        try:
+            write_atomic(path, json.dumps(blob, indent=1) + "\n")
+        except (OSError, TypeError, ValueError):
+            stored = False
+    return value, Entry(what, path, False, built, libraries, stored)
+
+
+# --- the two sections ------------------------------------------------------------------------
+
+
+def _python() -> dict[str, Any]:
+    found = installed()
+    return {
+        "executable": sys.executable,
+        "version": sys.version,
+        "installed": found.versions,
+        "install_stamps": found.stamps,
+    }
+
+
+def stack_inputs(spec: RunSpec) -> dict[str, Any]:
+    """Everything the stack probe's result depends on."""
+    return {
+        "modules": [asdict(m) for m in required(spec)],
+        **_python(),
+        "code": code_version(*STACK_ROOTS),
+    }
+
+
+def stack_probe(spec: RunSpec) -> tuple[list[Probe], Entry]:
+    """`stack.probe(spec)`, from the cache when these modules were probed with this install (a
+    module installed, removed, upgraded or reinstalled since changes the key)."""
+    modules = required(spec)
+
+    def dump(probes: list[Probe]) -> list[dict[str, Any]]:
+        return [{"version": p.version, "error": p.error, "where": p.where} for p in probes]
+
+    def load(payload: list[dict[str, Any]]) -> list[Probe]:
+        if len(payload) != len(modules):
+            raise ValueError("the entry lists other modules")
+        return [Probe(m, p["version"], p["error"], p["where"]) for m, p in zip(modules, payload, strict=True)]
+
+    return _cached(
+        "the stack check",
+        "stack",
+        stack_inputs(spec),
+        lambda: probe(spec),
+        (dump, load),
+        f"importing the Megatron stack to check the {len(modules)} modules this run imports",
+    )
+
+
+def effective_inputs(spec: RunSpec) -> dict[str, Any]:
+    """Everything the effective configuration and the family table depend on."""
+    return {
+        "spec": _spec_key(spec),
+        **_python(),
+        "environment": _STARTED_WITH,
+        "code": code_version(*EFFECTIVE_ROOTS),
+    }
+
+
+def planned_effective(spec: RunSpec) -> tuple[Planned, Entry]:
+    """`effective.plan_effective(spec)`, from the cache when this configuration was built with
+    this install, this environment and this code. A build that raises is not kept."""
+    recipes = family_recipes(spec)
+    gpus = ", ".join(r.gpu for r in recipes)
+    return _cached(
+        "the effective configuration and the family table",
+        "effective",
+        effective_inputs(spec),
+        lambda: plan_effective(spec),
+        (Planned.to_json, Planned.from_json),
+        f"building Bridge's ConfigContainer for model={spec.model.name} on the {len(recipes)} perf recipe(s) "
+        f"of its family ({gpus}) and running Bridge's runtime update on each",
+    )
