@@ -145,10 +145,11 @@ def library_findings(spec: RunSpec) -> list[Finding]:
     an error per refusal, a warning when they could not run here; [] off the Megatron engine."""
     if spec.engine != Engine.megatron:
         return []
-    from moe_vlm.engines.megatron.library_checks import Check, check_point
+    from moe_vlm.engines.megatron.library_checks import Check
+    from moe_vlm.engines.megatron.plan_cache import library_checks
 
     try:
-        found = check_point(spec)
+        found, _entry = library_checks(spec)
     except Exception as exc:  # a recipe this Bridge lacks: the checks did not run, and the plan says so
         return [
             Finding(

@@ -42,6 +42,7 @@ from typing import Any
 
 from moe_vlm.engines.bridge_fields import family_recipes
 from moe_vlm.engines.megatron.effective import Planned, plan_effective
+from moe_vlm.engines.megatron.library_checks import Check, LibraryFinding, check_point
 from moe_vlm.engines.megatron.stack import Probe, probe, required
 from moe_vlm.launch.safety import scrub
 from moe_vlm.record import write_atomic
@@ -64,6 +65,7 @@ EFFECTIVE_ROOTS = (
     "moe_vlm.engines.bridge_fields",
 )
 STACK_ROOTS = ("moe_vlm.engines.megatron.stack",)
+LIBRARY_ROOTS = ("moe_vlm.engines.megatron.library_checks", *EFFECTIVE_ROOTS)
 _PACKAGE_ROOT = Path(__file__).resolve().parents[3]  # the directory holding moe_vlm/
 # `from moe_vlm.x import (a, b)`, `from moe_vlm.x import a, b` or `import moe_vlm.x`, at any indent.
 _IMPORT = re.compile(
@@ -232,7 +234,7 @@ def _key(parts: dict[str, Any]) -> tuple[str, str]:
 
 
 def entry_path(kind: str, parts: dict[str, Any]) -> Path:
-    """Where the entry for these inputs lives (kind: "stack" or "effective")."""
+    """Where the entry for these inputs lives (kind: "stack", "effective" or "library")."""
     return cache_dir() / "plan" / f"{kind}-{_key(parts)[0][:32]}.json"
 
 
@@ -359,4 +361,31 @@ def planned_effective(spec: RunSpec) -> tuple[Planned, Entry]:
         (Planned.to_json, Planned.from_json),
         f"building Bridge's ConfigContainer for model={spec.model.name} on the {len(recipes)} perf recipe(s) "
         f"of its family ({gpus}) and running Bridge's runtime update on each",
+    )
+
+
+def library_inputs(spec: RunSpec) -> dict[str, Any]:
+    """Everything the library checks' findings depend on: the effective configuration's inputs and
+    the checks' own code."""
+    return {**effective_inputs(spec), "code": code_version(*LIBRARY_ROOTS)}
+
+
+def library_checks(spec: RunSpec) -> tuple[list[LibraryFinding], Entry]:
+    """`library_checks.check_point(spec)`, from the cache when this configuration was judged with
+    this install, this environment and this code."""
+
+    def dump(found: list[LibraryFinding]) -> list[dict[str, str]]:
+        return [{"check": f.check.value, "message": f.message, "where": f.where} for f in found]
+
+    def load(payload: list[dict[str, str]]) -> list[LibraryFinding]:
+        return [LibraryFinding(Check(f["check"]), f["message"], f["where"]) for f in payload]
+
+    return _cached(
+        "the library checks",
+        "library",
+        library_inputs(spec),
+        lambda: check_point(spec),
+        (dump, load),
+        "running the library's own checks (Bridge's runtime update, the ViT config, TE, Megatron-LM's "
+        "validate_args) on this point",
     )
