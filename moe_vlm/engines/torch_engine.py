@@ -184,6 +184,7 @@ def run_rank(spec: RunSpec, config: dict[str, Any], run_dir: Path, env: DistEnv)
     trainer: Trainer | None = None
     profiler: StepProfiler | None = None
     tracker: ExperimentLog | None = None
+    held: tuple[StepRecord, float] | None = None  # the finished step whose period is still open
     try:
         # Before the model: the allocator history (profiling=memory) must see every allocation.
         profiler = StepProfiler(spec, run_dir, env.rank, device)
@@ -207,7 +208,6 @@ def run_rank(spec: RunSpec, config: dict[str, Any], run_dir: Path, env: DistEnv)
         # A step's line waits for the next step's start, where its period ends: the profiler's
         # export and snapshot dump, the gather, steps.jsonl, the console and the tracker all run
         # between two steps, outside step_time_s and inside step_period_s.
-        held: tuple[StepRecord, float] | None = None
         for step in range(1, spec.train_iters + 1):
             profiler.begin(step)
             line = trainer.step(step)
@@ -215,11 +215,13 @@ def run_rank(spec: RunSpec, config: dict[str, Any], run_dir: Path, env: DistEnv)
             if held is not None:
                 previous, previous_start = held
                 previous.step_period_s = trainer.started_s - previous_start
+                held = None
                 publish(previous)
-            profiler.end(step)  # outside the step's timing: the trace export and the snapshot dump
             held = (line, trainer.started_s)
+            profiler.end(step)  # outside the step's timing: the trace export and the snapshot dump
         if held is not None:
-            publish(held[0])  # the last step: no next start, no period
+            last, held = held[0], None
+            publish(last)  # the last step: no next start, no period
         data_stats = trainer.gather_data_stats()
         if writer is not None:
             writer.close()
@@ -234,6 +236,8 @@ def run_rank(spec: RunSpec, config: dict[str, Any], run_dir: Path, env: DistEnv)
                 tracker = None
     except Exception as exc:
         if writer is not None:
+            if held is not None:  # a finished step is never lost: this rank's line, without its period
+                writer.write(held[0])
             writer.close()
             text = "".join(traceback.format_exception(exc))
             print(text, file=sys.stderr, flush=True)
