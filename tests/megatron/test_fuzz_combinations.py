@@ -30,6 +30,7 @@ SEED = 19
 POINTS = 2000
 AGREEMENT_SAMPLE = 12  # points composed whole by Hydra to check the assembly
 
+
 def test_every_knob_is_in_the_fuzzers_space() -> None:
     """A schema leaf the fuzzer neither varies nor excludes with a reason is a knob nobody fuzzes."""
     assert unplaced() == [], (
