@@ -137,7 +137,7 @@ class PlanningSweeper(Sweeper):
         return [
             *point.overrides,
             f"hydra.sweep.dir={quote_override_value(str(sweep_dir))}",
-            f"hydra.sweep.subdir={point.point_id}",
+            f"hydra.sweep.subdir={quote_override_value(point.point_id)}",  # 12e45 would be a float
         ]
 
     # --- the sweep ---------------------------------------------------------------------------

@@ -170,6 +170,11 @@ def run_rank(spec: RunSpec, config: dict[str, Any], run_dir: Path, env: DistEnv)
     else:
         # Ranks share the cores; oversubscribed intra-op threads only slow every rank down.
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        # A Slurm allocation without CPU binding still shows every core of the node: two one-CPU
+        # jobs on one node would each start a thread per core and stall each other.
+        allocated = os.environ.get("SLURM_CPUS_ON_NODE", "")
+        if allocated.isdigit() and int(allocated) > 0:
+            cores = min(cores, int(allocated))
         torch.set_num_threads(max(1, cores // env.local_world_size))
     dist.init_process_group(
         "nccl" if device.type == "cuda" else "gloo",

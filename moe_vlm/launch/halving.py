@@ -253,12 +253,13 @@ def measured(point: str, run: RunRecord, run_dir: Path) -> Measured:
     summary = run.summary or {}
     tokens = summary.get("effective_tokens_per_s_per_gpu")
     step_time = summary.get("step_time_s") or {}
-    real = (summary.get("tokens_per_step") or {}).get("real")
-    world = summary.get("world_size")
+    # The spread of the time the rate is over (the step period where the record has one), so the
+    # ranked figure lies inside its own p10-p90 range: the rate at the p90 and at the p10 time.
+    basis = summary.get("step_period_s") if summary.get("step_period_s") else step_time
     low = high = None
-    if tokens is not None and real and world and step_time.get("p10") and step_time.get("p90"):
-        low = float(real) / (float(step_time["p90"]) * float(world))
-        high = float(real) / (float(step_time["p10"]) * float(world))
+    if tokens is not None and basis.get("mean") and basis.get("p10") and basis.get("p90"):
+        low = float(tokens) * float(basis["mean"]) / float(basis["p90"])
+        high = float(tokens) * float(basis["mean"]) / float(basis["p10"])
     failure = None
     if run.status != "completed":
         failure = run.failure.name if run.failure else (", ".join(run.error_codes()) or run.status)

@@ -313,7 +313,7 @@ def test_the_effective_config_shows_the_vision_config_provide_builds(
     spec, cfg, result = effective(recipes, *GB200, *knobs)
     assert result.error is None, result.error
     updated = copy.deepcopy(cfg)
-    with eff._environment(spec, set(cfg.env_vars), planned=True), warnings.catch_warnings():
+    with eff.rank_environment(spec, set(cfg.env_vars), planned=True), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         runtime_config_update(updated)  # what effective_config ran on its copy
     provided = provided_vision_config(updated.model, monkeypatch)
