@@ -75,7 +75,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--train-iters", type=int, default=40, help="each point's full length (default 40)")
     parser.add_argument("--eta", type=int, default=6)
     parser.add_argument("--rungs", type=int, default=2)
-    parser.add_argument("--first-steps", type=int, default=4, help="steady steps of the first rung (default 4)")
+    parser.add_argument(
+        "--first-steps", type=int, default=4, help="steady steps of the first rung (default 4)"
+    )
     parser.add_argument("--dir", help="sweep directory (default: a new temporary one)")
     parser.add_argument("--json", action="store_true", help="print the figures as one JSON object")
     args = parser.parse_args(argv)
