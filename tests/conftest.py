@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import dataclasses
+import typing
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from omegaconf import DictConfig
 
 from moe_vlm.compose import CONF_DIR, compose_config
 from moe_vlm.engines.megatron.plan_cache import CACHE_ENV
+from moe_vlm.schema import TrainConfig
 from moe_vlm.spec import RunSpec
 
 REPO = Path(__file__).resolve().parent.parent
@@ -36,3 +40,17 @@ def plan_cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv(CACHE_ENV, str(path))
         yield path
+
+
+def _leaves(cls: type, prefix: str = "") -> Iterator[tuple[str, Any]]:
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        kind = hints[f.name]
+        if isinstance(kind, type) and dataclasses.is_dataclass(kind):
+            yield from _leaves(kind, f"{prefix}{f.name}.")
+        else:
+            yield f"{prefix}{f.name}", kind
+
+
+# Every leaf of the schema (dotted key -> its type): the knob coverage test and the fuzzer's space.
+SCHEMA_LEAVES: dict[str, Any] = dict(_leaves(TrainConfig))

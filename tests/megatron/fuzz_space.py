@@ -16,11 +16,9 @@ overrides (`Point.overrides`).
 from __future__ import annotations
 
 import copy
-import dataclasses
 import random
 import types
 import typing
-from collections.abc import Iterator
 from dataclasses import dataclass
 from enum import Enum
 from functools import cache
@@ -29,7 +27,8 @@ from typing import Any
 from moe_vlm.compose import CONF_DIR, compose_point
 from moe_vlm.rules.catalogue import CUDA_GRAPH_SCOPES, SELECTIVE_RECOMPUTE_MODULES
 from moe_vlm.rules.overlap import VISION_GRAPH_SCOPES
-from moe_vlm.schema import TrainConfig
+from moe_vlm.schema import SYNTHETIC_DRAW_FIELDS, TrainConfig
+from tests.conftest import SCHEMA_LEAVES
 
 CLUSTERS = ("gb200", "gb300", "b200", "b300", "h100", "h200")
 MODELS = ("qwen3_vl_30b_a3b", "qwen3_vl_235b_a22b", "qwen35_vl_35b_a3b")
@@ -104,34 +103,14 @@ EXCLUDED: dict[str, str] = {
     "logger.tracking_uri": "a tracker address",
     **{
         f"data.{name}": "a draw parameter of the project's own seeded samples (MoeVlmDatasetConfig): no library check"
-        for name in (
-            "min_images",
-            "max_images",
-            "min_long_side_px",
-            "max_long_side_px",
-            "aspect_ratios",
-            "min_text_tokens",
-            "max_text_tokens",
-            "min_pixels",
-            "max_pixels",
-        )
+        for name in (*SYNTHETIC_DRAW_FIELDS, "min_pixels", "max_pixels")
     },
 }
 AXIS_PREFIXES = ("model.", "cluster.")  # a fixed description of the model and the machine: axes
 LABEL_SUFFIX = ".name"  # a group option's label (its fields carry the settings)
 
 
-def _leaves(cls: type, prefix: str = "") -> Iterator[tuple[str, Any]]:
-    hints = typing.get_type_hints(cls)
-    for f in dataclasses.fields(cls):
-        kind = hints[f.name]
-        if isinstance(kind, type) and dataclasses.is_dataclass(kind):
-            yield from _leaves(kind, f"{prefix}{f.name}.")
-        else:
-            yield f"{prefix}{f.name}", kind
-
-
-LEAVES: dict[str, Any] = dict(_leaves(TrainConfig))
+LEAVES = SCHEMA_LEAVES
 
 
 def values_of(knob: str) -> tuple[Any, ...] | None:

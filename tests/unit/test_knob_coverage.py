@@ -19,7 +19,6 @@ from __future__ import annotations
 import dataclasses
 import types
 import typing
-from collections.abc import Iterator
 from enum import Enum
 from functools import cache
 from typing import Any
@@ -43,8 +42,9 @@ from moe_vlm.engines.support import (
 )
 from moe_vlm.rules import errors, validate
 from moe_vlm.rules.catalogue import CUDA_GRAPH_SCOPES, SELECTIVE_RECOMPUTE_MODULES
-from moe_vlm.schema import Engine, TrainConfig
+from moe_vlm.schema import Engine
 from moe_vlm.spec import RunSpec
+from tests.conftest import SCHEMA_LEAVES
 
 # Each engine as a spec reaches it (dry_run: the Megatron engine is planned on this CPU machine).
 ON = {Engine.torch: ("engine=torch",), Engine.megatron: ("engine=megatron", "dry_run=true")}
@@ -111,17 +111,7 @@ REJECT_WITH: dict[str, list[Any]] = {
 }
 
 
-def _leaves(cls: type, prefix: str = "") -> Iterator[tuple[str, Any]]:
-    hints = typing.get_type_hints(cls)
-    for f in dataclasses.fields(cls):
-        kind = hints[f.name]
-        if isinstance(kind, type) and dataclasses.is_dataclass(kind):
-            yield from _leaves(kind, f"{prefix}{f.name}.")
-        else:
-            yield f"{prefix}{f.name}", kind
-
-
-LEAVES: dict[str, Any] = dict(_leaves(TrainConfig))
+LEAVES = SCHEMA_LEAVES
 
 
 def _base_type(kind: Any) -> Any:
