@@ -255,7 +255,7 @@ def measured(point: str, run: RunRecord, run_dir: Path) -> Measured:
     step_time = summary.get("step_time_s") or {}
     # The spread of the time the rate is over (the step period where the record has one), so the
     # ranked figure lies inside its own p10-p90 range: the rate at the p90 and at the p10 time.
-    basis = summary.get("step_period_s") if summary.get("step_period_s") else step_time
+    basis = summary.get("step_period_s") or step_time
     low = high = None
     if tokens is not None and basis.get("mean") and basis.get("p10") and basis.get("p90"):
         low = float(tokens) * float(basis["mean"]) / float(basis["p90"])
