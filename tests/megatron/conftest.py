@@ -7,8 +7,10 @@ the end of the run (never a silent pass). Install it with `bash scripts/install_
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import os
+import socket
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -101,3 +103,21 @@ def engine_environment(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     finally:
         os.environ.clear()
         os.environ.update(saved)
+
+
+@contextlib.contextmanager
+def model_parallel_rank() -> Iterator[None]:
+    """One gloo rank with Megatron's model-parallel groups (a free local port for the rendezvous)."""
+    import torch
+    from megatron.core import parallel_state
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    torch.distributed.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    parallel_state.initialize_model_parallel()
+    try:
+        yield
+    finally:
+        parallel_state.destroy_model_parallel()
+        torch.distributed.destroy_process_group()

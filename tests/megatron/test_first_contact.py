@@ -17,7 +17,6 @@ from __future__ import annotations
 import ast
 import inspect
 import os
-import socket
 import textwrap
 import types
 import warnings
@@ -34,7 +33,7 @@ from moe_vlm.rules import validate
 from moe_vlm.spec import RunSpec
 from moe_vlm.timing import Clock
 from tests.conftest import make_spec
-from tests.megatron.conftest import RecipeCache, needs_stack
+from tests.megatron.conftest import RecipeCache, model_parallel_rank, needs_stack
 
 MEG = ("engine=megatron", "dry_run=true", "cluster=b200", "model=qwen3_vl_30b_a3b")
 B35 = ("engine=megatron", "dry_run=true", "cluster=b200", "model=qwen35_vl_35b_a3b")
@@ -49,18 +48,8 @@ def codes(*overrides: str) -> set[str]:
 @pytest.fixture(scope="module")
 def process_group() -> Iterator[None]:
     """One gloo rank with Megatron's model-parallel groups: what building its layers needs."""
-    from megatron.core import parallel_state
-
-    with socket.socket() as probe:  # a free port for the rendezvous
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    torch.distributed.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
-    parallel_state.initialize_model_parallel()
-    try:
+    with model_parallel_rank():
         yield
-    finally:
-        parallel_state.destroy_model_parallel()
-        torch.distributed.destroy_process_group()
 
 
 def graph_config(spec: RunSpec) -> Any:

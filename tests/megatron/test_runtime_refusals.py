@@ -18,7 +18,6 @@ from __future__ import annotations
 import importlib
 import inspect
 import os
-import socket
 import sys
 import types
 import warnings
@@ -33,7 +32,7 @@ from moe_vlm.engines.megatron.config import apply_overrides
 from moe_vlm.rules import validate
 from moe_vlm.spec import RunSpec
 from tests.conftest import make_spec
-from tests.megatron.conftest import REPORT, RecipeCache, needs_stack
+from tests.megatron.conftest import REPORT, RecipeCache, model_parallel_rank, needs_stack
 
 GB = ("engine=megatron", "dry_run=true", "cluster=gb200", "model=qwen3_vl_30b_a3b", "nodes=2")
 BLACKWELL = ("gb200", "b200", "gb300", "b300")
@@ -68,18 +67,8 @@ def cpu_device(monkeypatch: pytest.MonkeyPatch) -> None:
 def process_group() -> Iterator[None]:
     """One gloo rank with Megatron's model-parallel groups, for one test: while it exists Bridge's
     runtime update sizes the job from it instead of WORLD_SIZE."""
-    from megatron.core import parallel_state
-
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    torch.distributed.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
-    parallel_state.initialize_model_parallel()
-    try:
+    with model_parallel_rank():
         yield
-    finally:
-        parallel_state.destroy_model_parallel()
-        torch.distributed.destroy_process_group()
 
 
 # --- 1. NVFP4 primary weights in Megatron FSDP's buffers ----------------------------------------------
