@@ -58,7 +58,7 @@ def test_wandb_fields() -> None:
 def test_mlflow_fields_and_a_derived_run_name() -> None:
     got = fields("logger=mlflow", "logger.tracking_uri=http://mlflow:5000")
     assert got["logger.mlflow_experiment"] == "moe_vlm"
-    assert got["logger.mlflow_run_name"] == "qwen3_vl_30b_a3b-gb200-fsdp-alltoall-1x4-mbs1"
+    assert got["logger.mlflow_run_name"] == "qwen3_vl_30b_a3b-gb200-fsdp-hybridep-1x4-mbs1"
     assert got["logger.mlflow_tracking_uri"] == "http://mlflow:5000" and got["logger.wandb_project"] is None
 
 
