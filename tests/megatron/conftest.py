@@ -121,3 +121,21 @@ def model_parallel_rank() -> Iterator[None]:
     finally:
         parallel_state.destroy_model_parallel()
         torch.distributed.destroy_process_group()
+
+
+def runtime_updated(recipes: RecipeCache, prepare: Any, *overrides: str) -> tuple[RunSpec, Any]:
+    """The engine's ConfigContainer for these overrides after Bridge's runtime update, as a rank of
+    the job builds it (prepare: the engine_environment fixture)."""
+    from megatron.bridge.training.config import runtime_config_update
+
+    from moe_vlm.engines.megatron.config import apply_overrides
+    from tests.conftest import make_spec
+
+    spec = make_spec(*overrides)
+    cfg = recipes.config(spec)
+    apply_overrides(cfg, spec)
+    prepare(spec)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        runtime_config_update(cfg)
+    return spec, cfg

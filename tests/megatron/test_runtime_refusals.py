@@ -28,11 +28,9 @@ import pytest
 import torch
 
 from moe_vlm.engines.bridge_fields import select_recipe
-from moe_vlm.engines.megatron.config import apply_overrides
 from moe_vlm.rules import validate
-from moe_vlm.spec import RunSpec
 from tests.conftest import make_spec
-from tests.megatron.conftest import REPORT, RecipeCache, model_parallel_rank, needs_stack
+from tests.megatron.conftest import REPORT, RecipeCache, model_parallel_rank, needs_stack, runtime_updated
 
 GB = ("engine=megatron", "dry_run=true", "cluster=gb200", "model=qwen3_vl_30b_a3b", "nodes=2")
 BLACKWELL = ("gb200", "b200", "gb300", "b300")
@@ -43,18 +41,7 @@ def codes(*overrides: str) -> set[str]:
     return {f.code for f in validate(make_spec(*overrides)) if f.is_error}
 
 
-def updated(recipes: RecipeCache, prepare: Any, *overrides: str) -> tuple[RunSpec, Any]:
-    """The engine's ConfigContainer after Bridge's runtime update, as a rank of the job builds it."""
-    from megatron.bridge.training.config import runtime_config_update
-
-    spec = make_spec(*overrides)
-    cfg = recipes.config(spec)
-    apply_overrides(cfg, spec)
-    prepare(spec)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        runtime_config_update(cfg)
-    return spec, cfg
+updated = runtime_updated  # the engine's ConfigContainer after Bridge's runtime update
 
 
 @pytest.fixture

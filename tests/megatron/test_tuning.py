@@ -18,7 +18,7 @@ from moe_vlm.engines.megatron.config import apply_overrides, check_overrides
 from moe_vlm.rules import validate
 from moe_vlm.spec import RunSpec
 from tests.conftest import make_spec
-from tests.megatron.conftest import REPORT, RecipeCache, needs_stack
+from tests.megatron.conftest import REPORT, RecipeCache, needs_stack, runtime_updated
 
 MEG = ("engine=megatron", "dry_run=true", "model=qwen3_vl_30b_a3b")
 GB200 = (*MEG, "cluster=gb200", "nodes=2")
@@ -28,15 +28,7 @@ THREE_D = (*B200, "parallelism=3d")
 
 def updated(recipes: RecipeCache, prepare: Any, *overrides: str) -> tuple[RunSpec, Any]:
     """The engine's config for these overrides after Bridge's runtime update (the table still holds)."""
-    from megatron.bridge.training.config import runtime_config_update
-
-    spec = make_spec(*overrides)
-    cfg = recipes.config(spec)
-    apply_overrides(cfg, spec)
-    prepare(spec)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        runtime_config_update(cfg)
+    spec, cfg = runtime_updated(recipes, prepare, *overrides)
     assert check_overrides(cfg, spec) == [], "the runtime update rewrote a table value"
     return spec, cfg
 
