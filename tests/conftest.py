@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import typing
 from collections.abc import Iterator
+from enum import Enum
 from pathlib import Path
 from typing import Any
 
@@ -54,3 +55,16 @@ def _leaves(cls: type, prefix: str = "") -> Iterator[tuple[str, Any]]:
 
 # Every leaf of the schema (dotted key -> its type): the knob coverage test and the fuzzer's space.
 SCHEMA_LEAVES: dict[str, Any] = dict(_leaves(TrainConfig))
+
+
+def knob_override(knob: str, value: Any) -> str:
+    """The command-line override that sets schema leaf `knob` to `value`."""
+    if value is None:
+        return f"{knob}=null"
+    if isinstance(value, Enum):
+        return f"{knob}={value.name}"
+    if isinstance(value, bool):
+        return f"{knob}={str(value).lower()}"
+    if isinstance(value, list):
+        return f"{knob}=[{','.join(str(v) for v in value)}]"
+    return f"{knob}={value}"

@@ -28,7 +28,7 @@ from moe_vlm.compose import CONF_DIR, compose_point
 from moe_vlm.rules.catalogue import CUDA_GRAPH_SCOPES, SELECTIVE_RECOMPUTE_MODULES
 from moe_vlm.rules.overlap import VISION_GRAPH_SCOPES
 from moe_vlm.schema import SYNTHETIC_DRAW_FIELDS, TrainConfig
-from tests.conftest import SCHEMA_LEAVES
+from tests.conftest import SCHEMA_LEAVES, knob_override
 
 CLUSTERS = ("gb200", "gb300", "b200", "b300", "h100", "h200")
 MODELS = ("qwen3_vl_30b_a3b", "qwen3_vl_235b_a22b", "qwen35_vl_35b_a3b")
@@ -155,16 +155,7 @@ def group_options() -> dict[str, tuple[str, ...]]:
     }
 
 
-def _override(knob: str, value: Any) -> str:
-    if value is None:
-        return f"{knob}=null"
-    if isinstance(value, Enum):
-        return f"{knob}={value.name}"
-    if isinstance(value, bool):
-        return f"{knob}={str(value).lower()}"
-    if isinstance(value, list):
-        return f"{knob}=[{','.join(str(v) for v in value)}]"
-    return f"{knob}={value}"
+_override = knob_override
 
 
 @dataclass(frozen=True)

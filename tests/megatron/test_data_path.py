@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import copy
 import pickle
-import socket
 import subprocess
 import sys
 import warnings
@@ -33,7 +32,7 @@ from moe_vlm.engines.megatron.config import apply_overrides, check_overrides
 from moe_vlm.rules import errors, validate
 from moe_vlm.spec import RunSpec
 from tests.conftest import REPO, make_spec
-from tests.megatron.conftest import REPORT, RecipeCache, needs_stack
+from tests.megatron.conftest import REPORT, RecipeCache, model_parallel_rank, needs_stack
 
 pytestmark = needs_stack
 
@@ -201,19 +200,10 @@ def test_seeded_datasets_hold_no_samples(recipes: RecipeCache) -> None:
 
 @pytest.fixture(scope="module")
 def one_rank() -> Iterator[Any]:
-    from megatron.core import parallel_state
     from megatron.core.process_groups_config import ProcessGroupCollection
 
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    torch.distributed.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
-    parallel_state.initialize_model_parallel()
-    try:
+    with model_parallel_rank():
         yield ProcessGroupCollection.use_mpu_process_groups()
-    finally:
-        parallel_state.destroy_model_parallel()
-        torch.distributed.destroy_process_group()
 
 
 def test_bridge_s_qwen3_vl_path_never_packs(one_rank: Any) -> None:

@@ -44,7 +44,7 @@ from moe_vlm.rules import errors, validate
 from moe_vlm.rules.catalogue import CUDA_GRAPH_SCOPES, SELECTIVE_RECOMPUTE_MODULES
 from moe_vlm.schema import Engine
 from moe_vlm.spec import RunSpec
-from tests.conftest import SCHEMA_LEAVES
+from tests.conftest import SCHEMA_LEAVES, knob_override
 
 # Each engine as a spec reaches it (dry_run: the Megatron engine is planned on this CPU machine).
 ON = {Engine.torch: ("engine=torch",), Engine.megatron: ("engine=megatron", "dry_run=true")}
@@ -121,14 +121,7 @@ def _base_type(kind: Any) -> Any:
     return typing.get_origin(kind) or kind
 
 
-def _override(knob: str, value: Any) -> str:
-    if isinstance(value, Enum):
-        return f"{knob}={value.name}"
-    if isinstance(value, bool):
-        return f"{knob}={str(value).lower()}"
-    if isinstance(value, list):
-        return f"{knob}=[{','.join(str(v) for v in value)}]"
-    return f"{knob}={'null' if value is None else value}"
+_override = knob_override
 
 
 @cache
