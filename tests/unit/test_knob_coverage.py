@@ -4,10 +4,15 @@ A knob an engine silently ignores is how dispatcher.fp8_dispatch and the torch e
 data.num_workers shipped (fixed by D004 and E010 in 00735de). This test walks every leaf of
 moe_vlm.schema.TrainConfig and, per engine, holds it to moe_vlm/engines/support.py:
 
-- honoured for every value (for Megatron: a Bridge field in bridge_fields.FIELD_MAP that
-  changes when the knob does, or the model's transformers config that changes when it does);
+- honoured for every value: the engine READS it (tests/knob_reading.py). Torch: what the engine
+  builds (loader, Trainer and two steps, or a tiny run of its own launch) changes when the knob
+  does. Megatron: a bridge_fields.FIELD_MAP row names it and its value changes when the knob does
+  (tests/megatron/test_knob_reading.py checks the real ConfigContainer the same way), or the knob
+  is read outside the table (support.MEGATRON: the launch); a model knob: the transformers config
+  both engines build from changes;
 - honoured for some values only: a spec setting another value fires an error naming the knob,
-  and the same spec with an accepted value does not;
+  and the same spec with an accepted value does not; where two accepted values differ, the torch
+  engine's build differs between them;
 - inert: the knob that switches it on is restricted on that engine;
 - ignored, with the reason written down;
 - declared nowhere: then it must be rejected as above, against its default;
@@ -17,8 +22,6 @@ moe_vlm.schema.TrainConfig and, per engine, holds it to moe_vlm/engines/support.
 from __future__ import annotations
 
 import dataclasses
-import types
-import typing
 from enum import Enum
 from functools import cache
 from typing import Any
@@ -45,83 +48,31 @@ from moe_vlm.rules.catalogue import CUDA_GRAPH_SCOPES, SELECTIVE_RECOMPUTE_MODUL
 from moe_vlm.schema import Engine
 from moe_vlm.spec import RunSpec
 from tests.conftest import SCHEMA_LEAVES, knob_override
+from tests.knob_reading import (
+    MEGATRON_OUTSIDE_TABLE,
+    TorchChecker,
+    base_type,
+    changed,
+    megatron_outside_problem,
+    megatron_pair,
+    rows,
+    torch_unobservable,
+    value_of,
+)
 
 # Each engine as a spec reaches it (dry_run: the Megatron engine is planned on this CPU machine).
 ON = {Engine.torch: ("engine=torch",), Engine.megatron: ("engine=megatron", "dry_run=true")}
 # What puts a knob in play: the group choice it belongs to.
 IN_PLAY = {"recompute.modules": ("recompute=selective",)}
-BRIDGE_HYBRIDEP = ("cluster=b200", "model=qwen3_vl_30b_a3b", "dispatcher=hybridep")
-# A set value for each knob whose null means "the recipe's" (the changed value is derived from it).
-NULL_KNOB_STARTS = {
-    **{
-        f"fusion.{name}": "true"
-        for name in ("moe_permute_fusion", "moe_router_fusion", "bias_activation_fusion")
-    },
-    "fusion.cross_entropy": "native",
-    "router.dtype": "fp32",
-    "router.aux_loss_coeff": "0.001",
-    "router.capacity_factor": "1.0",
-    "router.pad_to_capacity": "true",
-    **{
-        f"overlap.{name}": "true"
-        for name in ("grad_reduce", "param_gather", "grad_reduce_in_fp32", "tp_comm")
-    },
-    "overlap.bucket_size": "40000000",
-    "cuda_graph.vision": "true",
-    "gc.manual": "true",
-    "gc.interval": "100",
-}
-# ... and, for the Bridge fields a knob reaches, what makes those rows read it.
-BRIDGE_CONTEXT = {
-    **IN_PLAY,
-    "cuda_graph.scope": ("cuda_graph=te_moe",),
-    # Qwen3-VL-MoE's provider turns sequence parallelism on whenever TP > 1; Qwen3.5's does not.
-    "parallelism.sequence_parallel": ("model=qwen35_vl_35b_a3b", "tp=2"),
-    # HybridEP's topology on a cluster whose NVLink domain is one node (MNNVL off unless asked).
-    **{leaf: BRIDGE_HYBRIDEP for leaf in FIELD_MAP_GROUP_READS["dispatcher"][2:]},
-    **{f"data.{name}": ("data=real", "data.path=/nonexistent") for name in ("min_pixels", "max_pixels")},
-    "data.path": ("data=real",),
-    **{
-        f"model.vision_{name}": ("data=real", "data.path=/nonexistent")
-        for name in ("patch_size", "spatial_merge_size", "temporal_patch_size")
-    },
-    "model.hf_model_id": ("data=real", "data.path=/nonexistent"),
-    "data.num_workers": ("data.num_workers=2",),  # null resolves from the CPUs here; start from a number
-    # null derives USE_MNNVL from the cluster; start from a forced value
-    "dispatcher.hybridep_use_mnnvl": (*BRIDGE_HYBRIDEP, "dispatcher.hybridep_use_mnnvl=false"),
-    # null keeps the recipe's value; start from a set one (the fusion, router, overlap and gc knobs).
-    **{knob: (f"{knob}={value}",) for knob, value in NULL_KNOB_STARTS.items()},
-    **{
-        f"cuda_graph.{name}": ("cuda_graph.vision=true",)
-        for name in ("vision_scope", "vision_max_seq_length")
-    },
-    # The window and ranks reach Bridge while a profiler runs; a tracker's fields while it is on.
-    **{f"profiling.{name}": ("profiling=torch",) for name in ("steps", "ranks")},
-    **{f"logger.{name}": ("logger=wandb",) for name in ("project", "run_name", "entity")},
-    "logger.tracking_uri": ("logger=mlflow",),
-}
-# Values to try on list knobs (a list's "other value" is not implied by its type).
+# A list's "other value" is not implied by its type: the values a rule must reject are tried.
 REJECT_WITH: dict[str, list[Any]] = {
     "recompute.modules": [[name] for name in SELECTIVE_RECOMPUTE_MODULES],
     "cuda_graph.scope": [[scope] for scope in CUDA_GRAPH_SCOPES],
-    # Float knobs: a value the engine would otherwise have to honour.
-    "router.aux_loss_coeff": [0.01],
-    "router.capacity_factor": [1.0],
-    "offload.optimizer_fraction": [0.5],
 }
-
+# Float knobs: a value the engine would otherwise have to honour.
+REJECT_FLOAT = 0.5
 
 LEAVES = SCHEMA_LEAVES
-
-
-def _base_type(kind: Any) -> Any:
-    """int | None -> int; list[str] -> list."""
-    if isinstance(kind, types.UnionType):
-        kind = next(arg for arg in typing.get_args(kind) if arg is not type(None))
-    return typing.get_origin(kind) or kind
-
-
-_override = knob_override
 
 
 @cache
@@ -129,19 +80,13 @@ def _spec(overrides: tuple[str, ...]) -> RunSpec:
     return compose_spec(list(overrides))
 
 
-def _value(spec: RunSpec, knob: str) -> Any:
-    if knob in SHORTCUTS.values():
-        return getattr(spec.layout, knob)
-    group, _, name = knob.rpartition(".")
-    node: Any = spec.freeze if group == "vision_freeze" else getattr(spec, group) if group else spec
-    return getattr(node, name)
-
-
 def _other_values(knob: str, current: Any, accepted: tuple[Any, ...] | None) -> list[Any]:
     """Values of the knob's type that are neither `current` nor accepted."""
-    kind = _base_type(LEAVES[knob])
+    kind = base_type(LEAVES[knob])
     if knob in REJECT_WITH:
         candidates: list[Any] = REJECT_WITH[knob]
+    elif kind is float:
+        candidates = [REJECT_FLOAT]
     elif isinstance(kind, type) and issubclass(kind, Enum):
         candidates = list(kind)
     elif kind is bool:
@@ -169,43 +114,29 @@ def _rejections(overrides: tuple[str, ...], knob: str) -> list[str]:
 
 def assert_rejected(engine: Engine, knob: str, accepted: tuple[Any, ...] | None) -> None:
     context = (*ON[engine], *IN_PLAY.get(knob, ()))
-    current = _value(_spec(context), knob)
+    current = value_of(_spec(context), knob)
     assert accepted is None or Honoured("", accepted).accepts(current), f"{knob}: the default is not accepted"
     assert not _rejections(context, knob), f"{knob}={current}: rejected on {engine.value} as configured"
     others = _other_values(knob, current, accepted)
     assert others, f"{knob}: no value to try"
-    probe = (*context, _override(knob, others[0]))
+    probe = (*context, knob_override(knob, others[0]))
     assert _rejections(probe, knob), (
         f"{knob} is silently ignored by the {engine.value} engine: `{' '.join(probe)}` validates. "
         "Honour it (engines/support.py, bridge_fields.FIELD_MAP) or reject it with a rule."
     )
 
 
-def _changed(value: Any) -> Any:
-    if isinstance(value, bool):
-        return not value
-    if isinstance(value, Enum):
-        return next(member for member in type(value) if member != value)
-    if isinstance(value, int | float):
-        return value * 2 + 1  # past any rounding (synthetic num_images is a rounded mean)
-    if isinstance(value, list):
-        return value[:-1] if value else [1]
-    return f"{value}_changed"
-
-
-def _rows(knob: str) -> list[Any]:
-    names = {knob, SHORTCUTS.get(knob, knob)}
-    names |= {group for group, leaves in FIELD_MAP_GROUP_READS.items() if knob in leaves}
-    return [row for row in FIELD_MAP if row.knob in names]
-
-
 def assert_reaches_a_bridge_field(knob: str) -> None:
-    context = (*ON[Engine.megatron], *BRIDGE_CONTEXT.get(knob, ()))
-    spec = _spec(context)
-    changed = _spec((*context, _override(knob, _changed(_value(spec, knob)))))
-    rows = _rows(knob)
-    assert any(row.value(spec) != row.value(changed) for row in rows), (
-        f"{knob}: no FIELD_MAP row named for it ({[r.field for r in rows]}) changes when it does"
+    """A FIELD_MAP row names the knob, and its value changes when the knob does (the table only;
+    tests/megatron/test_knob_reading.py builds the real ConfigContainer)."""
+    found = rows(knob)
+    assert found, (
+        f"{knob} is declared Honoured on the Megatron engine, but no bridge_fields.FIELD_MAP row names it"
+    )
+    probe = megatron_pair(knob)
+    spec, other = _spec(probe.before), _spec(probe.after)
+    assert any(row.value(spec) != row.value(other) for row in found), (
+        f"{knob}: no FIELD_MAP row named for it ({[r.field for r in found]}) changes when it does"
     )
 
 
@@ -218,13 +149,26 @@ def _hf_config(model: Any) -> dict[str, Any]:
 def assert_reaches_the_model_config(knob: str) -> None:
     name = knob.removeprefix("model.")
     models = [_spec(("model=tiny_moe_vlm",)).model, _spec(("model=qwen35_vl_35b_a3b",)).model]
-    changed = [dataclasses.replace(m, **{name: _changed(getattr(m, name))}) for m in models]
-    assert any(_hf_config(m) != _hf_config(c) for m, c in zip(models, changed, strict=True)), (
+    changed_models = [dataclasses.replace(m, **{name: changed(getattr(m, name))}) for m in models]
+    assert any(_hf_config(m) != _hf_config(c) for m, c in zip(models, changed_models, strict=True)), (
         f"{knob}: the transformers config is the same whatever its value"
     )
 
 
 CASES = [(engine, knob) for knob in LEAVES for engine in (Engine.torch, Engine.megatron)]
+TORCH_CHECKER = TorchChecker()  # one per session: each spec's observation is made once
+
+
+def assert_torch_reads(knob: str, accepted: tuple[Any, ...] | None = None) -> None:
+    if why := torch_unobservable(knob):
+        pytest.skip(why)
+    problem = TORCH_CHECKER.problem(knob, accepted)
+    assert problem is None, problem
+
+
+def distinct_accepted(accepted: tuple[Any, ...]) -> bool:
+    """Two accepted values that mean different things (null beside one value means that value)."""
+    return len([v for v in accepted if v is not None]) >= 2
 
 
 @pytest.mark.parametrize(("engine", "knob"), CASES, ids=[f"{e.value}-{k}" for e, k in CASES])
@@ -247,9 +191,21 @@ def test_every_knob_is_honoured_or_rejected(engine: Engine, knob: str) -> None:
         )
     elif entry.values is not None:
         assert_rejected(engine, knob, entry.values)
+        if engine is Engine.torch and distinct_accepted(entry.values) and knob not in MODEL_CONFIG_KNOBS:
+            assert_torch_reads(knob, entry.values)
     elif knob in MODEL_CONFIG_KNOBS:
         assert_reaches_the_model_config(knob)
-    elif engine is Engine.megatron and _rows(knob):
+    elif engine is Engine.torch:
+        assert_torch_reads(knob)
+    elif knob in MEGATRON_OUTSIDE_TABLE:
+        assert knob in MEGATRON and not rows(knob), (
+            f"{knob}: read outside the table, yet a FIELD_MAP row names it"
+        )
+        if MEGATRON_OUTSIDE_TABLE[knob] is None:
+            pytest.skip(f"{knob}: read by the Megatron engine's step writer inside a running job (GPUs)")
+        problem = megatron_outside_problem(knob)
+        assert problem is None, problem
+    else:
         assert_reaches_a_bridge_field(knob)
 
 
