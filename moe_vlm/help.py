@@ -1,30 +1,30 @@
 """`python train.py --help`: the groups and their options, the run keys, the presets, the commands.
 
 conf/hydra/help/moe_vlm.yaml is Hydra's help template; its `${moe_vlm_help:PART}` interpolations
-are rendered here from conf/ itself (the group directories, conf/train.yaml's defaults list and
-the comments beside its keys, the sweep presets) and from `moe-vlm`'s own table of commands, so
-the help never drifts from what a command line can name.
+are rendered here from conf/ itself (the group directories, conf/train.yaml's defaults list, the
+sweep presets), from the schema (the top-level keys: schema.knob's defaults and help) and from
+`moe-vlm`'s own table of commands, so the help never drifts from what a command line can name.
 """
 
 from __future__ import annotations
 
-import re
+import dataclasses
 import textwrap
+from enum import Enum
 from pathlib import Path
+from typing import Any
 
 import yaml
 from omegaconf import OmegaConf
 
 from moe_vlm.cli import SUBCOMMANDS
 from moe_vlm.compose import CONF_DIR
+from moe_vlm.schema import TrainConfig
 
 WIDTH = 100
 RESOLVER = "moe_vlm_help"
 # Groups the help shows in their own section (presets) or not at all (Hydra's own).
 _NOT_GROUPS = ("hydra", "sweep")
-# `key: value   # comment` at the top level of conf/train.yaml.
-_KEY_LINE = re.compile(r"^([a-z_]+):\s*(\S+)\s*#\s*(.+)$")
-_PLAIN_KEY = re.compile(r"^([a-z_]+):\s*(\S+)\s*$")
 
 
 def _options(group: str, conf: Path = CONF_DIR) -> list[str]:
@@ -55,35 +55,29 @@ def groups(conf: Path = CONF_DIR) -> str:
     return "\n".join(lines)
 
 
-def keys(conf: Path = CONF_DIR) -> str:
-    """The top-level keys with their defaults, described by the comments in conf/train.yaml: the one
-    beside a key, or the one above a block of keys that have none (the tp ... etp shortcuts)."""
-    rows: list[tuple[str, str]] = []
-    block: list[str] = []  # consecutive keys without a comment of their own
-    note = ""  # the comment line above them
+def _shown(value: Any) -> str:
+    """A default as a command line writes it."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return str(value).lower()
+    return str(value.value if isinstance(value, Enum) else value)
 
-    def flush() -> None:
-        if block:
-            rows.append((" ".join(block), note))
-            block.clear()
 
-    for line in _train_yaml(conf).split("\nhydra:", 1)[0].splitlines():
-        if line.startswith((" ", "\t")):
-            continue  # inside the defaults list
-        if commented := _KEY_LINE.match(line):
-            flush()
-            rows.append((f"{commented.group(1)}={commented.group(2)}", commented.group(3).strip()))
-            note = ""
-        elif plain := _PLAIN_KEY.match(line):
-            block.append(f"{plain.group(1)}={plain.group(2)}")
+def keys() -> str:
+    """The top-level keys with their defaults and help, from the schema (schema.knob): consecutive
+    keys with the same help share a line (the tp ... etp shortcuts)."""
+    rows: list[tuple[list[str], str]] = []
+    for f in dataclasses.fields(TrainConfig):
+        if "help" not in f.metadata:
+            continue  # a config group
+        shown = f"{f.name}={_shown(f.default)}"
+        if rows and rows[-1][1] == f.metadata["help"]:
+            rows[-1][0].append(shown)
         else:
-            flush()
-            note = line.lstrip("#").strip() if line.startswith("#") else ""
-    flush()
-    width = min(max(len(left) for left, _ in rows), 20)
-    return "\n".join(
-        _wrapped(f"  {left:<{width}}  ", comment) if comment else f"  {left}" for left, comment in rows
-    )
+            rows.append(([shown], f.metadata["help"]))
+    width = min(max(len(" ".join(left)) for left, _ in rows), 20)
+    return "\n".join(_wrapped(f"  {' '.join(left):<{width}}  ", comment) for left, comment in rows)
 
 
 def presets(conf: Path = CONF_DIR) -> str:

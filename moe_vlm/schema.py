@@ -438,8 +438,30 @@ def dry_run_mode(value: Any) -> DryRun:
     )
 
 
+def knob(default: Any, help: str) -> Any:
+    """A top-level knob: its default and the line `python train.py --help` shows for it (moe_vlm/help.py).
+    conf/train.yaml repeats none of them: Hydra fills every key from this schema."""
+    return field(default=default, metadata={"help": help})
+
+
 @dataclass
-class TrainConfig:
+class RunKnobs:
+    """The top-level knobs the RunSpec carries as they are: spec.RunSpec extends this class, so a
+    field added here is a key of every run (train.py KEY=VALUE), a field of every RunSpec and a
+    line of --help, declared once."""
+
+    mbs: int = knob(1, "micro-batch size per rank")
+    train_iters: int = knob(8, "optimizer steps")
+    warmup_steps: int = knob(2, "steps excluded from the steady-state window")
+    seed: int = knob(1234, "model init and data draws")
+    lr: float = knob(3e-4, "peak learning rate")
+
+
+_SHORTCUT = "shortcut into the parallelism group; null keeps the group's value"
+
+
+@dataclass
+class TrainConfig(RunKnobs):
     model: ModelConfig = MISSING
     parallelism: ParallelismConfig = MISSING
     dispatcher: DispatcherConfig = MISSING
@@ -456,25 +478,24 @@ class TrainConfig:
     overlap: OverlapConfig = MISSING
     offload: OffloadConfig = MISSING
     gc: GcConfig = MISSING
-    engine: Engine = Engine.auto
+    # The knobs the spec resolves (RunKnobs above are carried as they are).
+    engine: Engine = knob(
+        Engine.auto, "auto | torch | megatron (auto: megatron on GPU clusters, torch on cluster=local)"
+    )
     # false | true | full (DryRun): a bool before `full` existed, so typed Any; dry_run_mode checks it.
-    dry_run: Any = False
-    mbs: int = 1
-    gbs: int | None = None  # None = model default, rounded up to a multiple of MBS x DP
-    seq_length: int | None = None  # None = model default
-    nodes: int = 1
-    nproc: int | None = None  # ranks per node; None = cluster.gpus_per_node
-    train_iters: int = 8
-    warmup_steps: int = 2  # excluded from the steady-state window
-    seed: int = 1234
-    lr: float = 3e-4
-    # Shortcuts into the parallelism group: None keeps the group's value.
-    tp: int | None = None
-    pp: int | None = None
-    vp: int | None = None
-    cp: int | None = None
-    ep: int | None = None
-    etp: int | None = None
+    dry_run: Any = knob(
+        False, "true: compose, validate and print the plan, train nothing; full: every plan in full"
+    )
+    gbs: int | None = knob(None, "global batch; null = model default rounded up to a multiple of MBS x DP")
+    seq_length: int | None = knob(None, "null = model default")
+    nodes: int = knob(1, "nodes of the job")
+    nproc: int | None = knob(None, "ranks per node; null = cluster.gpus_per_node")
+    tp: int | None = knob(None, _SHORTCUT)
+    pp: int | None = knob(None, _SHORTCUT)
+    vp: int | None = knob(None, _SHORTCUT)
+    cp: int | None = knob(None, _SHORTCUT)
+    ep: int | None = knob(None, _SHORTCUT)
+    etp: int | None = knob(None, _SHORTCUT)
 
 
 def register() -> None:

@@ -9,7 +9,7 @@ one definition.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from enum import Enum
 from typing import Any
 
@@ -35,6 +35,7 @@ from moe_vlm.schema import (
     ProfilingConfig,
     RecomputeConfig,
     RouterConfig,
+    RunKnobs,
     TrainConfig,
     VisionFreezeConfig,
     dry_run_mode,
@@ -136,8 +137,14 @@ class PipelineSplit:
         return next(usable, even)
 
 
-@dataclass(frozen=True)
-class RunSpec:
+# Not frozen: a frozen dataclass cannot extend RunKnobs, which TrainConfig (a Hydra structured config,
+# assigned to while composing) extends too. Only build_spec makes a RunSpec; levers use replace().
+@dataclass(kw_only=True)
+class RunSpec(RunKnobs):
+    """Every knob resolved, plus what is derived from them. The RunKnobs fields (mbs, lr, seed, ...)
+    are carried as the user set them; the fields below are resolved (engine, gbs, seq_length, the
+    shortcuts into `layout` and `parallelism`)."""
+
     model: ModelConfig
     parallelism: ParallelismConfig
     dispatcher: DispatcherConfig
@@ -157,14 +164,9 @@ class RunSpec:
     engine: Engine  # resolved: torch | megatron
     engine_requested: Engine  # as the user set it: auto | torch | megatron
     dry_run: bool
-    mbs: int
     gbs: int
     gbs_is_default: bool
     seq_length: int
-    train_iters: int
-    warmup_steps: int
-    seed: int
-    lr: float
     layout: Layout
 
     @property
@@ -343,15 +345,11 @@ def build_spec(train: TrainConfig) -> RunSpec:
         engine=engine,
         engine_requested=train.engine,
         dry_run=dry_run_mode(train.dry_run) is not DryRun.off,
-        mbs=train.mbs,
         gbs=gbs,
         gbs_is_default=train.gbs is None,
         seq_length=train.seq_length if train.seq_length is not None else model.default_seq_length,
-        train_iters=train.train_iters,
-        warmup_steps=train.warmup_steps,
-        seed=train.seed,
-        lr=train.lr,
         layout=layout,
+        **{f.name: getattr(train, f.name) for f in fields(RunKnobs)},
     )
 
 

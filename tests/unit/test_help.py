@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import subprocess
@@ -9,11 +10,14 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
+from omegaconf import MISSING
 
 from moe_vlm import help as train_help
 from moe_vlm.cli import SUBCOMMANDS
 from moe_vlm.cli import main as moe_vlm
 from moe_vlm.compose import CONF_DIR
+from moe_vlm.schema import TrainConfig
 from tests.conftest import REPO
 
 
@@ -52,9 +56,20 @@ def test_the_help_is_rendered_from_conf_so_it_cannot_drift(tmp_path: Path) -> No
     (conf / "widget" / "blue.yaml").write_text("{}\n")
     groups = train_help.groups(conf)
     assert "newdispatch" in groups and "widget" in groups and "blue" in groups
-    text = (conf / "train.yaml").read_text().replace("mbs: 1 ", "mbs: 3 ")
-    (conf / "train.yaml").write_text(text)
-    assert "mbs=3" in train_help.keys(conf)
+
+
+def test_the_top_level_keys_are_declared_once_in_the_schema() -> None:
+    """Every top-level knob: a default and a help line in moe_vlm/schema.py (schema.knob), none in
+    conf/train.yaml, where a second default would silently win over the schema's."""
+    keys = train_help.keys()
+    for f in dataclasses.fields(TrainConfig):
+        if f.default == MISSING:
+            continue  # a config group: its option files give its values
+        assert f.metadata.get("help"), f"{f.name}: declare it with schema.knob(default, help)"
+        assert f"{f.name}=" in keys
+    train = yaml.safe_load((CONF_DIR / "train.yaml").read_text())
+    assert set(train) == {"defaults", "hydra"}, f"conf/train.yaml sets {set(train) - {'defaults', 'hydra'}}"
+    assert "mbs=1" in keys and "tp=null pp=null vp=null cp=null ep=null etp=null" in keys
 
 
 def test_help_parts_escape_dollars_for_hydra_template() -> None:
