@@ -455,6 +455,7 @@ class RunKnobs:
     warmup_steps: int = knob(2, "steps excluded from the steady-state window")
     seed: int = knob(1234, "model init and data draws")
     lr: float = knob(3e-4, "peak learning rate")
+    weight_decay: float = knob(0.033, "AdamW decoupled weight decay (the Bridge perf recipes' 0.033)")
 
 
 _SHORTCUT = "shortcut into the parallelism group; null keeps the group's value"

@@ -373,7 +373,7 @@ class TorchChecker:
         if before == after:
             return (
                 f"{knob} is declared Honoured on the torch engine, but its {at.name} records the same for "
-                f"`{probe.before[-1]}` and `{probe.after[-1]}`: no torch code reads it "
+                f"`{' '.join(probe.before)}` and with `{probe.after[-1]}`: no torch code reads it "
                 "(engines/torch_engine.py, torch_model.py, data/)"
             )
         return None

@@ -520,6 +520,11 @@ FIELD_MAP: tuple[FieldMap, ...] = (
     FieldMap("seq_length", "dataset.seq_length", lambda s: s.seq_length),
     FieldMap("seed", "rng.seed", lambda s: s.seed),
     FieldMap("lr", "optimizer.lr", lambda s: s.lr),
+    # MCore's scheduler sets every step's weight decay from its own start/end values
+    # (optimizer_param_scheduler.py:184-202, 300): constant, so both hold the knob.
+    FieldMap("weight_decay", "optimizer.weight_decay", lambda s: s.weight_decay),
+    FieldMap("weight_decay", "scheduler.start_weight_decay", lambda s: s.weight_decay),
+    FieldMap("weight_decay", "scheduler.end_weight_decay", lambda s: s.weight_decay),
     # Data.
     FieldMap(
         "data",

@@ -209,6 +209,7 @@ TORCH: Mapping[str, Support] = {
     "warmup_steps": Honoured("steps marked warmup in steps.jsonl"),
     "seed": Honoured("model init and data draws"),
     "lr": Honoured("the optimizer's learning rate"),
+    "weight_decay": Honoured("AdamW's weight_decay"),
     **{size: Honoured(_TORCH_SIZES, (1,)) for size in ("tp", "pp", "vp", "cp", "ep", "etp")},
     "parallelism.family": Honoured("torch FSDP2", (ParallelismFamily.fsdp,)),
     "parallelism.sequence_parallel": Honoured(_TORCH_SIZES, (False,)),

@@ -348,7 +348,7 @@ class Trainer:
         fully_shard(self.model, mesh=mesh, reshard_after_forward=reshard, mp_policy=policy)
         # After sharding: the optimizer must hold the sharded parameters, and only trainable ones.
         self.trainable = [p for p in self.model.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.AdamW(self.trainable, lr=spec.lr)
+        self.optimizer = torch.optim.AdamW(self.trainable, lr=spec.lr, weight_decay=spec.weight_decay)
         self.batches = batches if batches is not None else build_batches(spec, rank, world_size)
         self.data_stats = DataStats()
         self.micro_batches_run = 0

@@ -47,6 +47,7 @@ COMPANIONS = {("data", "real"): {"data.path": "/datasets/shards"}}
 # Values of the leaves whose type does not enumerate them.
 DOMAINS: dict[str, tuple[Any, ...]] = {
     "mbs": (1, 2, 4),
+    "weight_decay": (0.0, 0.033, 0.1),  # Bridge's scheduler asserts start <= end, both >= 0
     "gbs": (None, 128, 256, 512, 1024),
     "seq_length": (None, 2048, 4096, 8192),
     "train_iters": (8, 12),
