@@ -8,8 +8,8 @@ import textwrap
 from typing import TYPE_CHECKING, Any
 
 from moe_vlm.data.workers import data_workers
-from moe_vlm.engines.bridge_fields import RESOLVED_FIELDS, bridge_overrides, select_recipe
 from moe_vlm.engines.hf_config import is_local_checkpoint
+from moe_vlm.knobs.bridge_fields import RESOLVED_FIELDS, bridge_overrides, select_recipe
 from moe_vlm.memory import MemoryEstimate, estimate
 from moe_vlm.metrics import peak_of, precision_peak_of
 from moe_vlm.precision import profile as precision_profile
@@ -93,7 +93,7 @@ def megatron_lines(spec: RunSpec) -> list[str]:
         f"recipe family  {recipe.family}: the same on every cluster of this model",
         f"hf config      {source}",
         "forward step   megatron.bridge.models.qwen_vl.qwen3_vl_step.forward_step, one process per GPU",
-        f"fields         {len(overrides)} rows of moe_vlm/engines/bridge_fields.py (knob -> field = value; "
+        f"fields         {len(overrides)} rows of moe_vlm/knobs/bridge_fields.py (knob -> field = value; "
         "(recipe's) = left as the recipe set it):",
     ]
     for o in overrides:
