@@ -14,6 +14,8 @@ from typing import Any
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
+from moe_vlm.data import DataError, check_data
+from moe_vlm.engines import launch
 from moe_vlm.errors import EXIT_FAILED, EXIT_INVALID, EngineUnavailable, RunFailed
 from moe_vlm.plan import library_findings, render
 from moe_vlm.record import RUN_JSON, RUNNING, RunRecord
@@ -55,9 +57,6 @@ def run(cfg: DictConfig) -> None:
             f"moe_vlm: rejected before any work: {len(bad)} error(s) above; nothing was run.", file=sys.stderr
         )
         sys.exit(EXIT_INVALID)
-
-    from moe_vlm.data import DataError, check_data
-    from moe_vlm.engines import launch
 
     try:
         check_data(spec)  # an unreadable dataset fails here, not inside every rank

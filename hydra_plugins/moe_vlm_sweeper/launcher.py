@@ -41,9 +41,10 @@ from submitit.core.utils import FailedJobError, FailedSubmissionError
 from moe_vlm.compose import compose_sweep_point
 from moe_vlm.errors import BadInput
 from moe_vlm.launch import pack, requeue, slurm
+from moe_vlm.launch.status import collect
 from moe_vlm.record import write_json_atomic
 from moe_vlm.runtime import dist_env, points
-from moe_vlm.runtime.failures import launch_info
+from moe_vlm.runtime.failures import launch_info, record_job_failure
 from moe_vlm.runtime.heartbeat import process_started_unix_s
 from moe_vlm.safety import scrub
 from moe_vlm.spec import RunSpec
@@ -469,8 +470,6 @@ class SubmititLauncher(BaseSubmititLauncher):
 
     def _wait(self, planned: list[PlannedJob]) -> list[JobReturn]:
         """submit_and_exit=false: poll (one Slurm call per round) until every job has ended."""
-        from moe_vlm.launch.status import collect
-
         sweep_dir = planned[0].point_dir.parent
         wanted = {job.point_dir.name for job in planned}
         while True:
@@ -509,8 +508,6 @@ class SubmititLauncher(BaseSubmititLauncher):
             try:
                 returns.append(submitted.results()[0])
             except Exception as exc:  # the point's run.json says why; keep the sweep going
-                from moe_vlm.runtime.failures import record_job_failure
-
                 if points.run_status(job.point_dir) is None:
                     record_job_failure(job.point_dir, submitted.job_id)
                 returns.append(

@@ -32,6 +32,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
+from moe_vlm.metrics import summarize
 from moe_vlm.record import (
     REQUEUED,
     RUN_JSON,
@@ -45,6 +46,8 @@ from moe_vlm.record import (
 from moe_vlm.runtime import dist_env, points
 from moe_vlm.runtime.heartbeat import gone, read_heartbeat
 from moe_vlm.safety import scrub_text
+from moe_vlm.schema import TrainConfig
+from moe_vlm.spec import RunSpec
 
 LOG_TAIL_LINES = 30
 
@@ -272,9 +275,6 @@ def requeue_count() -> int:
 
 def spec_of(config: dict[str, Any]) -> Any:
     """The RunSpec of a recorded config (None when it no longer builds: a record beats none)."""
-    from moe_vlm.schema import TrainConfig
-    from moe_vlm.spec import RunSpec
-
     try:
         return RunSpec.from_config(OmegaConf.merge(OmegaConf.structured(TrainConfig), config))  # type: ignore[arg-type]
     except Exception:
@@ -296,8 +296,6 @@ def base_from_point(point_dir: Path) -> dict[str, Any]:
         base = {"schema_version": 1, "status": "failed", "point_id": point.get("point_id"), "config": config}
     steps = read_steps(point_dir / STEPS_JSONL)
     if steps and spec is not None:
-        from moe_vlm.metrics import summarize
-
         base["summary"] = summarize(steps, spec)
     return base
 

@@ -183,6 +183,7 @@ def _config_object(cfg: Any, path: str, class_name: str, spec: RunSpec) -> Any:
             task_encoder=builders.QwenVLEnergonTaskEncoderConfig(hf_processor_path=processor),
         )
     if class_name == SEEDED_DATASET:
+        # Imported here: torch and Megatron Bridge's dataset classes, for this recipe class only.
         from moe_vlm.engines.megatron.data import dataset_config
 
         return dataset_config(spec)
