@@ -1,6 +1,6 @@
 """Does an engine READ a knob it declares Honoured? One checker per engine.
 
-A declaration (moe_vlm/engines/support.py) says what an engine does with a knob; these checkers
+A declaration (moe_vlm/knobs/support.py) says what an engine does with a knob; these checkers
 prove it from what the engine builds:
 
 - torch: a tiny real run of the torch engine (its own ``launch`` in this process, as one rank of
@@ -32,8 +32,8 @@ from typing import Any
 from unittest import mock
 
 from moe_vlm.compose import compose_spec
-from moe_vlm.engines import bridge_fields
-from moe_vlm.engines.support import FIELD_MAP_GROUP_READS, SHORTCUTS
+from moe_vlm.knobs import bridge_fields
+from moe_vlm.knobs.support import FIELD_MAP_GROUP_READS, SHORTCUTS
 from moe_vlm.spec import RunSpec
 from tests.conftest import SCHEMA_LEAVES, knob_override
 
