@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from moe_vlm.knobs import bridge_fields
 from moe_vlm.engines.megatron.config import apply_overrides
+from moe_vlm.knobs import bridge_fields
 from moe_vlm.knobs.support import MODEL_CONFIG_KNOBS, NOT_ENGINE_KNOBS, Honoured, support
 from moe_vlm.schema import Engine
 from moe_vlm.spec import RunSpec
