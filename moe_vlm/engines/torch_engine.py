@@ -40,6 +40,7 @@ from moe_vlm.explog import ExperimentLog, open_log, step_metrics, summary_metric
 from moe_vlm.launch.dist_env import DistEnv
 from moe_vlm.launch.failures import LOG_TAIL_LINES, classify, launch_info, write_failure
 from moe_vlm.profiling import StepProfiler
+from moe_vlm.predict.model import record_section
 from moe_vlm.record import (
     RUN_JSON,
     STEPS_JSONL,
@@ -275,7 +276,9 @@ def _record(
     steps = steps if steps is not None else read_steps(run_dir / STEPS_JSONL)
     sections = {"torch_engine": trainer.describe()} if trainer is not None else {}
     if status == RunStatus.completed:
-        return RunRecord.completed(spec, config, steps, data_stats, **sections).to_json()
+        record = RunRecord.completed(spec, config, steps, data_stats, **sections)
+        record.sections["prediction"] = record_section(spec, record.summary)  # predicted vs measured
+        return record.to_json()
     return RunRecord.failed(spec, config, steps, **sections).to_json()
 
 

@@ -8,6 +8,7 @@ else none (cluster=local before any calibration: no number, and why).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -158,3 +159,33 @@ def predict(
     if calibration.sigma is None:
         source += f"; no spread measured: uncalibrated band {UNCALIBRATED_BAND:.0%}"
     return Prediction(step, calibration.band, source, described, tokens, mfu, peak["name"], parts)
+
+
+FLAG_SIGMAS = 2.0  # a run this many sigmas slower than predicted is flagged (regression or fault)
+
+
+def deviation(predicted_s: float, sigma: float, measured_s: float) -> tuple[float, float]:
+    """(relative error, in sigmas): (measured - predicted) / predicted; positive = slower."""
+    error = measured_s / predicted_s - 1.0
+    return error, error / sigma if sigma > 0 else 0.0
+
+
+def record_section(spec: RunSpec, summary: Mapping[str, Any] | None) -> dict[str, Any]:
+    """run.json's "prediction": what was predicted for this point when it ran, and how the
+    measured step time (the rates' basis: the mean step period) compares."""
+    found = predict(spec)
+    out: dict[str, Any] = {"predicted": found.to_json(), "measured_step_s": None, "error": None, "sigmas": None}
+    measured = None
+    for key in ("step_period_s", "step_time_s"):
+        value = ((summary or {}).get(key) or {}).get("mean")
+        if isinstance(value, int | float) and value > 0:
+            measured = float(value)
+            break
+    out["measured_step_s"] = measured
+    if measured is not None and found.step_time_s:
+        error, sigmas = deviation(found.step_time_s, found.sigma, measured)
+        out["error"], out["sigmas"] = error, sigmas
+        out["flag"] = (
+            f"{sigmas:.1f} sigma slower than predicted: a likely regression or fault" if sigmas > FLAG_SIGMAS else None
+        )
+    return out

@@ -16,6 +16,7 @@ from moe_vlm.engines.megatron.config import BuiltConfig, build_config, check_ove
 from moe_vlm.engines.megatron.effective import EFFECTIVE_JSON, Effective, effective_config
 from moe_vlm.engines.megatron.recording import StepRecorder, counting_forward_step
 from moe_vlm.engines.megatron.stack import stack_problem, versions
+from moe_vlm.predict.model import record_section
 from moe_vlm.record import REPO_ROOT, STEPS_JSONL, RunRecord, read_steps, write_json_atomic
 from moe_vlm.run_summary import summary_lines
 from moe_vlm.spec import RunSpec
@@ -185,5 +186,7 @@ def _write_run_json(
             else None
         ),
     }
-    record = RunRecord.completed(spec, config, steps, bridge=bridge).write(run_dir)
+    completed = RunRecord.completed(spec, config, steps, bridge=bridge)
+    completed.sections["prediction"] = record_section(spec, completed.summary)  # predicted vs measured
+    record = completed.write(run_dir)
     print("\n".join(summary_lines(spec, record, run_dir)), flush=True)
