@@ -133,10 +133,15 @@ def _fit_groups(samples: Sequence[Sample], prior: Mapping[Term, float] | None) -
     return dict(zip(names, (float(v) for v in solution), strict=True))
 
 
-def fit_scales(samples: Sequence[Sample], prior: Mapping[Term, float] | None = None) -> dict[Term, float]:
-    """Scales per term (see the module docstring); `prior`: the defaults a ridge pulls toward."""
+def fit_scales(
+    samples: Sequence[Sample], prior: Mapping[Term, float] | None = None, per_term: bool = True
+) -> dict[Term, float]:
+    """Scales per term (see the module docstring); `prior`: the defaults a ridge pulls toward;
+    per_term False: stage 1 only (one scale per group)."""
     group = _fit_groups(samples, prior)
     start = {t: group[g] for g, terms in GROUPS.items() for t in terms}
+    if not per_term:
+        return start
     terms = [t for t in Term if any(s.base.get(t, 0.0) > 0 for s in samples)]
     rows = [[s.base.get(t, 0.0) / s.measured_s for t in terms] for s in samples]
     targets = [1.0] * len(samples)
@@ -154,20 +159,27 @@ def predicted_s(scales: Mapping[Term, float], base: Mapping[Term, float]) -> flo
     return sum(scales.get(t, 0.0) * seconds for t, seconds in base.items())
 
 
-def leave_one_out(samples: Sequence[Sample], prior: Mapping[Term, float] | None = None) -> dict[str, float]:
+def leave_one_out(
+    samples: Sequence[Sample], prior: Mapping[Term, float] | None = None, per_term: bool = True
+) -> dict[str, float]:
     """Each run's relative error when the others calibrate: (predicted - measured) / measured."""
     errors: dict[str, float] = {}
     for i, sample in enumerate(samples):
-        scales = fit_scales([s for j, s in enumerate(samples) if j != i], prior)
+        scales = fit_scales([s for j, s in enumerate(samples) if j != i], prior, per_term)
         errors[sample.name] = predicted_s(scales, sample.base) / sample.measured_s - 1.0
     return errors
 
 
 def calibrate(
-    cluster: str, stack: str, samples: Sequence[Sample], source: str, prior: Mapping[Term, float] | None = None
+    cluster: str,
+    stack: str,
+    samples: Sequence[Sample],
+    source: str,
+    prior: Mapping[Term, float] | None = None,
+    per_term: bool = True,
 ) -> Calibration:
-    scales = fit_scales(samples, prior)
-    residuals = leave_one_out(samples, prior) if len(samples) >= MIN_RUNS_FOR_SPREAD else {}
+    scales = fit_scales(samples, prior, per_term)
+    residuals = leave_one_out(samples, prior, per_term) if len(samples) >= MIN_RUNS_FOR_SPREAD else {}
     sigma = math.sqrt(sum(e * e for e in residuals.values()) / len(residuals)) if residuals else None
     return Calibration(
         cluster=cluster,
