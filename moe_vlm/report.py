@@ -41,6 +41,7 @@ from moe_vlm import halving_report, module_table, plots, stragglers
 from moe_vlm.errors import EXIT_FAILED, EXIT_INVALID, BadInput
 from moe_vlm.launch.failures import settle_running
 from moe_vlm.metrics import TimeBasis
+from moe_vlm.predict import report_section as prediction_report
 from moe_vlm.record import KNOBS, RUN_JSON, RecordError, RunRecord, write_atomic
 
 EXIT_OK = 0
@@ -148,6 +149,7 @@ def row_of(run_file: Path, run: RunRecord) -> dict[str, Any]:
         "share_decoder": components.get("decoder"),
         "errors": "; ".join(summary.get("errors") or []) or None,
     }
+    row |= prediction_report.row_fields(run.sections)  # predicted vs measured (moe_vlm/predict)
     return row
 
 
@@ -614,6 +616,7 @@ def build_report(
     completed = records(table[table["status"] == "completed"])
     lines += stragglers.section(completed, top) + module_table.section(completed, top)
     lines += halving_report.section(table["run_dir"])
+    lines += prediction_report.section(completed, top)
 
     unfinished = table[table["status"] != "completed"]
     if not unfinished.empty:

@@ -62,6 +62,7 @@ class Prediction:
     peak_name: str | None  # the MFU denominator, named (the dense BF16 peak, as the run's summary)
     terms: tuple[TermTime, ...]
     note: str | None = None
+    unit: str = "GPU"  # "rank" for CPU ranks
 
     def band(self, value: float | None, rate: bool = False) -> tuple[float, float] | None:
         """(low, high) at 1 sigma; a rate moves opposite to the step time."""
@@ -97,7 +98,8 @@ class Prediction:
         tokens = self.effective_tokens_per_s_per_gpu
         if tokens is not None:
             t_low, t_high = self.band(tokens, rate=True) or (0.0, 0.0)
-            out.append(f"tokens/s/GPU   {tokens:,.0f} effective ({t_low:,.0f}-{t_high:,.0f})")
+            label = f"tokens/s/{self.unit}"
+            out.append(f"{label:<14} {tokens:,.0f} effective ({t_low:,.0f}-{t_high:,.0f})")
         if self.mfu is not None:
             m_low, m_high = self.band(self.mfu, rate=True) or (0.0, 0.0)
             out.append(f"MFU            {self.mfu:.1%} ({m_low:.1%}-{m_high:.1%}) vs {self.peak_name}")
@@ -161,7 +163,8 @@ def predict(
     )
     if calibration.sigma is None:
         source += f"; no spread measured: uncalibrated band {UNCALIBRATED_BAND:.0%}"
-    return Prediction(step, calibration.band, source, described, tokens, mfu, peak["name"], parts)
+    unit = "GPU" if spec.cluster.is_gpu_cluster else "rank"
+    return Prediction(step, calibration.band, source, described, tokens, mfu, peak["name"], parts, unit=unit)
 
 
 FLAG_SIGMAS = 2.0  # a run this many sigmas slower than predicted is flagged (regression or fault)
