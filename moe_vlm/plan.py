@@ -279,7 +279,10 @@ POINT_LINE_HEADER = (
 
 
 def point_line(
-    spec: RunSpec, findings: list[Finding], memory: MemoryEstimate | str, prediction: Prediction | str | None = None
+    spec: RunSpec,
+    findings: list[Finding],
+    memory: MemoryEstimate | str,
+    prediction: Prediction | str | None = None,
 ) -> str:
     """A point of a big dry run in one line (POINT_LINE_HEADER's columns): valid or rejected, the
     rule codes (errors, then warnings in lower case), the predicted peak memory and headroom, and

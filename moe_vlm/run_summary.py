@@ -59,7 +59,11 @@ def _predicted(record: Mapping[str, Any]) -> str:
     section = section if isinstance(section, Mapping) else {}
     predicted = section.get("predicted")
     predicted = predicted if isinstance(predicted, Mapping) else {}
-    step, sigma, error = (_num(predicted.get("step_time_s")), _num(predicted.get("sigma")), _num(section.get("error")))
+    step, sigma, error = (
+        _num(predicted.get("step_time_s")),
+        _num(predicted.get("sigma")),
+        _num(section.get("error")),
+    )
     if step is None:
         note = predicted.get("note")
         return f"none: {note}" if isinstance(note, str) else "none"

@@ -74,8 +74,10 @@ def cpu(sweep: Path) -> int:
         for r in test
     ]
     rho = spearmanr(measured, predicted).statistic
-    print(f"mean absolute error {sum(errors) / len(errors):.1%} (target <= 15%); "
-          f"on the recorded workloads {sum(recorded_errors) / len(recorded_errors):.1%}")
+    print(
+        f"mean absolute error {sum(errors) / len(errors):.1%} (target <= 15%); "
+        f"on the recorded workloads {sum(recorded_errors) / len(recorded_errors):.1%}"
+    )
     print(f"Spearman rank correlation {rho:.3f} (target >= 0.9)")
     return 0
 
@@ -90,30 +92,143 @@ class Anchor:
 
 BASE = ("seq_length=4096", "cuda_graph=none", "router=forced_balance")
 ANCHORS = (
-    Anchor("card qwen3_vl_fsdp_gb200", ("model=qwen3_vl_235b_a22b", "cluster=gb200", "nodes=16", "parallelism=fsdp",
-           "ep=64", "dispatcher=hybridep", "recompute=full", "mbs=4", "gbs=256", "data=synthetic"), 470,
-           "sister-skills.md 1 (moe-vlm-training/card.yaml)"),
-    Anchor("card qwen3_vl_fsdp_b200", ("model=qwen3_vl_235b_a22b", "cluster=b200", "nodes=16", "parallelism=fsdp",
-           "ep=8", "etp=16", "dispatcher=alltoall", "recompute=full", "vision_freeze=vision_projector", "mbs=8",
-           "gbs=1024", "data=synthetic"), 460, "sister-skills.md 1"),
-    Anchor("qwen3 235B B200x128 DeepEP", ("model=qwen3_vl_235b_a22b", "cluster=b200", "nodes=16", "parallelism=3d",
-           "tp=2", "ep=16", "pp=4", "dispatcher=deepep", "mbs=2", "gbs=2048", "data=mock"), 590,
-           "sister-skills.md 2.5 (moe-hardware-configs/card.yaml; VP12 left out: 94 layers)"),
-    Anchor("qwen3 235B GB200x128 HybridEP", ("model=qwen3_vl_235b_a22b", "cluster=gb200", "nodes=32",
-           "parallelism=3d", "ep=32", "pp=4", "dispatcher=hybridep", "mbs=1", "gbs=1024", "data=mock"), 700,
-           "sister-skills.md 2.5 (VP12 left out)"),
-    Anchor("qwen3 30B H100x32 DeepEP", ("model=qwen3_vl_30b_a3b", "cluster=h100", "nodes=4", "parallelism=3d",
-           "ep=8", "dispatcher=deepep", "recompute=full", "mbs=4", "gbs=256", "data=mock"), 210,
-           "sister-skills.md 2.5"),
-    Anchor("qwen3 30B H100x16 HybridEP +EP overlap", ("model=qwen3_vl_30b_a3b", "cluster=h100", "nodes=2",
-           "parallelism=3d", "ep=16", "dispatcher=hybridep", "dispatcher.overlap_moe_expert_parallel_comm=true",
-           "mbs=1", "gbs=1024", "data=mock"), 287.305, "sister-skills.md 2.5 (EP overlap A/B, overlap on)"),
-    Anchor("qwen3 30B H100x16 HybridEP no overlap", ("model=qwen3_vl_30b_a3b", "cluster=h100", "nodes=2",
-           "parallelism=3d", "ep=16", "dispatcher=hybridep", "mbs=1", "gbs=1024", "data=mock"), 244.039,
-           "sister-skills.md 2.5 (EP overlap A/B, overlap off)"),
-    Anchor("card qwen3_next_35b_gb200", ("model=qwen35_vl_35b_a3b", "cluster=gb200", "nodes=8", "parallelism=fsdp",
-           "ep=8", "dispatcher=hybridep", "mbs=16", "gbs=4096", "data=synthetic"), 260,
-           "sister-skills.md 1 (PP1 VPP4 as written is not a layout: run as PP1)"),
+    Anchor(
+        "card qwen3_vl_fsdp_gb200",
+        (
+            "model=qwen3_vl_235b_a22b",
+            "cluster=gb200",
+            "nodes=16",
+            "parallelism=fsdp",
+            "ep=64",
+            "dispatcher=hybridep",
+            "recompute=full",
+            "mbs=4",
+            "gbs=256",
+            "data=synthetic",
+        ),
+        470,
+        "sister-skills.md 1 (moe-vlm-training/card.yaml)",
+    ),
+    Anchor(
+        "card qwen3_vl_fsdp_b200",
+        (
+            "model=qwen3_vl_235b_a22b",
+            "cluster=b200",
+            "nodes=16",
+            "parallelism=fsdp",
+            "ep=8",
+            "etp=16",
+            "dispatcher=alltoall",
+            "recompute=full",
+            "vision_freeze=vision_projector",
+            "mbs=8",
+            "gbs=1024",
+            "data=synthetic",
+        ),
+        460,
+        "sister-skills.md 1",
+    ),
+    Anchor(
+        "qwen3 235B B200x128 DeepEP",
+        (
+            "model=qwen3_vl_235b_a22b",
+            "cluster=b200",
+            "nodes=16",
+            "parallelism=3d",
+            "tp=2",
+            "ep=16",
+            "pp=4",
+            "dispatcher=deepep",
+            "mbs=2",
+            "gbs=2048",
+            "data=mock",
+        ),
+        590,
+        "sister-skills.md 2.5 (moe-hardware-configs/card.yaml; VP12 left out: 94 layers)",
+    ),
+    Anchor(
+        "qwen3 235B GB200x128 HybridEP",
+        (
+            "model=qwen3_vl_235b_a22b",
+            "cluster=gb200",
+            "nodes=32",
+            "parallelism=3d",
+            "ep=32",
+            "pp=4",
+            "dispatcher=hybridep",
+            "mbs=1",
+            "gbs=1024",
+            "data=mock",
+        ),
+        700,
+        "sister-skills.md 2.5 (VP12 left out)",
+    ),
+    Anchor(
+        "qwen3 30B H100x32 DeepEP",
+        (
+            "model=qwen3_vl_30b_a3b",
+            "cluster=h100",
+            "nodes=4",
+            "parallelism=3d",
+            "ep=8",
+            "dispatcher=deepep",
+            "recompute=full",
+            "mbs=4",
+            "gbs=256",
+            "data=mock",
+        ),
+        210,
+        "sister-skills.md 2.5",
+    ),
+    Anchor(
+        "qwen3 30B H100x16 HybridEP +EP overlap",
+        (
+            "model=qwen3_vl_30b_a3b",
+            "cluster=h100",
+            "nodes=2",
+            "parallelism=3d",
+            "ep=16",
+            "dispatcher=hybridep",
+            "dispatcher.overlap_moe_expert_parallel_comm=true",
+            "mbs=1",
+            "gbs=1024",
+            "data=mock",
+        ),
+        287.305,
+        "sister-skills.md 2.5 (EP overlap A/B, overlap on)",
+    ),
+    Anchor(
+        "qwen3 30B H100x16 HybridEP no overlap",
+        (
+            "model=qwen3_vl_30b_a3b",
+            "cluster=h100",
+            "nodes=2",
+            "parallelism=3d",
+            "ep=16",
+            "dispatcher=hybridep",
+            "mbs=1",
+            "gbs=1024",
+            "data=mock",
+        ),
+        244.039,
+        "sister-skills.md 2.5 (EP overlap A/B, overlap off)",
+    ),
+    Anchor(
+        "card qwen3_next_35b_gb200",
+        (
+            "model=qwen35_vl_35b_a3b",
+            "cluster=gb200",
+            "nodes=8",
+            "parallelism=fsdp",
+            "ep=8",
+            "dispatcher=hybridep",
+            "mbs=16",
+            "gbs=4096",
+            "data=synthetic",
+        ),
+        260,
+        "sister-skills.md 1 (PP1 VPP4 as written is not a layout: run as PP1)",
+    ),
 )
 
 
@@ -130,13 +245,23 @@ def anchors() -> int:
     print(f"{'row':<42} {'world':>5} {'measured s':>10} {'LOO predicted s':>15} {'error':>7}")
     for sample in samples:
         error = found.residuals[sample.name]
-        print(f"{sample.name:<42} {specs[sample.name].layout.world_size:>5} {sample.measured_s:>10.2f} "
-              f"{sample.measured_s * (1 + error):>15.2f} {error:>+7.1%}")
+        print(
+            f"{sample.name:<42} {specs[sample.name].layout.world_size:>5} {sample.measured_s:>10.2f} "
+            f"{sample.measured_s * (1 + error):>15.2f} {error:>+7.1%}"
+        )
     mean = sum(abs(e) for e in found.residuals.values()) / len(found.residuals)
     print(f"leave-one-out mean absolute error {mean:.1%} (target <= 20%), rms {found.sigma:.1%}")
-    print("group scales on all rows: " + ", ".join(
-        f"{g}={found.scales[t.value]:.4g}" for g, t in
-        (("compute", Term.vision), ("movement", Term.ep_alltoall), ("overhead", Term.overhead))))
+    print(
+        "group scales on all rows: "
+        + ", ".join(
+            f"{g}={found.scales[t.value]:.4g}"
+            for g, t in (
+                ("compute", Term.vision),
+                ("movement", Term.ep_alltoall),
+                ("overhead", Term.overhead),
+            )
+        )
+    )
     return 0
 
 

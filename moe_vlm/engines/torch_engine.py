@@ -39,8 +39,8 @@ from moe_vlm.engines.torch_model import apply_freeze, apply_recompute, build_mod
 from moe_vlm.explog import ExperimentLog, open_log, step_metrics, summary_metrics
 from moe_vlm.launch.dist_env import DistEnv
 from moe_vlm.launch.failures import LOG_TAIL_LINES, classify, launch_info, write_failure
-from moe_vlm.profiling import StepProfiler
 from moe_vlm.predict.model import record_section
+from moe_vlm.profiling import StepProfiler
 from moe_vlm.record import (
     RUN_JSON,
     STEPS_JSONL,

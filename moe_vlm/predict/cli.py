@@ -39,7 +39,10 @@ def main(argv: list[str] | None = None) -> int:
     paths = [Path(p).expanduser() for p in args.paths]
     missing = [str(p) for p in paths if not p.exists()]
     if missing:
-        print(f"{PROG}: error: no such path: {', '.join(missing)}; give sweep or run directories", file=sys.stderr)
+        print(
+            f"{PROG}: error: no such path: {', '.join(missing)}; give sweep or run directories",
+            file=sys.stderr,
+        )
         return EXIT_INVALID
     groups: dict[tuple[str, str], list[RecordedRun]] = defaultdict(list)
     for run_dir in find_runs(paths):
@@ -58,11 +61,13 @@ def main(argv: list[str] | None = None) -> int:
     made = []
     for (cluster, stack), runs in sorted(groups.items()):
         source = f"fitted on {len(runs)} run(s) under {', '.join(map(str, paths))}"
-        found = calibrate(cluster, stack, [r.sample() for r in runs], source)
-        made.append(found)
-        spread = f"{found.sigma:.1%} (leave-one-out)" if found.sigma is not None else "none (fewer than 3 runs)"
+        fitted = calibrate(cluster, stack, [r.sample() for r in runs], source)
+        made.append(fitted)
+        spread = (
+            f"{fitted.sigma:.1%} (leave-one-out)" if fitted.sigma is not None else "none (fewer than 3 runs)"
+        )
         print(f"cluster={cluster} {stack}: {len(runs)} run(s), spread {spread}")
-        for term, scale in sorted(found.scales.items()):
+        for term, scale in sorted(fitted.scales.items()):
             if scale > 0:
                 print(f"  {term:<12} scale {scale:.4g}")
     if args.dry_run:

@@ -132,7 +132,10 @@ def calibration_for(spec: RunSpec, path: Path | None = None) -> Calibration | No
 
 
 def predict(
-    spec: RunSpec, calibration: Calibration | None = None, workload: Workload | None = None, lookup: bool = True
+    spec: RunSpec,
+    calibration: Calibration | None = None,
+    workload: Workload | None = None,
+    lookup: bool = True,
 ) -> Prediction:
     """The point's predicted step time; `calibration` None and `lookup`: calibration_for(spec)."""
     expected = expected_workload(spec)
@@ -143,12 +146,20 @@ def predict(
     peak = peak_of(spec)
     if calibration is None:
         return Prediction(
-            None, UNCALIBRATED_BAND, "none", described, None, None, peak["name"], (),
+            None,
+            UNCALIBRATED_BAND,
+            "none",
+            described,
+            None,
+            None,
+            peak["name"],
+            (),
             note=f"no calibration for cluster={spec.cluster.name} ({stack_of(spec.engine)}) and no datasheet "
             "peak to start from: run a sweep, then `moe-vlm calibrate <sweep dir>`",
         )
     parts = tuple(
-        TermTime(load.term.value, calibration.scale(load.term) * load.base_s, load.why) for load in loads(spec, work)
+        TermTime(load.term.value, calibration.scale(load.term) * load.base_s, load.why)
+        for load in loads(spec, work)
     )
     step = sum(t.seconds for t in parts)
     world = max(spec.layout.world_size, 1)
@@ -180,7 +191,12 @@ def record_section(spec: RunSpec, summary: Mapping[str, Any] | None) -> dict[str
     """run.json's "prediction": what was predicted for this point when it ran, and how the
     measured step time (the rates' basis: the mean step period) compares."""
     found = predict(spec)
-    out: dict[str, Any] = {"predicted": found.to_json(), "measured_step_s": None, "error": None, "sigmas": None}
+    out: dict[str, Any] = {
+        "predicted": found.to_json(),
+        "measured_step_s": None,
+        "error": None,
+        "sigmas": None,
+    }
     measured = None
     for key in ("step_period_s", "step_time_s"):
         value = ((summary or {}).get(key) or {}).get("mean")
@@ -192,6 +208,8 @@ def record_section(spec: RunSpec, summary: Mapping[str, Any] | None) -> dict[str
         error, sigmas = deviation(found.step_time_s, found.sigma, measured)
         out["error"], out["sigmas"] = error, sigmas
         out["flag"] = (
-            f"{sigmas:.1f} sigma slower than predicted: a likely regression or fault" if sigmas > FLAG_SIGMAS else None
+            f"{sigmas:.1f} sigma slower than predicted: a likely regression or fault"
+            if sigmas > FLAG_SIGMAS
+            else None
         )
     return out

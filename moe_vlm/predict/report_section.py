@@ -32,7 +32,9 @@ def row_fields(sections: Mapping[str, Any]) -> dict[str, Any]:
 
 def section(rows: list[dict[str, Any]], top: int) -> list[str]:
     """Markdown lines; [] when no completed run recorded a prediction."""
-    known = [r for r in rows if r.get("predicted_step_s") is not None and r.get("prediction_error") is not None]
+    known = [
+        r for r in rows if r.get("predicted_step_s") is not None and r.get("prediction_error") is not None
+    ]
     if not known:
         return []
     known.sort(key=lambda r: -(r.get("prediction_sigmas") or 0.0))
@@ -44,7 +46,11 @@ def section(rows: list[dict[str, Any]], top: int) -> list[str]:
         "",
         f"{len(known)} run(s): mean absolute error {sum(errors) / len(errors):.1%}; "
         f"{len(flagged)} more than {FLAG_SIGMAS:g} sigma slower than predicted"
-        + (" (FLAGGED below: a likely regression or fault; rerun or compare with moe-vlm report --diff)" if flagged else "")
+        + (
+            " (FLAGGED below: a likely regression or fault; rerun or compare with moe-vlm report --diff)"
+            if flagged
+            else ""
+        )
         + ".",
         "",
         "| run | measured s | predicted s | 1 sigma | error | sigmas | flag |",

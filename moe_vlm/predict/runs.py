@@ -15,8 +15,8 @@ from moe_vlm.metrics import by_step, steady_window, workload_of
 from moe_vlm.predict.calibration import Sample, stack_of
 from moe_vlm.predict.terms import loads
 from moe_vlm.record import RUN_JSON, STEPS_JSONL, RunRecord, RunStatus, read_steps
-from moe_vlm.shape import RecordError
 from moe_vlm.schema import TrainConfig
+from moe_vlm.shape import RecordError
 from moe_vlm.spec import RunSpec
 
 
@@ -31,7 +31,11 @@ class RecordedRun:
     stack: str
 
     def sample(self) -> Sample:
-        return Sample(str(self.run_dir), {load.term: load.base_s for load in loads(self.spec, self.workload)}, self.measured_s)
+        return Sample(
+            str(self.run_dir),
+            {load.term: load.base_s for load in loads(self.spec, self.workload)},
+            self.measured_s,
+        )
 
 
 def spec_of(record: RunRecord) -> RunSpec:

@@ -123,7 +123,9 @@ def hardware_flops_by_class(spec: RunSpec, workload: Workload) -> dict[Term, flo
     gradient = factors["decoder"].activation > 1
     for term, parts in CLASS_PARTS.items():
         part = _masked(decoder, parts)
-        recomputed = recompute_forward(spec.recompute, part, model.num_layers, lay.pp, lay.vp) if gradient else 0.0
+        recomputed = (
+            recompute_forward(spec.recompute, part, model.num_layers, lay.pp, lay.vp) if gradient else 0.0
+        )
         out[term] = factors["decoder"].apply(part.as_forward()) + recomputed
     return out
 
@@ -235,24 +237,38 @@ def loads(spec: RunSpec, workload: Workload) -> list[Load]:
         total = gathered + reduced
         if total > 0:
             out.append(
-                Load(Term.fsdp, total / dp_link, f"{total / 1e9:.3g} GB/GPU: 2 all-gathers + 1 reduce-scatter")
+                Load(
+                    Term.fsdp, total / dp_link, f"{total / 1e9:.3g} GB/GPU: 2 all-gathers + 1 reduce-scatter"
+                )
             )
     else:
         total = (ring(dense_local - frozen, dense_n) + ring(experts_local, expert_n)) * (gbytes + param_bytes)
         if total > 0:
             out.append(
-                Load(Term.dp_grad, total / dp_link, f"{total / 1e9:.3g} GB/GPU: grad reduce-scatter + param all-gather")
+                Load(
+                    Term.dp_grad,
+                    total / dp_link,
+                    f"{total / 1e9:.3g} GB/GPU: grad reduce-scatter + param all-gather",
+                )
             )
 
     if lay.tp > 1:
         passes = 8 + (4 if spec.recompute.granularity is RecomputeGranularity.full else 0)
         per_gpu = passes * padded * model.hidden_size * act_bytes * (lay.tp - 1) / lay.tp
         per_gpu *= model.num_layers / max(lay.pp, 1) / max(lay.dp * lay.cp, 1)
-        out.append(Load(Term.tp, per_gpu / nvlink, f"{per_gpu / 1e9:.3g} GB/GPU ({passes} SP collectives/layer)"))
+        out.append(
+            Load(Term.tp, per_gpu / nvlink, f"{per_gpu / 1e9:.3g} GB/GPU ({passes} SP collectives/layer)")
+        )
 
     trainable = params.total - frozen - (params.language if spec.freeze.language else 0)
     local = trainable / world
     hbm = links.hbm_bytes_per_s if links else NOMINAL_CPU_MEMORY
-    out.append(Load(Term.optimizer, local * ADAM_BYTES_PER_PARAM / hbm, f"{local:.3g} params/GPU x {ADAM_BYTES_PER_PARAM} B"))
+    out.append(
+        Load(
+            Term.optimizer,
+            local * ADAM_BYTES_PER_PARAM / hbm,
+            f"{local:.3g} params/GPU x {ADAM_BYTES_PER_PARAM} B",
+        )
+    )
     out.append(Load(Term.overhead, 1.0, "per-step constant (data wait, launches, the loop)"))
     return out

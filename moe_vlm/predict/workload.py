@@ -43,7 +43,9 @@ def _synthetic_patches(spec: RunSpec) -> tuple[float, float]:
     values = []
     for side in sides:
         for ratio in ratios:
-            height, width = (max(1, round(side / ratio)), side) if ratio >= 1.0 else (side, max(1, round(side * ratio)))
+            height, width = (
+                (max(1, round(side / ratio)), side) if ratio >= 1.0 else (side, max(1, round(side * ratio)))
+            )
             values.append(patches_for_image(spec, height, width))
     mean = sum(values) / len(values)
     return mean, sum(v * v for v in values) / len(values)

@@ -47,14 +47,18 @@ def test_terms_follow_the_knobs():
     full = _base(make_spec(*GB200, "dispatcher=hybridep", "recompute=full"))
     assert full[Term.experts] > base[Term.experts]  # recompute's extra forward
     assert full[Term.ep_hybridep] == pytest.approx(base[Term.ep_hybridep] * 6 / 4)  # and its exchanges
-    overlap = _base(make_spec(*GB200, "dispatcher=hybridep", "dispatcher.overlap_moe_expert_parallel_comm=true"))
+    overlap = _base(
+        make_spec(*GB200, "dispatcher=hybridep", "dispatcher.overlap_moe_expert_parallel_comm=true")
+    )
     assert overlap[Term.ep_hybridep] < base[Term.ep_hybridep]
     frozen = _base(make_spec(*GB200, "dispatcher=hybridep", "vision_freeze=vision"))
     assert frozen[Term.vision] < base[Term.vision]
 
 
 def test_bubble_is_p_minus_1_over_m_vp():
-    spec = make_spec("cluster=gb200", "model=qwen3_vl_235b_a22b", "nodes=16", "parallelism=3d", "pp=4", "ep=16")
+    spec = make_spec(
+        "cluster=gb200", "model=qwen3_vl_235b_a22b", "nodes=16", "parallelism=3d", "pp=4", "ep=16"
+    )
     micro = spec.gbs // (spec.mbs * spec.layout.dp)
     assert bubble_factor(spec) == pytest.approx(1 + 3 / (micro * spec.layout.vp))
     assert bubble_factor(make_spec()) == 1.0
@@ -101,7 +105,10 @@ def test_file_round_trip_replaces_by_cluster_and_stack(tmp_path: Path):
     cal.store([a, b], path)
     cal.store([cal.Calibration("local", "torch 1", {"vision": 3.0}, 0.2, 7, "a2")], path)
     found = {(c.cluster, c.stack): c for c in cal.read_calibrations(path)}
-    assert found[("local", "torch 1")].scales == {"vision": 3.0} and found[("gb200", "megatron-core 1")].sigma is None
+    assert (
+        found[("local", "torch 1")].scales == {"vision": 3.0}
+        and found[("gb200", "megatron-core 1")].sigma is None
+    )
     assert not list(tmp_path.glob(".*tmp"))  # atomic: no temp file left
     (tmp_path / "bad.json").write_text("{not json")
     assert cal.read_calibrations(tmp_path / "bad.json") == []
@@ -135,7 +142,9 @@ def test_calibrate_command_on_the_fixture_sweep(tmp_path: Path):
     out = tmp_path / "cal.json"
     done = subprocess.run(
         [sys.executable, "-m", "moe_vlm.cli", "calibrate", str(FIXTURE), "--out", str(out)],
-        capture_output=True, text=True, cwd=REPO,
+        capture_output=True,
+        text=True,
+        cwd=REPO,
     )
     assert done.returncode == 0, done.stderr
     assert "2 run(s), spread none (fewer than 3 runs)" in done.stdout
@@ -143,7 +152,9 @@ def test_calibrate_command_on_the_fixture_sweep(tmp_path: Path):
     assert found.cluster == "local" and found.stack.startswith("torch ") and found.sigma is None
     bad = subprocess.run(
         [sys.executable, "-m", "moe_vlm.cli", "calibrate", str(tmp_path / "nothing")],
-        capture_output=True, text=True, cwd=REPO,
+        capture_output=True,
+        text=True,
+        cwd=REPO,
     )
     assert bad.returncode == 2 and "no such path" in bad.stderr and len(bad.stderr.splitlines()) == 1
 
@@ -155,7 +166,10 @@ def test_record_section_flags_a_run_2_sigma_slower():
     near = record_section(spec, {"step_period_s": {"mean": predicted * 1.1}})
     assert slow["sigmas"] > FLAG_SIGMAS and "regression" in slow["flag"]
     assert near["flag"] is None and near["error"] == pytest.approx(0.1)
-    rows = [{"run": "slow", **row_fields({"prediction": slow})}, {"run": "near", **row_fields({"prediction": near})}]
+    rows = [
+        {"run": "slow", **row_fields({"prediction": slow})},
+        {"run": "near", **row_fields({"prediction": near})},
+    ]
     text = "\n".join(section(rows, 10))
     assert "1 more than 2 sigma slower" in text and text.count("FLAGGED") == 2  # the note and the row
 
@@ -183,6 +197,8 @@ def test_predict_keep_refuses_points_without_a_prediction():
 
 
 def test_no_nan_in_the_terms_of_every_sweep_preset_layout():
-    spec = make_spec("cluster=gb200", "model=qwen3_vl_235b_a22b", "nodes=16", "parallelism=3d", "tp=2", "pp=4", "ep=16")
+    spec = make_spec(
+        "cluster=gb200", "model=qwen3_vl_235b_a22b", "nodes=16", "parallelism=3d", "tp=2", "pp=4", "ep=16"
+    )
     assert all(math.isfinite(v) and v >= 0 for v in _base(spec).values())
     assert json.dumps(predict(spec).to_json())
