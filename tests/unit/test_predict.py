@@ -202,3 +202,24 @@ def test_no_nan_in_the_terms_of_every_sweep_preset_layout():
     )
     assert all(math.isfinite(v) and v >= 0 for v in _base(spec).values())
     assert json.dumps(predict(spec).to_json())
+
+
+def test_probe_gives_a_first_compute_calibration(tmp_path: Path):
+    out = tmp_path / "probe.json"
+    done = subprocess.run(
+        [sys.executable, "-m", "moe_vlm.cli", "calibrate", "--probe", "cluster=local", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+    )
+    assert done.returncode == 0, done.stderr
+    [found] = cal.read_calibrations(out)
+    assert found.sigma is None and found.scale(Term.vision) > 0 and found.scale(Term.overhead) == 0
+    assert "GEMM probe" in found.source
+    bad = subprocess.run(
+        [sys.executable, "-m", "moe_vlm.cli", "calibrate", "--probe", "nodes=0"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+    )
+    assert bad.returncode == 2 and "C001" in bad.stderr and len(bad.stderr.splitlines()) == 1
