@@ -2,7 +2,7 @@
 
 CPU (default): the torch engine on this machine. Runs (or, with --sweep DIR, reads) a 12-point
 sweep of the tiny model (gbs x recompute x vision_freeze), calibrates on half of the points
-(every other one, in point-id order), predicts the other half from the plan alone (the expected
+(a checkerboard of the grid: each half holds every level of every factor), predicts the other half from the plan alone (the expected
 workload of the data distribution, as a dry run would) and prints the mean absolute error and
 Spearman's rank correlation (targets: <= 15 %, >= 0.9).
 
@@ -42,6 +42,13 @@ from moe_vlm.spec import RunSpec  # noqa: E402
 SWEEP = ["gbs=2,4,8", "recompute=none,full", "vision_freeze=none,vision", "train_iters=12"]
 
 
+FACTORS = ("gbs", "recompute", "vision_freeze")
+
+
+def _level(value: str) -> tuple[int, str]:
+    return (int(value), "") if value.isdigit() else (0, value)
+
+
 def run_sweep(out: Path) -> None:
     cmd = [sys.executable, str(REPO / "train.py"), "-m", *SWEEP, f"hydra.sweep.dir={out}"]
     env = dict(os.environ, PYTHONPATH=str(REPO))
@@ -54,8 +61,12 @@ def cpu(sweep: Path) -> int:
     if len(runs) < 12:
         print(f"{sweep}: {len(runs)} completed run(s); the benchmark needs 12", file=sys.stderr)
         return 2
-    runs.sort(key=lambda r: str(r.record.point_id))
-    train, test = runs[0::2], runs[1::2]
+    # A checkerboard split of the 3-factor grid (the half-fraction design): each half has every
+    # level of every factor and every pair of two factors' levels.
+    levels = {k: sorted({str(r.record.knob(k)) for r in runs}, key=_level) for k in FACTORS}
+    parity = {r.run_dir: sum(levels[k].index(str(r.record.knob(k))) for k in FACTORS) % 2 for r in runs}
+    train = [r for r in runs if parity[r.run_dir] == 0]
+    test = [r for r in runs if parity[r.run_dir] == 1]
     found = calibrate("local", train[0].stack, [r.sample() for r in train], f"half of {sweep}")
     print(f"calibrated on {len(train)} run(s): leave-one-out spread {found.sigma:.1%}")
     print(f"{'run':<18} {'overrides':<44} {'measured s':>10} {'predicted s':>11} {'error':>7}")
@@ -63,7 +74,7 @@ def cpu(sweep: Path) -> int:
     for r in test:
         guess = predict(r.spec, found).step_time_s or float("nan")
         error = guess / r.measured_s - 1
-        label = " ".join(f"{k}={r.record.knob(k)}" for k in ("gbs", "recompute", "vision_freeze"))
+        label = " ".join(f"{k}={r.record.knob(k)}" for k in FACTORS)
         print(f"{r.run_dir.name:<18} {label:<44} {r.measured_s:>10.3f} {guess:>11.3f} {error:>+7.1%}")
         measured.append(r.measured_s)
         predicted.append(guess)
