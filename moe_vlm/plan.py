@@ -304,7 +304,11 @@ def point_line(
 
 
 def render(
-    spec: RunSpec, findings: list[Finding], deep: bool = True, memory: MemoryEstimate | str | None = None
+    spec: RunSpec,
+    findings: list[Finding],
+    deep: bool = True,
+    memory: MemoryEstimate | str | None = None,
+    prediction: Prediction | str | None = None,
 ) -> str:
     """The whole plan. deep=False leaves out what takes seconds per point on the Megatron engine
     (the stack probe, Bridge's effective configuration): a big dry run writes every plan.
@@ -319,7 +323,7 @@ def render(
     ]
     out = ["== moe_vlm plan ==", "", "-- knobs --", *knobs, "", "-- layout --", *layout_lines(spec), ""]
     out += [*memory_lines(spec, memory), ""]
-    out += [*prediction_lines(spec), ""]
+    out += [*prediction_lines(spec, prediction), ""]
     errors = [f for f in findings if f.is_error]
     out.append(f"-- findings: {len(errors)} error(s), {len(findings) - len(errors)} warning(s) --")
     out += [f.line() for f in findings] or ["none"]

@@ -337,14 +337,21 @@ class PlanningSweeper(Sweeper):
         )
 
     def plans(
-        self, dry: list[Point], sweep_dir: Path, deep: bool, memory: list[MemoryEstimate | str] | None = None
+        self,
+        dry: list[Point],
+        sweep_dir: Path,
+        deep: bool,
+        memory: list[MemoryEstimate | str] | None = None,
+        predicted: list[Prediction | str] | None = None,
     ) -> Iterator[str]:
         """Each point's plan; then, on Slurm, every job as the launcher would submit it (one
         sbatch script per job, job array or pack, naming its points) and the canary's."""
         for number, point in enumerate(dry, start=1):
             found = memory[number - 1] if memory else None
+            speed = predicted[number - 1] if predicted else None
             header = f"===== point {number}/{len(dry)}: {point.label()}  (id {point.point_id}) ====="
-            yield f"{header}\n{scrub_text(render(point.spec, point.findings, deep=deep, memory=found))}\n"
+            plan = render(point.spec, point.findings, deep=deep, memory=found, prediction=speed)
+            yield f"{header}\n{scrub_text(plan)}\n"
         valid = [(number, p) for number, p in enumerate(dry, start=1) if p.valid]
         overrides = [self.job_overrides(p, sweep_dir) for _, p in valid]
         jobs = getattr(self.launcher, "render_jobs", None)
@@ -374,7 +381,8 @@ class PlanningSweeper(Sweeper):
         sweep_dir.mkdir(parents=True, exist_ok=True)
         with (sweep_dir / PLANS_FILE).open("w") as out:
             out.writelines(
-                f"{section}\n" for section in self.plans(dry, sweep_dir, deep=False, memory=memory)
+                f"{section}\n"
+                for section in self.plans(dry, sweep_dir, deep=False, memory=memory, predicted=predicted)
             )
         rejected = sum(not p.valid for p in dry)
         why = ", ".join(

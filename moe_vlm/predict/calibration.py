@@ -17,6 +17,7 @@ UNCALIBRATED_BAND.
 
 from __future__ import annotations
 
+import functools
 import importlib.metadata
 import json
 import math
@@ -55,17 +56,21 @@ def calibration_path() -> Path:
     return cache / "moe_vlm" / "step_time_calibration.json"
 
 
+@functools.lru_cache(maxsize=4)
+def _installed(package: str) -> str | None:
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
 def stack_of(engine: Engine | str, versions: Mapping[str, Any] | None = None) -> str:
     """The stack a calibration holds for: the engine's library and its version (from a run's
     record env, else installed here)."""
     package = "megatron-core" if str(engine) == Engine.megatron.value else "torch"
-    key = package.replace("-", "_")
-    version = (versions or {}).get(key)
+    version = (versions or {}).get(package.replace("-", "_"))
     if version is None and versions is None:
-        try:
-            version = importlib.metadata.version(package)
-        except importlib.metadata.PackageNotFoundError:
-            version = None
+        version = _installed(package)
     return f"{package} {version or 'unknown'}"
 
 
@@ -197,13 +202,23 @@ def calibrate(
 
 def read_calibrations(path: Path | None = None) -> list[Calibration]:
     """Every calibration in the file ([] when there is none or it cannot be read: the plan then
-    says the prediction is uncalibrated rather than failing)."""
+    says the prediction is uncalibrated rather than failing). Read once per file version: a big
+    dry run predicts every point from the same file."""
     file = path or calibration_path()
     try:
-        raw = json.loads(file.read_text())
-        return [Calibration.from_json(entry) for entry in raw.get("calibrations", [])]
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        stamp = file.stat()
+    except OSError:
         return []
+    return list(_read(str(file), stamp.st_mtime_ns, stamp.st_size))
+
+
+@functools.lru_cache(maxsize=8)
+def _read(file: str, _mtime_ns: int, _size: int) -> tuple[Calibration, ...]:
+    try:
+        raw = json.loads(Path(file).read_text())
+        return tuple(Calibration.from_json(entry) for entry in raw.get("calibrations", []))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return ()
 
 
 def find(cluster: str, stack: str, path: Path | None = None) -> Calibration | None:

@@ -36,10 +36,17 @@ from moe_vlm.flops import (
     vision_encoder_forward,
 )
 from moe_vlm.memory.megatron import grad_bytes
-from moe_vlm.memory.shared import param_counts
+from moe_vlm.memory.shared import ParamCounts, param_counts
 from moe_vlm.metrics import module_peaks
 from moe_vlm.predict.hardware import links_of
-from moe_vlm.schema import Engine, FlexBackend, ParallelismFamily, RecomputeGranularity, TokenDispatcher
+from moe_vlm.schema import (
+    Engine,
+    FlexBackend,
+    ModelConfig,
+    ParallelismFamily,
+    RecomputeGranularity,
+    TokenDispatcher,
+)
 from moe_vlm.spec import RunSpec
 
 NOMINAL_CPU_FLOPS = 1e9  # cluster=local: no datasheet peak; the scale carries the calibrated rate
@@ -162,6 +169,17 @@ def _moe_recompute_passes(spec: RunSpec) -> int:
     return 0
 
 
+_PARAMS: dict[str, ParamCounts] = {}
+
+
+def _param_counts(model: ModelConfig) -> ParamCounts:
+    """param_counts, once per model (a big dry run predicts many points of one model)."""
+    key = repr(model)
+    if key not in _PARAMS:
+        _PARAMS[key] = param_counts(model)
+    return _PARAMS[key]
+
+
 def ep_term(spec: RunSpec) -> Term:
     d = spec.dispatcher
     if d.token_dispatcher is TokenDispatcher.flex and d.backend is FlexBackend.deepep:
@@ -216,7 +234,7 @@ def loads(spec: RunSpec, workload: Workload) -> list[Load]:
             )
         )
 
-    params = param_counts(model)
+    params = _param_counts(model)
     experts = sum(layer.experts for layer in params.layers)
     dense = params.total - experts
     frozen = (params.vision if spec.freeze.vision else 0) + (params.projector if spec.freeze.projector else 0)

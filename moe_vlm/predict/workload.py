@@ -34,7 +34,26 @@ class ExpectedWorkload:
 
 
 def _synthetic_patches(spec: RunSpec) -> tuple[float, float]:
-    """(E[patches], E[patches^2]) of one synthetic image."""
+    """(E[patches], E[patches^2]) of one synthetic image (cached: a big dry run asks per point)."""
+    data, model = spec.data, spec.model
+    key = (
+        data.min_long_side_px,
+        data.max_long_side_px,
+        tuple(data.aspect_ratios),
+        data.min_pixels,
+        data.max_pixels,
+        model.vision_patch_size,
+        model.vision_spatial_merge_size,
+    )
+    if key not in _PATCHES:
+        _PATCHES[key] = _draw_patches(spec)
+    return _PATCHES[key]
+
+
+_PATCHES: dict[tuple[object, ...], tuple[float, float]] = {}
+
+
+def _draw_patches(spec: RunSpec) -> tuple[float, float]:
     data = spec.data
     ratios = list(data.aspect_ratios) or [1.0]
     lo, hi = data.min_long_side_px, data.max_long_side_px
