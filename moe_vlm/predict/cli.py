@@ -75,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_INVALID
     made = []
     for (cluster, stack), runs in sorted(groups.items()):
-        source = f"fitted on {len(runs)} run(s) under {', '.join(map(str, paths))}"
+        source = f"fitted on the runs under {', '.join(map(str, paths))}"
         fitted = calibrate(cluster, stack, [r.sample() for r in runs], source)
         made.append(fitted)
         spread = (
