@@ -8,13 +8,13 @@ import sys
 from moe_vlm.errors import EXIT_INVALID
 
 SUBCOMMANDS = {
-    "report": ("moe_vlm.report", "turn run and sweep directories into ranked tables and plots"),
+    "report": ("moe_vlm.report_cli", "turn run and sweep directories into ranked tables and plots"),
     "status": (
         "moe_vlm.launch.status",
         "per-point state of a sweep (queued/running/completed/failed/rejected)",
     ),
     "advise": ("moe_vlm.advise", "what to run first, or what to try next after a sweep"),
-    "calibrate": ("moe_vlm.predict.cli", "fit the step-time prediction on recorded runs"),
+    "calibrate": ("moe_vlm.calibrate_cli", "fit the step-time prediction on recorded runs"),
 }
 
 
