@@ -14,6 +14,7 @@ SUBCOMMANDS = {
         "per-point state of a sweep (queued/running/completed/failed/rejected)",
     ),
     "advise": ("moe_vlm.advise", "what to run first, or what to try next after a sweep"),
+    "calibrate": ("moe_vlm.calibrate_cli", "fit the step-time prediction on recorded runs"),
 }
 
 

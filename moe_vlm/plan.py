@@ -16,6 +16,7 @@ from moe_vlm.knobs.bridge_fields import RESOLVED_FIELDS, bridge_overrides, selec
 from moe_vlm.memory import MemoryEstimate, estimate
 from moe_vlm.metrics import peak_of, precision_peak_of
 from moe_vlm.precision import profile as precision_profile
+from moe_vlm.predict import Prediction, predict
 from moe_vlm.record import choices
 from moe_vlm.rules import Finding, Level
 from moe_vlm.schema import Engine
@@ -244,10 +245,41 @@ def memory_lines(spec: RunSpec, memory: MemoryEstimate | str | None = None) -> l
     return found.lines()
 
 
-POINT_LINE_HEADER = f"{'verdict':<8}  {'predicted peak memory':<34}  {'resources':<14}  {'rules':<22}"
+def prediction_of(spec: RunSpec) -> Prediction | str:
+    """The predicted step time (moe_vlm/predict), or why there is none (a layout the rules reject)."""
+    try:
+        return predict(spec)
+    except (ArithmeticError, ValueError, IndexError) as exc:
+        return str(exc)
 
 
-def point_line(spec: RunSpec, findings: list[Finding], memory: MemoryEstimate | str) -> str:
+def prediction_lines(spec: RunSpec, found: Prediction | str | None = None) -> list[str]:
+    found = prediction_of(spec) if found is None else found
+    if isinstance(found, str):
+        return ["-- predicted speed --", f"not predicted: {found} (see the findings)"]
+    return found.lines()
+
+
+def prediction_cell(found: Prediction | str) -> str:
+    """A point's predicted step time and effective tokens/s/GPU in one cell of a big dry run."""
+    if isinstance(found, str) or found.step_time_s is None:
+        return "-"
+    tokens = found.effective_tokens_per_s_per_gpu or 0.0
+    return f"{found.step_time_s:.3g} s +-{found.sigma:.0%}, {tokens:,.0f} tok/s"
+
+
+POINT_LINE_HEADER = (
+    f"{'verdict':<8}  {'predicted peak memory':<34}  {'resources':<14}  {'rules':<22}  "
+    f"{'predicted step, eff tok/s/GPU':<32}"
+)
+
+
+def point_line(
+    spec: RunSpec,
+    findings: list[Finding],
+    memory: MemoryEstimate | str,
+    prediction: Prediction | str | None = None,
+) -> str:
     """A point of a big dry run in one line (POINT_LINE_HEADER's columns): valid or rejected, the
     rule codes (errors, then warnings in lower case), the predicted peak memory and headroom, and
     the resources it asks for."""
@@ -263,11 +295,16 @@ def point_line(spec: RunSpec, findings: list[Finding], memory: MemoryEstimate | 
     unit = "GPU" if spec.cluster.is_gpu_cluster else "rank"
     resources = f"{lay.nodes}x{lay.ranks_per_node} {unit}s"
     codes = ",".join([*bad, *warned]) or "-"
-    return f"{'REJECTED' if bad else 'valid':<8}  {peak:<34}  {resources:<14}  {codes:<22}"
+    speed = prediction_cell(prediction_of(spec) if prediction is None else prediction)
+    return f"{'REJECTED' if bad else 'valid':<8}  {peak:<34}  {resources:<14}  {codes:<22}  {speed:<32}"
 
 
 def render(
-    spec: RunSpec, findings: list[Finding], deep: bool = True, memory: MemoryEstimate | str | None = None
+    spec: RunSpec,
+    findings: list[Finding],
+    deep: bool = True,
+    memory: MemoryEstimate | str | None = None,
+    prediction: Prediction | str | None = None,
 ) -> str:
     """The whole plan. deep=False leaves out what takes seconds per point on the Megatron engine
     (the stack probe, Bridge's effective configuration): a big dry run writes every plan.
@@ -282,6 +319,7 @@ def render(
     ]
     out = ["== moe_vlm plan ==", "", "-- knobs --", *knobs, "", "-- layout --", *layout_lines(spec), ""]
     out += [*memory_lines(spec, memory), ""]
+    out += [*prediction_lines(spec, prediction), ""]
     errors = [f for f in findings if f.is_error]
     out.append(f"-- findings: {len(errors)} error(s), {len(findings) - len(errors)} warning(s) --")
     out += [f.line() for f in findings] or ["none"]

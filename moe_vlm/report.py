@@ -21,6 +21,7 @@ import pandas as pd
 from moe_vlm import halving_report, module_table, plots, stragglers
 from moe_vlm.errors import EXIT_FAILED, EXIT_INVALID, BadInput
 from moe_vlm.metrics import TimeBasis, by_step, steady_window
+from moe_vlm.predict import report_section as prediction_report
 from moe_vlm.record import KNOBS, RUN_JSON, STEPS_JSONL, RecordError, RunRecord, read_steps, write_atomic
 from moe_vlm.runtime.failures import settle_running
 
@@ -129,6 +130,7 @@ def row_of(run_file: Path, run: RunRecord) -> dict[str, Any]:
         "share_decoder": components.get("decoder"),
         "errors": "; ".join(summary.get("errors") or []) or None,
     }
+    row |= prediction_report.row_fields(run.sections)  # predicted vs measured (moe_vlm/predict)
     return row
 
 
@@ -608,6 +610,7 @@ def build_report(
     completed = records(table[table["status"] == "completed"])
     lines += stragglers.section(completed, top) + module_table.section(completed, top)
     lines += halving_report.section(table["run_dir"])
+    lines += prediction_report.section(completed, top)
 
     unfinished = table[table["status"] != "completed"]
     if not unfinished.empty:

@@ -53,6 +53,27 @@ def _step_time(summary: Mapping[str, Any]) -> str:
     return f"{p50:.3f} s{spread}" + (f"; {text}" if isinstance(text, str) else "")
 
 
+def _predicted(record: Mapping[str, Any]) -> str:
+    """Predicted vs measured mean step time (run.json "prediction", moe_vlm/predict)."""
+    section = record.get("prediction")
+    section = section if isinstance(section, Mapping) else {}
+    predicted = section.get("predicted")
+    predicted = predicted if isinstance(predicted, Mapping) else {}
+    step, sigma, error = (
+        _num(predicted.get("step_time_s")),
+        _num(predicted.get("sigma")),
+        _num(section.get("error")),
+    )
+    if step is None:
+        note = predicted.get("note")
+        return f"none: {note}" if isinstance(note, str) else "none"
+    text = f"{step:.3f} s +-{sigma or 0:.0%}"
+    if error is not None:
+        text += f"; measured mean {error:+.0%} vs predicted"
+    flag = section.get("flag")
+    return text + (f" ({flag})" if isinstance(flag, str) else "")
+
+
 def _mfu(summary: Mapping[str, Any]) -> str:
     mfu = _num(summary.get("mfu"))
     if mfu is None:
@@ -130,6 +151,7 @@ def summary_lines(spec: RunSpec, record: Mapping[str, Any], run_dir: Path) -> li
         _row("data", _labels(spec)),
         _row(f"effective tokens/s/{unit}", f"{throughput:,.1f}" if throughput is not None else "none"),
         _row("step time p50", _step_time(summary)),
+        _row("predicted step", _predicted(record)),
         _row("MFU", _mfu(summary)),
         _row("peak memory", _memory(spec, summary)),
         _row("component shares", _shares(summary)),

@@ -14,6 +14,7 @@ from omegaconf import DictConfig
 
 from moe_vlm.compose import CONF_DIR, compose_config
 from moe_vlm.engines.megatron.plan_cache import CACHE_ENV
+from moe_vlm.predict.calibration import CALIBRATION_ENV
 from moe_vlm.schema import TrainConfig
 from moe_vlm.spec import RunSpec
 
@@ -40,6 +41,16 @@ def plan_cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     path = tmp_path_factory.mktemp("plan_cache")
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv(CACHE_ENV, str(path))
+        yield path
+
+
+@pytest.fixture(autouse=True, scope="session")
+def calibration_file(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """Predictions in tests (and the commands they start) never read the user's step-time
+    calibration: none exists unless a test writes one here."""
+    path = tmp_path_factory.mktemp("calibration") / "step_time_calibration.json"
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv(CALIBRATION_ENV, str(path))
         yield path
 
 

@@ -32,6 +32,9 @@ class PlanningSweeperConf:
     # grid: every point to its train_iters; halving: successive halving (docs/slurm.md).
     search: str = "grid"
     halving: HalvingConf = field(default_factory=HalvingConf)
+    # Keep only this fraction of the valid points, the best by predicted effective tokens/s/GPU
+    # (moe_vlm/predict; docs/step-time-prediction.md). 1.0 = every point.
+    predict_keep: float = 1.0
 
 
 @dataclass

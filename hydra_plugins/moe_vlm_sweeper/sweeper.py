@@ -24,6 +24,7 @@ With `hydra.sweeper.search=halving` the valid points go through successive halvi
 # No `from __future__ import annotations`: Hydra's plugin scan executes this module outside
 # sys.modules, where dataclasses cannot resolve string annotations.
 import logging
+import math
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -44,7 +45,8 @@ from moe_vlm.errors import EXIT_INVALID, BadInput
 from moe_vlm.launch.halving import Search, search_of
 from moe_vlm.launch.status import collect
 from moe_vlm.memory import MemoryEstimate
-from moe_vlm.plan import POINT_LINE_HEADER, memory_of, point_line, render
+from moe_vlm.plan import POINT_LINE_HEADER, memory_of, point_line, prediction_of, render
+from moe_vlm.predict import Prediction
 from moe_vlm.record import RunRecord, git_state
 from moe_vlm.rules import Finding, errors, validate
 from moe_vlm.runtime import points
@@ -76,6 +78,43 @@ class Point:
         return " ".join(self.overrides) or "(defaults)"
 
 
+def _predicted_rate(found: Prediction | str) -> float:
+    if isinstance(found, str) or found.effective_tokens_per_s_per_gpu is None:
+        return 0.0
+    return found.effective_tokens_per_s_per_gpu
+
+
+def keep_predicted_top(planned: list[Point], fraction: float) -> list[Point]:
+    """hydra.sweeper.predict_keep=F: the best ceil(F x valid) valid points by predicted effective
+    tokens/s/GPU, plus every rejected point (recorded as rejected, as always)."""
+    if not 0.0 < fraction <= 1.0:
+        raise BadInput(
+            f"hydra.sweeper.predict_keep={fraction}: must be in (0, 1]; e.g. hydra.sweeper.predict_keep=0.25 "
+            "keeps the predicted best quarter"
+        )
+    if fraction == 1.0:
+        return planned
+    valid = [p for p in planned if p.valid]
+    speeds = {p.point_id: prediction_of(p.spec) for p in valid}
+    unpredicted = [p.label() for p in valid if _predicted_rate(speeds[p.point_id]) <= 0]
+    if unpredicted:
+        first = speeds[next(p.point_id for p in valid if p.label() == unpredicted[0])]
+        why = first if isinstance(first, str) else first.note
+        raise BadInput(
+            f"hydra.sweeper.predict_keep={fraction}: {len(unpredicted)} point(s) have no prediction "
+            f"({unpredicted[0]}: {why}); calibrate first (moe-vlm calibrate <sweep dir>) or drop predict_keep"
+        )
+    keep = max(1, math.ceil(fraction * len(valid)))
+    best = sorted(valid, key=lambda p: -_predicted_rate(speeds[p.point_id]))[:keep]
+    kept = {p.point_id for p in best}
+    dropped = len(valid) - len(kept)
+    print(
+        f"moe_vlm: predict_keep={fraction}: keeping the {len(kept)} of {len(valid)} valid point(s) predicted "
+        f"fastest (effective tokens/s/GPU); {dropped} dropped"
+    )
+    return [p for p in planned if not p.valid or p.point_id in kept]
+
+
 class PlanningSweeper(Sweeper):
     def __init__(
         self,
@@ -83,12 +122,14 @@ class PlanningSweeper(Sweeper):
         force: bool = False,
         search: str = "grid",
         halving: Any = None,
+        predict_keep: float = 1.0,
     ) -> None:
         super().__init__()
         self.params = dict(params or {})
         self.force = force
         self.search = search
         self.halving = halving
+        self.predict_keep = predict_keep
         self.config: DictConfig | None = None
         self.hydra_context: HydraContext | None = None
         self.launcher: Launcher | None = None
@@ -150,7 +191,7 @@ class PlanningSweeper(Sweeper):
         sweep_dir = Path(str(self.config.hydra.sweep.dir)).absolute()
         search = search_of(self.search)
         settings = halving.settings_of(self.halving) if search is Search.halving else None
-        planned = self.plan(self.grid(arguments))
+        planned = keep_predicted_top(self.plan(self.grid(arguments)), self.predict_keep)
         check = getattr(self.launcher, "check", None)
         for point in planned:
             if check is not None:
@@ -292,14 +333,21 @@ class PlanningSweeper(Sweeper):
         )
 
     def plans(
-        self, dry: list[Point], sweep_dir: Path, deep: bool, memory: list[MemoryEstimate | str] | None = None
+        self,
+        dry: list[Point],
+        sweep_dir: Path,
+        deep: bool,
+        memory: list[MemoryEstimate | str] | None = None,
+        predicted: list[Prediction | str] | None = None,
     ) -> Iterator[str]:
         """Each point's plan; then, on Slurm, every job as the launcher would submit it (one
         sbatch script per job, job array or pack, naming its points) and the canary's."""
         for number, point in enumerate(dry, start=1):
             found = memory[number - 1] if memory else None
+            speed = predicted[number - 1] if predicted else None
             header = f"===== point {number}/{len(dry)}: {point.label()}  (id {point.point_id}) ====="
-            yield f"{header}\n{scrub_text(render(point.spec, point.findings, deep=deep, memory=found))}\n"
+            plan = render(point.spec, point.findings, deep=deep, memory=found, prediction=speed)
+            yield f"{header}\n{scrub_text(plan)}\n"
         valid = [(number, p) for number, p in enumerate(dry, start=1) if p.valid]
         overrides = [self.job_overrides(p, sweep_dir) for _, p in valid]
         jobs = getattr(self.launcher, "render_jobs", None)
@@ -315,17 +363,22 @@ class PlanningSweeper(Sweeper):
         """One line per point and a summary; every plan and sbatch script in one file (one file,
         not one per point: on a parallel file system each file created costs a metadata round trip)."""
         memory = [memory_of(point.spec) for point in dry]
+        predicted = [prediction_of(point.spec) for point in dry]
         lines = [f"{'#':>5}  {'point id':<16}  {POINT_LINE_HEADER}  overrides"]
         codes: dict[str, int] = {}
-        for number, (point, found) in enumerate(zip(dry, memory, strict=True), start=1):
+        numbered = list(enumerate(zip(dry, memory, predicted, strict=True), start=1))
+        # Ranked: valid points by predicted effective tokens/s/GPU (best first), then the rest.
+        numbered.sort(key=lambda item: (not item[1][0].valid, -_predicted_rate(item[1][2])))
+        for number, (point, found, speed) in numbered:
             for code in {f.code for f in errors(point.findings)}:
                 codes[code] = codes.get(code, 0) + 1
-            line = point_line(point.spec, point.findings, found)
+            line = point_line(point.spec, point.findings, found, speed)
             lines.append(f"{number:>5}  {point.point_id:<16}  {line}  {point.label()}")
         sweep_dir.mkdir(parents=True, exist_ok=True)
         with (sweep_dir / PLANS_FILE).open("w") as out:
             out.writelines(
-                f"{section}\n" for section in self.plans(dry, sweep_dir, deep=False, memory=memory)
+                f"{section}\n"
+                for section in self.plans(dry, sweep_dir, deep=False, memory=memory, predicted=predicted)
             )
         rejected = sum(not p.valid for p in dry)
         why = ", ".join(

@@ -38,6 +38,7 @@ from moe_vlm.engines.torch_model import apply_freeze, apply_recompute, build_mod
 from moe_vlm.errors import EngineUnavailable, RunFailed
 from moe_vlm.explog import ExperimentLog, open_log, step_metrics, summary_metrics
 from moe_vlm.metrics import summarize
+from moe_vlm.predict.model import record_section
 from moe_vlm.profiling import StepProfiler
 from moe_vlm.record import (
     RUN_JSON,
@@ -276,7 +277,9 @@ def _record(
     steps = steps if steps is not None else read_steps(run_dir / STEPS_JSONL)
     sections = {"torch_engine": trainer.describe()} if trainer is not None else {}
     if status == RunStatus.completed:
-        return RunRecord.completed(spec, config, summarize(steps, spec), data_stats, **sections).to_json()
+        summary = summarize(steps, spec)
+        sections["prediction"] = record_section(spec, summary)  # predicted vs measured
+        return RunRecord.completed(spec, config, summary, data_stats, **sections).to_json()
     return RunRecord.failed(spec, config, summarize(steps, spec) if steps else None, **sections).to_json()
 
 

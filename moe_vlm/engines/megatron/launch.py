@@ -18,6 +18,7 @@ from moe_vlm.engines.megatron.recording import StepRecorder, counting_forward_st
 from moe_vlm.engines.megatron.stack import stack_problem, versions
 from moe_vlm.errors import EngineUnavailable
 from moe_vlm.metrics import summarize
+from moe_vlm.predict.model import record_section
 from moe_vlm.record import REPO_ROOT, STEPS_JSONL, RunRecord, read_steps, write_json_atomic
 from moe_vlm.run_summary import summary_lines
 from moe_vlm.runtime.dist_env import DistEnv
@@ -184,5 +185,7 @@ def _write_run_json(
             else None
         ),
     }
-    record = RunRecord.completed(spec, config, summarize(steps, spec), bridge=bridge).write(run_dir)
+    summary = summarize(steps, spec)
+    prediction = record_section(spec, summary)  # predicted vs measured
+    record = RunRecord.completed(spec, config, summary, bridge=bridge, prediction=prediction).write(run_dir)
     print("\n".join(summary_lines(spec, record, run_dir)), flush=True)

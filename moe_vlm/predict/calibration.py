@@ -1,0 +1,236 @@
+"""Calibration of the step-time model: one scale per term, fitted on recorded runs.
+
+Per (cluster, stack version): runs of one cluster preset and one engine stack share their
+efficiencies; another cluster or another library version is another calibration. The fit is a
+non-negative least squares on relative residuals (every run weighs the same whatever its step
+time), in two stages so that a handful of runs cannot overfit a dozen scales:
+
+1. one scale for all compute, one for all data movement (collectives + optimizer), and the
+   per-step constant; with a prior (the defaults), a ridge pulls each toward it;
+2. one scale per term, ridged toward its stage-1 group scale (λ = RIDGE): a term the runs do not
+   separate keeps its group's scale.
+
+The uncertainty is the leave-one-out spread: each run predicted by a fit on the others, the root
+mean square of the relative errors. Fewer than MIN_RUNS_FOR_SPREAD runs: no spread, the band is
+UNCALIBRATED_BAND.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.metadata
+import json
+import math
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from scipy.optimize import nnls
+
+from moe_vlm.predict.terms import COMM, COMPUTE, Term
+from moe_vlm.record import write_json_atomic
+from moe_vlm.schema import Engine
+
+CALIBRATION_ENV = "MOE_VLM_CALIBRATION"
+FILE_VERSION = 1
+RIDGE = 0.05
+MIN_RUNS_FOR_SPREAD = 3
+# No published or fitted spread: a wide band, said to be uncalibrated.
+UNCALIBRATED_BAND = 0.5
+
+GROUPS: dict[str, tuple[Term, ...]] = {
+    "compute": COMPUTE,
+    "movement": (*COMM, Term.optimizer),
+    "overhead": (Term.overhead,),
+}
+
+
+def calibration_path() -> Path:
+    """$MOE_VLM_CALIBRATION, else the user's cache: calibrations are per user and machine set."""
+    if os.environ.get(CALIBRATION_ENV):
+        return Path(os.environ[CALIBRATION_ENV]).expanduser()
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return cache / "moe_vlm" / "step_time_calibration.json"
+
+
+@functools.lru_cache(maxsize=4)
+def _installed(package: str) -> str | None:
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def stack_of(engine: Engine | str, versions: Mapping[str, Any] | None = None) -> str:
+    """The stack a calibration holds for: the engine's library and its version (from a run's
+    record env, else installed here)."""
+    package = "megatron-core" if str(engine) == Engine.megatron.value else "torch"
+    version = (versions or {}).get(package.replace("-", "_"))
+    if version is None and versions is None:
+        version = _installed(package)
+    return f"{package} {version or 'unknown'}"
+
+
+@dataclass(frozen=True)
+class Calibration:
+    cluster: str
+    stack: str
+    scales: dict[str, float]  # Term value -> scale on its base seconds
+    sigma: float | None  # relative 1-sigma spread of the step time (leave-one-out); None: none known
+    runs: int
+    source: str  # in words: what it was fitted on
+    residuals: dict[str, float] = field(default_factory=dict)  # run dir -> leave-one-out relative error
+
+    def scale(self, term: Term) -> float:
+        return float(self.scales.get(term.value, 0.0))
+
+    @property
+    def band(self) -> float:
+        return self.sigma if self.sigma is not None else UNCALIBRATED_BAND
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, raw: Mapping[str, Any]) -> Calibration:
+        return cls(
+            cluster=str(raw["cluster"]),
+            stack=str(raw["stack"]),
+            scales={str(k): float(v) for k, v in dict(raw["scales"]).items()},
+            sigma=None if raw.get("sigma") is None else float(raw["sigma"]),
+            runs=int(raw.get("runs", 0)),
+            source=str(raw.get("source", "")),
+            residuals={str(k): float(v) for k, v in dict(raw.get("residuals") or {}).items()},
+        )
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One recorded run: its terms at base rates and the step time it measured."""
+
+    name: str
+    base: dict[Term, float]
+    measured_s: float
+
+
+def _solve(rows: list[list[float]], targets: list[float]) -> np.ndarray:
+    solution, _ = nnls(np.array(rows, dtype=float), np.array(targets, dtype=float))
+    return solution
+
+
+def _fit_groups(samples: Sequence[Sample], prior: Mapping[Term, float] | None) -> dict[str, float]:
+    names = list(GROUPS)
+    rows = [[sum(s.base.get(t, 0.0) for t in GROUPS[g]) / s.measured_s for g in names] for s in samples]
+    targets = [1.0] * len(samples)
+    if prior:
+        for j, group in enumerate(names):
+            mean_prior = [prior[t] for t in GROUPS[group] if t in prior and prior[t] > 0]
+            if mean_prior:
+                value = sum(mean_prior) / len(mean_prior)
+                row = [0.0] * len(names)
+                row[j] = math.sqrt(RIDGE) / value
+                rows.append(row)
+                targets.append(math.sqrt(RIDGE))
+    solution = _solve(rows, targets)
+    return dict(zip(names, (float(v) for v in solution), strict=True))
+
+
+def fit_scales(
+    samples: Sequence[Sample], prior: Mapping[Term, float] | None = None, per_term: bool = True
+) -> dict[Term, float]:
+    """Scales per term (see the module docstring); `prior`: the defaults a ridge pulls toward;
+    per_term False: stage 1 only (one scale per group)."""
+    group = _fit_groups(samples, prior)
+    start = {t: group[g] for g, terms in GROUPS.items() for t in terms}
+    if not per_term:
+        return start
+    terms = [t for t in Term if any(s.base.get(t, 0.0) > 0 for s in samples)]
+    rows = [[s.base.get(t, 0.0) / s.measured_s for t in terms] for s in samples]
+    targets = [1.0] * len(samples)
+    for j, term in enumerate(terms):
+        if start[term] > 0:
+            row = [0.0] * len(terms)
+            row[j] = math.sqrt(RIDGE) / start[term]
+            rows.append(row)
+            targets.append(math.sqrt(RIDGE))
+    solution = _solve(rows, targets)
+    return {**start, **dict(zip(terms, (float(v) for v in solution), strict=True))}
+
+
+def predicted_s(scales: Mapping[Term, float], base: Mapping[Term, float]) -> float:
+    return sum(scales.get(t, 0.0) * seconds for t, seconds in base.items())
+
+
+def leave_one_out(
+    samples: Sequence[Sample], prior: Mapping[Term, float] | None = None, per_term: bool = True
+) -> dict[str, float]:
+    """Each run's relative error when the others calibrate: (predicted - measured) / measured."""
+    errors: dict[str, float] = {}
+    for i, sample in enumerate(samples):
+        scales = fit_scales([s for j, s in enumerate(samples) if j != i], prior, per_term)
+        errors[sample.name] = predicted_s(scales, sample.base) / sample.measured_s - 1.0
+    return errors
+
+
+def calibrate(
+    cluster: str,
+    stack: str,
+    samples: Sequence[Sample],
+    source: str,
+    prior: Mapping[Term, float] | None = None,
+    per_term: bool = True,
+) -> Calibration:
+    scales = fit_scales(samples, prior, per_term)
+    residuals = leave_one_out(samples, prior, per_term) if len(samples) >= MIN_RUNS_FOR_SPREAD else {}
+    sigma = math.sqrt(sum(e * e for e in residuals.values()) / len(residuals)) if residuals else None
+    return Calibration(
+        cluster=cluster,
+        stack=stack,
+        scales={t.value: v for t, v in scales.items()},
+        sigma=sigma,
+        runs=len(samples),
+        source=source,
+        residuals=residuals,
+    )
+
+
+# --- the calibration file ----------------------------------------------------------------------
+
+
+def read_calibrations(path: Path | None = None) -> list[Calibration]:
+    """Every calibration in the file ([] when there is none or it cannot be read: the plan then
+    says the prediction is uncalibrated rather than failing). Read once per file version: a big
+    dry run predicts every point from the same file."""
+    file = path or calibration_path()
+    try:
+        stamp = file.stat()
+    except OSError:
+        return []
+    return list(_read(str(file), stamp.st_mtime_ns, stamp.st_size))
+
+
+@functools.lru_cache(maxsize=8)
+def _read(file: str, _mtime_ns: int, _size: int) -> tuple[Calibration, ...]:
+    try:
+        raw = json.loads(Path(file).read_text())
+        return tuple(Calibration.from_json(entry) for entry in raw.get("calibrations", []))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return ()
+
+
+def find(cluster: str, stack: str, path: Path | None = None) -> Calibration | None:
+    return next((c for c in read_calibrations(path) if c.cluster == cluster and c.stack == stack), None)
+
+
+def store(found: Sequence[Calibration], path: Path | None = None) -> Path:
+    """Add or replace these calibrations (by cluster and stack) in the file, atomically."""
+    file = path or calibration_path()
+    keys = {(c.cluster, c.stack) for c in found}
+    kept = [c for c in read_calibrations(file) if (c.cluster, c.stack) not in keys]
+    file.parent.mkdir(parents=True, exist_ok=True)
+    payload = {"version": FILE_VERSION, "calibrations": [c.to_json() for c in [*kept, *found]]}
+    write_json_atomic(file, payload)
+    return file

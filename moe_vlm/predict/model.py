@@ -1,0 +1,215 @@
+"""The predicted step time of a point, with its band, tokens/s/GPU and MFU (named peak).
+
+``predict(spec)`` adds the terms of moe_vlm/predict/terms.py, each times its calibrated scale:
+the user's own calibration for (cluster, stack) when the calibration file has one (``moe-vlm
+calibrate``), else the defaults fitted on published measured rows (GPU clusters; DEFAULT_SOURCE),
+else none (cluster=local before any calibration: no number, and why).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from moe_vlm.flops import Workload, step_flops
+from moe_vlm.metrics import peak_of
+from moe_vlm.predict.calibration import UNCALIBRATED_BAND, Calibration, find, stack_of
+from moe_vlm.predict.terms import COMM, COMPUTE, Term, loads
+from moe_vlm.predict.workload import expected_workload
+from moe_vlm.spec import RunSpec
+
+# Defaults for GPU clusters, fitted by `python scripts/bench_predict.py --anchors` on the published
+# measured rows of ../shared/reference/sister-skills.md (1 and 2.5: the VLM card and the Qwen
+# hardware rows): one scale for all compute (1 / the efficiency against the dense peak) and one for
+# all collectives (1 / the fraction of the datasheet link rate); sigma is that fit's leave-one-out
+# error (rms). Nothing else is known before a user's own runs: per-term scales need them. The fit
+# puts all data movement at 0: on these rows the collectives' time is not separable from compute
+# (absorbed in its 26.6% efficiency), so until calibrated the dispatcher and EP sizes do not move
+# a prediction (docs/step-time-prediction.md says so).
+DEFAULT_COMPUTE_SCALE = 3.765  # 1 / 26.6% of the dense peak
+DEFAULT_COMM_SCALE = 0.0
+DEFAULT_SIGMA = 0.240
+DEFAULT_SOURCE = "defaults fitted on the published rows (sister-skills.md 1, 2.5)"
+
+
+def default_scales() -> dict[Term, float]:
+    scales = {t: DEFAULT_COMPUTE_SCALE for t in COMPUTE}
+    scales |= {t: DEFAULT_COMM_SCALE for t in COMM}
+    scales[Term.optimizer] = DEFAULT_COMM_SCALE  # the data-movement group's scale
+    scales[Term.overhead] = 0.0
+    return scales
+
+
+@dataclass(frozen=True)
+class TermTime:
+    term: str
+    seconds: float
+    why: str
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """What the plan, run.json and the report say about a point's speed before it runs."""
+
+    step_time_s: float | None  # None: no calibration applies (`note` says why)
+    sigma: float  # relative 1-sigma band of the step time
+    source: str  # which calibration, in words
+    workload: str  # where the expected tokens and patches come from
+    effective_tokens_per_s_per_gpu: float | None
+    mfu: float | None
+    peak_name: str | None  # the MFU denominator, named (the dense BF16 peak, as the run's summary)
+    terms: tuple[TermTime, ...]
+    note: str | None = None
+    unit: str = "GPU"  # "rank" for CPU ranks
+
+    def band(self, value: float | None, rate: bool = False) -> tuple[float, float] | None:
+        """(low, high) at 1 sigma; a rate moves opposite to the step time."""
+        if value is None:
+            return None
+        if rate:
+            return value / (1 + self.sigma), value / max(1 - self.sigma, 1e-9)
+        return value * max(1 - self.sigma, 0.0), value * (1 + self.sigma)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "step_time_s": self.step_time_s,
+            "step_time_band_s": self.band(self.step_time_s),
+            "sigma": self.sigma,
+            "source": self.source,
+            "workload": self.workload,
+            "effective_tokens_per_s_per_gpu": self.effective_tokens_per_s_per_gpu,
+            "mfu": self.mfu,
+            "peak": self.peak_name,
+            "terms": {t.term: t.seconds for t in self.terms},
+            "note": self.note,
+        }
+
+    def lines(self) -> list[str]:
+        head = "-- predicted speed (moe_vlm/predict; docs/step-time-prediction.md) --"
+        if self.step_time_s is None:
+            return [head, f"not predicted: {self.note}"]
+        low, high = self.band(self.step_time_s) or (0.0, 0.0)
+        out = [
+            head,
+            f"step time      {self.step_time_s:.4g} s  (1 sigma {self.sigma:.0%}: {low:.4g}-{high:.4g} s)",
+        ]
+        tokens = self.effective_tokens_per_s_per_gpu
+        if tokens is not None:
+            t_low, t_high = self.band(tokens, rate=True) or (0.0, 0.0)
+            label = f"tokens/s/{self.unit}"
+            out.append(f"{label:<14} {tokens:,.0f} effective ({t_low:,.0f}-{t_high:,.0f})")
+        if self.mfu is not None:
+            m_low, m_high = self.band(self.mfu, rate=True) or (0.0, 0.0)
+            out.append(f"MFU            {self.mfu:.1%} ({m_low:.1%}-{m_high:.1%}) vs {self.peak_name}")
+        else:
+            out.append("MFU            none: the cluster declares no peak")
+        out.append(f"calibration    {self.source}")
+        out.append(f"workload       {self.workload}")
+        shown = sorted((t for t in self.terms if t.seconds > 0), key=lambda t: -t.seconds)
+        out += [f"  {t.term:<12} {t.seconds:10.4g} s  {t.why}" for t in shown]
+        if self.note:
+            out.append(self.note)
+        return out
+
+
+def calibration_for(spec: RunSpec, path: Path | None = None) -> Calibration | None:
+    """The user's calibration for this cluster and installed stack, else the GPU defaults, else None."""
+    found = find(spec.cluster.name, stack_of(spec.engine), path)
+    if found is not None:
+        return found
+    if spec.cluster.peak_bf16_flops > 0 and DEFAULT_COMPUTE_SCALE > 0:
+        return Calibration(
+            cluster=spec.cluster.name,
+            stack="any",
+            scales={t.value: v for t, v in default_scales().items()},
+            sigma=DEFAULT_SIGMA,
+            runs=0,
+            source=DEFAULT_SOURCE,
+        )
+    return None
+
+
+def predict(
+    spec: RunSpec,
+    calibration: Calibration | None = None,
+    workload: Workload | None = None,
+    lookup: bool = True,
+) -> Prediction:
+    """The point's predicted step time; `calibration` None and `lookup`: calibration_for(spec)."""
+    expected = expected_workload(spec)
+    work = workload or expected.workload
+    described = expected.source if workload is None else "the recorded steps' mean workload"
+    if calibration is None and lookup:
+        calibration = calibration_for(spec)
+    peak = peak_of(spec)
+    if calibration is None:
+        return Prediction(
+            None,
+            UNCALIBRATED_BAND,
+            "none",
+            described,
+            None,
+            None,
+            peak["name"],
+            (),
+            note=f"no calibration for cluster={spec.cluster.name} ({stack_of(spec.engine)}) and no datasheet "
+            "peak to start from: run a sweep, then `moe-vlm calibrate <sweep dir>`",
+        )
+    parts = tuple(
+        TermTime(load.term.value, calibration.scale(load.term) * load.base_s, load.why)
+        for load in loads(spec, work)
+    )
+    step = sum(t.seconds for t in parts)
+    world = max(spec.layout.world_size, 1)
+    tokens = work.real_tokens / (step * world) if step > 0 else None
+    mfu = None
+    if peak["flops"] and step > 0:
+        mfu = step_flops(spec, work).model / (step * world) / peak["flops"]
+    source = (
+        f"{calibration.source}; {calibration.runs} run(s), cluster={calibration.cluster}, {calibration.stack}"
+        if calibration.runs
+        else calibration.source
+    )
+    if calibration.sigma is None:
+        source += f"; no spread measured: uncalibrated band {UNCALIBRATED_BAND:.0%}"
+    unit = "GPU" if spec.cluster.is_gpu_cluster else "rank"
+    return Prediction(step, calibration.band, source, described, tokens, mfu, peak["name"], parts, unit=unit)
+
+
+FLAG_SIGMAS = 2.0  # a run this many sigmas slower than predicted is flagged (regression or fault)
+
+
+def deviation(predicted_s: float, sigma: float, measured_s: float) -> tuple[float, float]:
+    """(relative error, in sigmas): (measured - predicted) / predicted; positive = slower."""
+    error = measured_s / predicted_s - 1.0
+    return error, error / sigma if sigma > 0 else 0.0
+
+
+def record_section(spec: RunSpec, summary: Mapping[str, Any] | None) -> dict[str, Any]:
+    """run.json's "prediction": what was predicted for this point when it ran, and how the
+    measured step time (the rates' basis: the mean step period) compares."""
+    found = predict(spec)
+    out: dict[str, Any] = {
+        "predicted": found.to_json(),
+        "measured_step_s": None,
+        "error": None,
+        "sigmas": None,
+    }
+    measured = None
+    for key in ("step_period_s", "step_time_s"):
+        value = ((summary or {}).get(key) or {}).get("mean")
+        if isinstance(value, int | float) and value > 0:
+            measured = float(value)
+            break
+    out["measured_step_s"] = measured
+    if measured is not None and found.step_time_s:
+        error, sigmas = deviation(found.step_time_s, found.sigma, measured)
+        out["error"], out["sigmas"] = error, sigmas
+        out["flag"] = (
+            f"{sigmas:.1f} sigma slower than predicted: a likely regression or fault"
+            if sigmas > FLAG_SIGMAS
+            else None
+        )
+    return out

@@ -1,0 +1,101 @@
+"""Recorded runs as calibration samples: each run's terms on the workload it measured, and the
+step period it measured (the basis its rates use, moe_vlm/metrics.py time_basis)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from omegaconf import OmegaConf
+
+from moe_vlm.flops import Workload
+from moe_vlm.metrics import by_step, steady_window, workload_of
+from moe_vlm.predict.calibration import Sample, stack_of
+from moe_vlm.predict.terms import loads
+from moe_vlm.record import RUN_JSON, STEPS_JSONL, RunRecord, RunStatus, read_steps
+from moe_vlm.schema import TrainConfig
+from moe_vlm.shape import RecordError
+from moe_vlm.spec import RunSpec
+
+
+@dataclass(frozen=True)
+class RecordedRun:
+    run_dir: Path
+    record: RunRecord
+    spec: RunSpec
+    workload: Workload  # mean over the steady steps
+    measured_s: float  # mean step period (else step time) over the steady window
+    cluster: str
+    stack: str
+
+    def sample(self) -> Sample:
+        return Sample(
+            str(self.run_dir),
+            {load.term: load.base_s for load in loads(self.spec, self.workload)},
+            self.measured_s,
+        )
+
+
+def spec_of(record: RunRecord) -> RunSpec:
+    """The run's RunSpec, rebuilt from its resolved config."""
+    merged = OmegaConf.merge(OmegaConf.structured(TrainConfig), record.config)
+    return RunSpec.from_config(merged)  # type: ignore[arg-type]
+
+
+def measured_step_s(summary: dict[str, Any]) -> float | None:
+    """What the summary's rates divide by: the mean step period, else the mean step time."""
+    for key in ("step_period_s", "step_time_s"):
+        value = (summary.get(key) or {}).get("mean")
+        if isinstance(value, int | float) and value > 0:
+            return float(value)
+    return None
+
+
+def mean_workload(run_dir: Path, warmup_steps: int) -> Workload | None:
+    grouped = by_step(read_steps(run_dir / STEPS_JSONL))
+    window = steady_window(grouped, warmup_steps)
+    found = [workload_of(grouped[n]) for n in window.steps]
+    if not found:
+        return None
+    n = len(found)
+
+    def mean(name: str) -> int:
+        return round(sum(getattr(w, name) for w in found) / n)
+
+    return Workload(**{name: mean(name) for name in vars(found[0])})
+
+
+def recorded(run_dir: Path) -> RecordedRun | str:
+    """A completed run as a calibration sample, or why it cannot be one (one line)."""
+    try:
+        record = RunRecord.read(run_dir)
+    except (RecordError, OSError) as exc:
+        return str(exc)
+    if record.status != RunStatus.completed.value:
+        return f"{run_dir}: status {record.status}, not completed"
+    measured = measured_step_s(record.summary or {})
+    if measured is None:
+        return f"{run_dir}: no steady step time in its summary"
+    try:
+        spec = spec_of(record)
+    except Exception as exc:  # a config this version no longer builds: said, not fatal
+        return f"{run_dir}: its config no longer builds a RunSpec ({type(exc).__name__}: {exc})"
+    workload = mean_workload(run_dir, spec.warmup_steps)
+    if workload is None:
+        return f"{run_dir}: no steady steps in {STEPS_JSONL}"
+    return RecordedRun(
+        run_dir, record, spec, workload, measured, spec.cluster.name, stack_of(spec.engine, record.env)
+    )
+
+
+def find_runs(paths: Iterable[Path]) -> list[Path]:
+    """Every run directory (one holding run.json) under the given paths, sorted."""
+    found: set[Path] = set()
+    for path in paths:
+        if (path / RUN_JSON).is_file():
+            found.add(path)
+        elif path.is_dir():
+            found.update(p.parent for p in path.rglob(RUN_JSON))
+    return sorted(found)

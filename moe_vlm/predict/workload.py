@@ -1,0 +1,130 @@
+"""The step's expected token and patch statistics, from the data distribution alone.
+
+A prediction is made before anything runs, so it cannot read steps.jsonl: the workload is the
+expectation of what the data kind draws (the memory estimate plans for the worst case instead).
+
+``mock``       text only, each row uniform in [seq/2, seq] tokens (moe_vlm/data/mock.py).
+``synthetic``  per sample a uniform image count, long side, aspect ratio and text length
+               (moe_vlm/data/synthetic.py); patches through Qwen2-VL's resize rule
+               (moe_vlm/memory/images.py); a row holds at most seq_length tokens.
+``real``       the mean patches of the first image headers the memory estimate reads, one image
+               per sample, the configured text-length range; without readable headers, the
+               synthetic expectation.
+Rows are padded to seq_length unless ``data.pack_sequences`` fills them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from moe_vlm.flops import Workload
+from moe_vlm.memory.estimate import REAL_DATA_SAMPLES_READ
+from moe_vlm.memory.images import _real_image_sizes, patches_for_image
+from moe_vlm.schema import DataKind
+from moe_vlm.spec import RunSpec
+
+LONG_SIDE_SAMPLES = 33  # long sides averaged over min..max (uniform draw), evenly spaced
+IMAGE_FRAME_TOKENS = 2  # <|vision_start|> and <|vision_end|> around each image's tokens
+
+
+@dataclass(frozen=True)
+class ExpectedWorkload:
+    workload: Workload
+    source: str  # in words: where the figures come from
+
+
+def _synthetic_patches(spec: RunSpec) -> tuple[float, float]:
+    """(E[patches], E[patches^2]) of one synthetic image (cached: a big dry run asks per point)."""
+    data, model = spec.data, spec.model
+    key = (
+        data.min_long_side_px,
+        data.max_long_side_px,
+        tuple(data.aspect_ratios),
+        data.min_pixels,
+        data.max_pixels,
+        model.vision_patch_size,
+        model.vision_spatial_merge_size,
+    )
+    if key not in _PATCHES:
+        _PATCHES[key] = _draw_patches(spec)
+    return _PATCHES[key]
+
+
+_PATCHES: dict[tuple[object, ...], tuple[float, float]] = {}
+
+
+def _draw_patches(spec: RunSpec) -> tuple[float, float]:
+    data = spec.data
+    ratios = list(data.aspect_ratios) or [1.0]
+    lo, hi = data.min_long_side_px, data.max_long_side_px
+    steps = max(LONG_SIDE_SAMPLES - 1, 1)
+    sides = sorted({round(lo + (hi - lo) * i / steps) for i in range(steps + 1)})
+    values = []
+    for side in sides:
+        for ratio in ratios:
+            height, width = (
+                (max(1, round(side / ratio)), side) if ratio >= 1.0 else (side, max(1, round(side * ratio)))
+            )
+            values.append(patches_for_image(spec, height, width))
+    mean = sum(values) / len(values)
+    return mean, sum(v * v for v in values) / len(values)
+
+
+def _real_patches(spec: RunSpec) -> tuple[float, float] | None:
+    if not spec.data.path:
+        return None
+    try:
+        sizes = _real_image_sizes(str(spec.data.path), REAL_DATA_SAMPLES_READ)
+    except Exception:  # unreadable here (a login node without the data): the synthetic expectation
+        return None
+    if not sizes:
+        return None
+    values = [patches_for_image(spec, h, w) for h, w in sizes]
+    return sum(values) / len(values), sum(v * v for v in values) / len(values)
+
+
+def expected_workload(spec: RunSpec) -> ExpectedWorkload:
+    """One optimizer step's expected statistics, summed over data-parallel ranks."""
+    data, model, seq = spec.data, spec.model, spec.seq_length
+    rows = spec.gbs  # sequences per step (every DP rank's micro-batches)
+    merge = model.vision_spatial_merge_size**2
+    if data.kind is DataKind.mock:
+        low, high = seq // 2, seq
+        mean_len = (low + high) / 2
+        mean_sq = (low * low + low * high + high * high) / 3
+        images, patches, patches_sq = 0.0, 0.0, 0.0
+        source = f"mock: text rows uniform in [{low}, {high}] tokens"
+    else:
+        found = _real_patches(spec) if data.kind is DataKind.real else None
+        if found is not None:
+            images, (patches, patches_sq) = 1.0, found
+            source = f"real: mean of {REAL_DATA_SAMPLES_READ} image headers in {data.path}, 1 image/sample"
+        else:
+            images = (data.min_images + data.max_images) / 2
+            patches, patches_sq = _synthetic_patches(spec)
+            source = (
+                f"{data.kind.value}: {images:g} image(s)/sample x {patches:.0f} patches expected "
+                f"({data.min_long_side_px}-{data.max_long_side_px} px)"
+            )
+        text = (data.min_text_tokens + data.max_text_tokens) / 2
+        mean_len = min(text + images * (patches / merge + IMAGE_FRAME_TOKENS), seq)
+        mean_sq = mean_len * mean_len
+    sequences = rows
+    if data.pack_sequences and mean_len > 0:
+        # Packed rows fill up with whole samples: about seq / mean_len samples per row.
+        sequences = max(rows, round(rows * seq / mean_len))
+        real = min(sequences * mean_len, rows * seq)
+    else:
+        real = rows * mean_len
+    sample_images = sequences * images
+    return ExpectedWorkload(
+        Workload(
+            sequences=sequences,
+            padded_tokens=rows * seq,
+            real_tokens=round(real),
+            sum_seq_len_squared=round(sequences * mean_sq),
+            vision_patches=round(sample_images * patches),
+            sum_patches_squared=round(sample_images * patches_sq),
+        ),
+        source + ("; packed rows" if data.pack_sequences else f"; rows padded to {seq}"),
+    )

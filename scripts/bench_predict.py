@@ -1,0 +1,293 @@
+"""Validation of the step-time prediction (docs/step-time-prediction.md), two parts.
+
+CPU (default): the torch engine on this machine. Runs (or, with --sweep DIR, reads) a 12-point
+sweep of the tiny model (gbs x recompute x vision_freeze), calibrates on half of the points
+(a checkerboard of the grid: each half holds every level of every factor), predicts the other half from the plan alone (the expected
+workload of the data distribution, as a dry run would) and prints the mean absolute error and
+Spearman's rank correlation (targets: <= 15 %, >= 0.9).
+
+    python scripts/bench_predict.py                       # runs the sweep: minutes on 2 cores
+    python scripts/bench_predict.py --sweep multirun/X    # reads a sweep already run
+
+Anchors (--anchors): the published measured rows of ../shared/reference/sister-skills.md (the VLM
+card's rows and the Qwen hardware rows of 2.5), each as this tool's point; its "measured" step time
+is the row's published TFLOP/s/GPU turned back into seconds with Bridge-comparable FLOPs (the
+figure Megatron logs). Leave-one-out: each row predicted by the group scales (compute, data
+movement) fitted on the others; prints each error and the mean (target <= 20 %).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from scipy.stats import spearmanr
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from moe_vlm.compose import compose_config  # noqa: E402
+from moe_vlm.flops import step_flops  # noqa: E402
+from moe_vlm.predict.calibration import Sample, calibrate, predicted_s  # noqa: E402
+from moe_vlm.predict.model import predict  # noqa: E402
+from moe_vlm.predict.runs import RecordedRun, find_runs, recorded  # noqa: E402
+from moe_vlm.predict.terms import Term, loads  # noqa: E402
+from moe_vlm.predict.workload import expected_workload  # noqa: E402
+from moe_vlm.spec import RunSpec  # noqa: E402
+
+SWEEP = ["gbs=2,4,8", "recompute=none,full", "vision_freeze=none,vision", "train_iters=12"]
+
+
+FACTORS = ("gbs", "recompute", "vision_freeze")
+
+
+def _level(value: str) -> tuple[int, str]:
+    return (int(value), "") if value.isdigit() else (0, value)
+
+
+def run_sweep(out: Path) -> None:
+    cmd = [sys.executable, str(REPO / "train.py"), "-m", *SWEEP, f"hydra.sweep.dir={out}"]
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    print("running:", " ".join(cmd), flush=True)
+    subprocess.run(cmd, check=True, env=env, stdout=subprocess.DEVNULL)
+
+
+def cpu(sweep: Path) -> int:
+    runs = [r for r in (recorded(p) for p in find_runs([sweep])) if isinstance(r, RecordedRun)]
+    if len(runs) < 12:
+        print(f"{sweep}: {len(runs)} completed run(s); the benchmark needs 12", file=sys.stderr)
+        return 2
+    # A checkerboard split of the 3-factor grid (the half-fraction design): each half has every
+    # level of every factor and every pair of two factors' levels.
+    levels = {k: sorted({str(r.record.knob(k)) for r in runs}, key=_level) for k in FACTORS}
+    parity = {r.run_dir: sum(levels[k].index(str(r.record.knob(k))) for k in FACTORS) % 2 for r in runs}
+    train = [r for r in runs if parity[r.run_dir] == 0]
+    test = [r for r in runs if parity[r.run_dir] == 1]
+    found = calibrate("local", train[0].stack, [r.sample() for r in train], f"half of {sweep}")
+    print(f"calibrated on {len(train)} run(s): leave-one-out spread {found.sigma:.1%}")
+    print(f"{'run':<18} {'overrides':<44} {'measured s':>10} {'predicted s':>11} {'error':>7}")
+    measured, predicted, errors = [], [], []
+    for r in test:
+        guess = predict(r.spec, found).step_time_s or float("nan")
+        error = guess / r.measured_s - 1
+        label = " ".join(f"{k}={r.record.knob(k)}" for k in FACTORS)
+        print(f"{r.run_dir.name:<18} {label:<44} {r.measured_s:>10.3f} {guess:>11.3f} {error:>+7.1%}")
+        measured.append(r.measured_s)
+        predicted.append(guess)
+        errors.append(abs(error))
+    # The same half predicted on the workload each run recorded: what the data's draw adds.
+    recorded_errors = [
+        abs(predicted_s({Term(k): v for k, v in found.scales.items()}, r.sample().base) / r.measured_s - 1)
+        for r in test
+    ]
+    rho = spearmanr(measured, predicted).statistic
+    print(
+        f"mean absolute error {sum(errors) / len(errors):.1%} (target <= 15%); "
+        f"on the recorded workloads {sum(recorded_errors) / len(recorded_errors):.1%}"
+    )
+    print(f"Spearman rank correlation {rho:.3f} (target >= 0.9)")
+    return 0
+
+
+@dataclass(frozen=True)
+class Anchor:
+    name: str
+    overrides: tuple[str, ...]
+    tflops: float  # published TFLOP/s/GPU
+    source: str
+
+
+BASE = ("seq_length=4096", "cuda_graph=none", "router=forced_balance")
+ANCHORS = (
+    Anchor(
+        "card qwen3_vl_fsdp_gb200",
+        (
+            "model=qwen3_vl_235b_a22b",
+            "cluster=gb200",
+            "nodes=16",
+            "parallelism=fsdp",
+            "ep=64",
+            "dispatcher=hybridep",
+            "recompute=full",
+            "mbs=4",
+            "gbs=256",
+            "data=synthetic",
+        ),
+        470,
+        "sister-skills.md 1 (moe-vlm-training/card.yaml)",
+    ),
+    Anchor(
+        "card qwen3_vl_fsdp_b200",
+        (
+            "model=qwen3_vl_235b_a22b",
+            "cluster=b200",
+            "nodes=16",
+            "parallelism=fsdp",
+            "ep=8",
+            "etp=16",
+            "dispatcher=alltoall",
+            "recompute=full",
+            "vision_freeze=vision_projector",
+            "mbs=8",
+            "gbs=1024",
+            "data=synthetic",
+        ),
+        460,
+        "sister-skills.md 1",
+    ),
+    Anchor(
+        "qwen3 235B B200x128 DeepEP",
+        (
+            "model=qwen3_vl_235b_a22b",
+            "cluster=b200",
+            "nodes=16",
+            "parallelism=3d",
+            "tp=2",
+            "ep=16",
+            "pp=4",
+            "dispatcher=deepep",
+            "mbs=2",
+            "gbs=2048",
+            "data=mock",
+        ),
+        590,
+        "sister-skills.md 2.5 (moe-hardware-configs/card.yaml; VP12 left out: 94 layers)",
+    ),
+    Anchor(
+        "qwen3 235B GB200x128 HybridEP",
+        (
+            "model=qwen3_vl_235b_a22b",
+            "cluster=gb200",
+            "nodes=32",
+            "parallelism=3d",
+            "ep=32",
+            "pp=4",
+            "dispatcher=hybridep",
+            "mbs=1",
+            "gbs=1024",
+            "data=mock",
+        ),
+        700,
+        "sister-skills.md 2.5 (VP12 left out)",
+    ),
+    Anchor(
+        "qwen3 30B H100x32 DeepEP",
+        (
+            "model=qwen3_vl_30b_a3b",
+            "cluster=h100",
+            "nodes=4",
+            "parallelism=3d",
+            "ep=8",
+            "dispatcher=deepep",
+            "recompute=full",
+            "mbs=4",
+            "gbs=256",
+            "data=mock",
+        ),
+        210,
+        "sister-skills.md 2.5",
+    ),
+    Anchor(
+        "qwen3 30B H100x16 HybridEP +EP overlap",
+        (
+            "model=qwen3_vl_30b_a3b",
+            "cluster=h100",
+            "nodes=2",
+            "parallelism=3d",
+            "ep=16",
+            "dispatcher=hybridep",
+            "dispatcher.overlap_moe_expert_parallel_comm=true",
+            "mbs=1",
+            "gbs=1024",
+            "data=mock",
+        ),
+        287.305,
+        "sister-skills.md 2.5 (EP overlap A/B, overlap on)",
+    ),
+    Anchor(
+        "qwen3 30B H100x16 HybridEP no overlap",
+        (
+            "model=qwen3_vl_30b_a3b",
+            "cluster=h100",
+            "nodes=2",
+            "parallelism=3d",
+            "ep=16",
+            "dispatcher=hybridep",
+            "mbs=1",
+            "gbs=1024",
+            "data=mock",
+        ),
+        244.039,
+        "sister-skills.md 2.5 (EP overlap A/B, overlap off)",
+    ),
+    Anchor(
+        "card qwen3_next_35b_gb200",
+        (
+            "model=qwen35_vl_35b_a3b",
+            "cluster=gb200",
+            "nodes=8",
+            "parallelism=fsdp",
+            "ep=8",
+            "dispatcher=hybridep",
+            "mbs=16",
+            "gbs=4096",
+            "data=synthetic",
+        ),
+        260,
+        "sister-skills.md 1 (PP1 VPP4 as written is not a layout: run as PP1)",
+    ),
+)
+
+
+def anchors() -> int:
+    samples, specs = [], {}
+    for anchor in ANCHORS:
+        spec = RunSpec.from_config(compose_config([*BASE, *anchor.overrides]))
+        work = expected_workload(spec).workload
+        world = spec.layout.world_size
+        measured = step_flops(spec, work).bridge / (anchor.tflops * 1e12 * world)
+        samples.append(Sample(anchor.name, {load.term: load.base_s for load in loads(spec, work)}, measured))
+        specs[anchor.name] = spec
+    found = calibrate("gpu", "published", samples, "published rows", per_term=False)
+    print(f"{'row':<42} {'world':>5} {'measured s':>10} {'LOO predicted s':>15} {'error':>7}")
+    for sample in samples:
+        error = found.residuals[sample.name]
+        print(
+            f"{sample.name:<42} {specs[sample.name].layout.world_size:>5} {sample.measured_s:>10.2f} "
+            f"{sample.measured_s * (1 + error):>15.2f} {error:>+7.1%}"
+        )
+    mean = sum(abs(e) for e in found.residuals.values()) / len(found.residuals)
+    print(f"leave-one-out mean absolute error {mean:.1%} (target <= 20%), rms {found.sigma:.1%}")
+    print(
+        "group scales on all rows: "
+        + ", ".join(
+            f"{g}={found.scales[t.value]:.4g}"
+            for g, t in (
+                ("compute", Term.vision),
+                ("movement", Term.ep_alltoall),
+                ("overhead", Term.overhead),
+            )
+        )
+    )
+    return 0
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    p.add_argument("--sweep", default=None, help="a sweep directory already run (else run one)")
+    p.add_argument("--anchors", action="store_true", help="leave-one-out on the published rows")
+    args = p.parse_args()
+    if args.anchors:
+        return anchors()
+    sweep = Path(args.sweep) if args.sweep else REPO / "multirun" / "bench_predict"
+    if not args.sweep:
+        run_sweep(sweep)
+    return cpu(sweep)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

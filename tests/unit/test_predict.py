@@ -1,0 +1,225 @@
+"""The step-time prediction (moe_vlm/predict): terms, calibration, the file, where it is shown."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hydra_plugins.moe_vlm_sweeper.sweeper import Point, keep_predicted_top
+from moe_vlm.errors import BadInput
+from moe_vlm.flops import step_flops
+from moe_vlm.metrics import by_step, steady_window, workload_of
+from moe_vlm.plan import render
+from moe_vlm.predict import calibration as cal
+from moe_vlm.predict.model import FLAG_SIGMAS, predict, record_section
+from moe_vlm.predict.report_section import row_fields, section
+from moe_vlm.predict.runs import find_runs, recorded
+from moe_vlm.predict.terms import Term, bubble_factor, hardware_flops_by_class, loads
+from moe_vlm.predict.workload import expected_workload
+from moe_vlm.record import read_steps
+from tests.conftest import REPO, make_spec
+
+FIXTURE = REPO / "tests" / "fixtures" / "cpu_sweep"
+GB200 = ("cluster=gb200", "model=qwen3_vl_30b_a3b", "nodes=2")
+
+
+def _base(spec) -> dict[Term, float]:
+    return {load.term: load.base_s for load in loads(spec, expected_workload(spec).workload)}
+
+
+def test_class_split_adds_up_to_the_hardware_flops():
+    for overrides in [(), ("recompute=full",), ("vision_freeze=vision",), (*GB200, "recompute=selective")]:
+        spec = make_spec(*overrides)
+        work = expected_workload(spec).workload
+        split = hardware_flops_by_class(spec, work)
+        assert sum(split.values()) == pytest.approx(step_flops(spec, work).hardware, rel=1e-9)
+
+
+def test_terms_follow_the_knobs():
+    base = _base(make_spec(*GB200, "dispatcher=hybridep"))
+    assert base[Term.ep_hybridep] > 0 and Term.ep_alltoall not in base
+    assert Term.ep_alltoall in _base(make_spec(*GB200, "dispatcher=alltoall"))
+    full = _base(make_spec(*GB200, "dispatcher=hybridep", "recompute=full"))
+    assert full[Term.experts] > base[Term.experts]  # recompute's extra forward
+    assert full[Term.ep_hybridep] == pytest.approx(base[Term.ep_hybridep] * 6 / 4)  # and its exchanges
+    overlap = _base(
+        make_spec(*GB200, "dispatcher=hybridep", "dispatcher.overlap_moe_expert_parallel_comm=true")
+    )
+    assert overlap[Term.ep_hybridep] < base[Term.ep_hybridep]
+    frozen = _base(make_spec(*GB200, "dispatcher=hybridep", "vision_freeze=vision"))
+    assert frozen[Term.vision] < base[Term.vision]
+
+
+def test_bubble_is_p_minus_1_over_m_vp():
+    spec = make_spec(
+        "cluster=gb200", "model=qwen3_vl_235b_a22b", "nodes=16", "parallelism=3d", "pp=4", "ep=16"
+    )
+    micro = spec.gbs // (spec.mbs * spec.layout.dp)
+    assert bubble_factor(spec) == pytest.approx(1 + 3 / (micro * spec.layout.vp))
+    assert bubble_factor(make_spec()) == 1.0
+
+
+def test_expected_workload_is_near_what_the_fixture_runs_recorded():
+    for run_dir in find_runs([FIXTURE]):
+        found = recorded(run_dir)
+        assert not isinstance(found, str), found
+        grouped = by_step(read_steps(run_dir / "steps.jsonl"))
+        steps = [workload_of(grouped[n]) for n in steady_window(grouped, 0).steps]
+        real = sum(w.real_tokens for w in steps) / len(steps)
+        expected = expected_workload(found.spec).workload
+        assert expected.padded_tokens == steps[0].padded_tokens
+        assert expected.real_tokens == pytest.approx(real, rel=0.25)
+
+
+def test_mock_rows_fill_three_quarters_on_average():
+    spec = make_spec("data=mock")
+    work = expected_workload(spec).workload
+    assert work.vision_patches == 0
+    assert work.real_tokens == pytest.approx(0.75 * spec.gbs * spec.seq_length, rel=1e-3)
+
+
+def _samples(truth: dict[Term, float]) -> list[cal.Sample]:
+    specs = [make_spec(f"gbs={g}", f"recompute={r}") for g in (2, 4, 8) for r in ("none", "full")]
+    return [cal.Sample(str(i), _base(s), cal.predicted_s(truth, _base(s))) for i, s in enumerate(specs)]
+
+
+def test_fit_recovers_step_times_made_from_known_scales():
+    truth = {t: 0.05 for t in Term} | {Term.vision: 0.02, Term.overhead: 0.1}
+    samples = _samples(truth)
+    found = cal.calibrate("local", "torch x", samples, "synthetic")
+    assert found.sigma is not None and found.sigma < 0.06  # the ridge trades a little bias for stability
+    for s in samples:
+        got = cal.predicted_s({Term(k): v for k, v in found.scales.items()}, s.base)
+        assert got == pytest.approx(s.measured_s, rel=0.06)
+
+
+def test_file_round_trip_replaces_by_cluster_and_stack(tmp_path: Path):
+    path = tmp_path / "c.json"
+    a = cal.Calibration("local", "torch 1", {"vision": 1.0}, 0.1, 6, "a")
+    b = cal.Calibration("gb200", "megatron-core 1", {"vision": 2.0}, None, 2, "b")
+    cal.store([a, b], path)
+    cal.store([cal.Calibration("local", "torch 1", {"vision": 3.0}, 0.2, 7, "a2")], path)
+    found = {(c.cluster, c.stack): c for c in cal.read_calibrations(path)}
+    assert (
+        found[("local", "torch 1")].scales == {"vision": 3.0}
+        and found[("gb200", "megatron-core 1")].sigma is None
+    )
+    assert not list(tmp_path.glob(".*tmp"))  # atomic: no temp file left
+    (tmp_path / "bad.json").write_text("{not json")
+    assert cal.read_calibrations(tmp_path / "bad.json") == []
+
+
+def test_local_without_calibration_says_so_and_gpu_has_the_published_defaults():
+    found = predict(make_spec())
+    assert found.step_time_s is None and "moe-vlm calibrate" in (found.note or "")
+    gpu = predict(make_spec(*GB200))
+    assert gpu.step_time_s and gpu.step_time_s > 0 and gpu.sigma == pytest.approx(0.24)
+    assert gpu.mfu is not None and "GB200 dense BF16" in (gpu.peak_name or "")
+    assert "published rows" in gpu.source
+
+
+def test_calibration_file_is_what_the_plan_reads(calibration_file: Path):
+    spec = make_spec()
+    stack = cal.stack_of(spec.engine)
+    scales = {t.value: 1e-3 for t in Term} | {"overhead": 0.5}
+    cal.store([cal.Calibration("local", stack, scales, 0.1, 6, "test fit")], calibration_file)
+    try:
+        text = render(spec, [], deep=False)
+        found = predict(spec)
+        assert found.step_time_s is not None and found.step_time_s > 0.5
+        assert "-- predicted speed" in text and f"{found.step_time_s:.4g} s" in text and "test fit" in text
+        assert found.unit == "rank"
+    finally:
+        calibration_file.unlink()
+
+
+def test_calibrate_command_on_the_fixture_sweep(tmp_path: Path):
+    out = tmp_path / "cal.json"
+    done = subprocess.run(
+        [sys.executable, "-m", "moe_vlm.cli", "calibrate", str(FIXTURE), "--out", str(out)],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "2 run(s), spread none (fewer than 3 runs)" in done.stdout
+    [found] = cal.read_calibrations(out)
+    assert found.cluster == "local" and found.stack.startswith("torch ") and found.sigma is None
+    bad = subprocess.run(
+        [sys.executable, "-m", "moe_vlm.cli", "calibrate", str(tmp_path / "nothing")],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+    )
+    assert bad.returncode == 2 and "no such path" in bad.stderr and len(bad.stderr.splitlines()) == 1
+
+
+def test_record_section_flags_a_run_2_sigma_slower():
+    spec = make_spec(*GB200)
+    predicted = predict(spec).step_time_s or 0.0
+    slow = record_section(spec, {"step_period_s": {"mean": predicted * (1 + 3 * 0.24)}})
+    near = record_section(spec, {"step_period_s": {"mean": predicted * 1.1}})
+    assert slow["sigmas"] > FLAG_SIGMAS and "regression" in slow["flag"]
+    assert near["flag"] is None and near["error"] == pytest.approx(0.1)
+    rows = [
+        {"run": "slow", **row_fields({"prediction": slow})},
+        {"run": "near", **row_fields({"prediction": near})},
+    ]
+    text = "\n".join(section(rows, 10))
+    assert "1 more than 2 sigma slower" in text and text.count("FLAGGED") == 2  # the note and the row
+
+
+def _point(index: int, *overrides: str) -> Point:
+    spec = make_spec(*GB200, *overrides)
+    return Point(index, list(overrides), f"p{index}", {}, spec, [])
+
+
+def test_predict_keep_keeps_the_predicted_fastest():
+    points = [_point(i, f"mbs={m}") for i, m in enumerate((1, 2, 4))]
+    rate = {p.point_id: predict(p.spec).effective_tokens_per_s_per_gpu or 0 for p in points}
+    kept = keep_predicted_top(points, 0.34)
+    assert len(kept) == 2 and {p.point_id for p in kept} == set(sorted(rate, key=lambda k: -rate[k])[:2])
+    assert keep_predicted_top(points, 1.0) == points
+    for bad in (0.0, 1.5):
+        with pytest.raises(BadInput, match="predict_keep"):
+            keep_predicted_top(points, bad)
+
+
+def test_predict_keep_refuses_points_without_a_prediction():
+    points = [Point(0, [], "p0", {}, make_spec(), [])]
+    with pytest.raises(BadInput, match="no prediction"):
+        keep_predicted_top(points, 0.5)
+
+
+def test_no_nan_in_the_terms_of_every_sweep_preset_layout():
+    spec = make_spec(
+        "cluster=gb200", "model=qwen3_vl_235b_a22b", "nodes=16", "parallelism=3d", "tp=2", "pp=4", "ep=16"
+    )
+    assert all(math.isfinite(v) and v >= 0 for v in _base(spec).values())
+    assert json.dumps(predict(spec).to_json())
+
+
+def test_probe_gives_a_first_compute_calibration(tmp_path: Path):
+    out = tmp_path / "probe.json"
+    done = subprocess.run(
+        [sys.executable, "-m", "moe_vlm.cli", "calibrate", "--probe", "cluster=local", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+    )
+    assert done.returncode == 0, done.stderr
+    [found] = cal.read_calibrations(out)
+    assert found.sigma is None and found.scale(Term.vision) > 0 and found.scale(Term.overhead) == 0
+    assert "GEMM probe" in found.source
+    bad = subprocess.run(
+        [sys.executable, "-m", "moe_vlm.cli", "calibrate", "--probe", "nodes=0"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+    )
+    assert bad.returncode == 2 and "C001" in bad.stderr and len(bad.stderr.splitlines()) == 1
