@@ -19,9 +19,11 @@ from typing import Any
 import pandas as pd
 
 from moe_vlm import halving_report, module_table, plots, stragglers
+from moe_vlm.columns import KNOBS
 from moe_vlm.errors import EXIT_FAILED, EXIT_INVALID, BadInput
+from moe_vlm.files import write_atomic
 from moe_vlm.metrics import TimeBasis, by_step, steady_window
-from moe_vlm.record import KNOBS, RUN_JSON, STEPS_JSONL, RecordError, RunRecord, read_steps, write_atomic
+from moe_vlm.record import RUN_JSON, STEPS_JSONL, RecordError, RunRecord, read_steps
 from moe_vlm.runtime.failures import settle_running
 
 EXIT_OK = 0
@@ -542,7 +544,7 @@ def write_table(table: pd.DataFrame, out: Path) -> None:
 
 
 def _png(plot: plots.Plot) -> bytes:
-    """The plot's PNG, rendered to a scratch file (Plot.save takes a path) for record.write_atomic."""
+    """The plot's PNG, rendered to a scratch file (Plot.save takes a path) for files.write_atomic."""
     with tempfile.TemporaryDirectory() as scratch:
         path = Path(scratch) / f"{plot.name}.png"
         plot.save(path)

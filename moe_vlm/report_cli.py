@@ -29,8 +29,9 @@ from pathlib import Path
 from typing import NoReturn
 
 from moe_vlm import plots, report_diff
+from moe_vlm.columns import KNOBS
 from moe_vlm.errors import BadInput
-from moe_vlm.record import KNOBS, write_atomic
+from moe_vlm.files import write_atomic
 from moe_vlm.report import (
     DEFAULT_TOLERANCE,
     DEFAULT_TOP,

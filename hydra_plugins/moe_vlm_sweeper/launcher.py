@@ -40,9 +40,9 @@ from submitit.core.utils import FailedJobError, FailedSubmissionError
 
 from moe_vlm.compose import compose_sweep_point
 from moe_vlm.errors import BadInput
+from moe_vlm.files import write_json_atomic
 from moe_vlm.launch import pack, requeue, slurm
 from moe_vlm.launch.status import collect
-from moe_vlm.record import write_json_atomic
 from moe_vlm.runtime import dist_env, points
 from moe_vlm.runtime.failures import launch_info, record_job_failure
 from moe_vlm.runtime.heartbeat import process_started_unix_s

@@ -46,7 +46,8 @@ from moe_vlm.launch.status import collect
 from moe_vlm.memory import MemoryEstimate
 from moe_vlm.plan import POINT_LINE_HEADER, memory_of, point_line, render
 from moe_vlm.preflight import COMPOSE_ERRORS, explain
-from moe_vlm.record import RunRecord, git_state
+from moe_vlm.provenance import git_state
+from moe_vlm.record import RunRecord
 from moe_vlm.rules import Finding, errors, validate
 from moe_vlm.runtime import points
 from moe_vlm.safety import scrub, scrub_text, secret_values

@@ -34,7 +34,8 @@ from pathlib import Path
 from typing import Any
 
 from moe_vlm.errors import BadInput
-from moe_vlm.record import RunRecord, read_steps, write_json_atomic
+from moe_vlm.files import write_json_atomic
+from moe_vlm.record import RunRecord, read_steps
 
 STATE_JSON = "halving.json"
 STATE_VERSION = 1

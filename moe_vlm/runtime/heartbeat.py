@@ -18,7 +18,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from moe_vlm.record import RUN_JSON, RUNNING, write_json_atomic
+from moe_vlm.files import write_json_atomic
+from moe_vlm.record import RUN_JSON, RUNNING
 
 HEARTBEAT_JSON = "heartbeat.json"
 # A beat is one small atomic file write: every 30 s costs nothing beside a training step.

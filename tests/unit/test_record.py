@@ -17,13 +17,12 @@ from typing import Any
 
 import pytest
 
+from moe_vlm.columns import GROUPS, KNOBS, choices, identity_field
 from moe_vlm.compose import compose_spec
 from moe_vlm.data.batch import BatchStats
 from moe_vlm.engines.megatron.recording import StepStats
 from moe_vlm.metrics import summarize
 from moe_vlm.record import (
-    GROUPS,
-    KNOBS,
     RUN_JSON,
     STEPS_JSONL,
     TOKEN_KINDS,
@@ -32,8 +31,6 @@ from moe_vlm.record import (
     RunStatus,
     StepRecord,
     StepWriter,
-    choices,
-    identity_field,
     read_steps,
 )
 from moe_vlm.report import row_of
