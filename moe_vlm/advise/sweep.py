@@ -121,7 +121,7 @@ def load_records(root: Path) -> list[SweepRun]:
     """Every usable run under `root`; a record RunRecord.read cannot use is left out with one line
     on stderr naming the file and why (BadInput when none is left)."""
     # The report's finder (imported here: it brings pandas, which planning a first run does not need).
-    from moe_vlm.report import find_run_files
+    from moe_vlm.report_table import find_run_files
 
     records = []
     found = find_run_files([str(root)])

@@ -217,7 +217,7 @@ class Measured:
 
 
 def rank_class(run: RunRecord) -> RankClass:
-    """As report.ranked: mock data first (whatever the routing), then forced-balance routing."""
+    """As report_table.ranked: mock data first (whatever the routing), then forced-balance routing."""
     if str(run.knob("data")) == "mock":
         return RankClass.mock
     if bool(run.setting("router", "force_load_balancing")):

@@ -33,7 +33,7 @@ from moe_vlm.record import (
     StepWriter,
     read_steps,
 )
-from moe_vlm.report import row_of
+from moe_vlm.report_table import row_of
 from moe_vlm.rules import errors, validate
 from moe_vlm.run import resolved_config
 from moe_vlm.schema import TrainConfig
