@@ -9,8 +9,9 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 
 def write_atomic(path: Path, data: bytes | str) -> None:
@@ -41,3 +42,70 @@ def write_atomic(path: Path, data: bytes | str) -> None:
 
 def write_json_atomic(path: Path, payload: dict[str, Any]) -> None:
     write_atomic(path, json.dumps(payload, indent=2, sort_keys=True, default=str) + "\n")
+
+
+# --- the files of a run directory (a sweep point's directory: its run writes there) -----------
+#
+# Every name a run, the launcher, the sweeper and the readers use: nothing else spells them
+# (tests/unit/test_run_paths.py). RunPaths joins them to one directory, as submitit's JobPaths
+# names a job's files.
+
+RUN_JSON = "run.json"
+STEPS_JSONL = "steps.jsonl"
+HEARTBEAT_JSON = "heartbeat.json"
+POINT_JSON = "point.json"
+# Written by rank 0 on a USR2 it will requeue for; the job script moves it to PREVIOUS on restart.
+REQUEUE_MARKER = "requeue.json"
+PREVIOUS_REQUEUE_MARKER = "requeue.previous.json"
+ATTEMPTS = "attempts"
+CANARIES = "canaries"
+CANARY_JSON = "canary.json"
+
+
+@dataclass(frozen=True)
+class RunPaths:
+    """Every file of one run directory."""
+
+    folder: Path
+
+    # Files of one attempt; moved aside together so a rerun starts clean and nothing is lost.
+    ATTEMPT_FILES: ClassVar[tuple[str, ...]] = (
+        RUN_JSON,
+        STEPS_JSONL,
+        HEARTBEAT_JSON,
+        REQUEUE_MARKER,
+        PREVIOUS_REQUEUE_MARKER,
+    )
+
+    @property
+    def run_json(self) -> Path:
+        return self.folder / RUN_JSON
+
+    @property
+    def steps(self) -> Path:
+        return self.folder / STEPS_JSONL
+
+    @property
+    def heartbeat(self) -> Path:
+        return self.folder / HEARTBEAT_JSON
+
+    @property
+    def point_json(self) -> Path:
+        return self.folder / POINT_JSON
+
+    @property
+    def requeue_marker(self) -> Path:
+        return self.folder / REQUEUE_MARKER
+
+    @property
+    def previous_requeue_marker(self) -> Path:
+        return self.folder / PREVIOUS_REQUEUE_MARKER
+
+    @property
+    def attempts(self) -> Path:
+        """attempts/<n>/: the files of earlier attempts (runtime/points.archive_attempt)."""
+        return self.folder / ATTEMPTS
+
+    def attempt_files(self) -> list[Path]:
+        """The files of the current attempt that exist."""
+        return [self.folder / name for name in self.ATTEMPT_FILES if (self.folder / name).exists()]

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TextIO, cast, get_args, get_origin, get_type_hints
 
 from moe_vlm.columns import GROUPS, KNOB_KINDS, KNOBS, REBUILD_KEYS, SETTING_KINDS, SPEC_ATTR, identity_field
-from moe_vlm.files import write_json_atomic
+from moe_vlm.files import RUN_JSON, write_json_atomic
 from moe_vlm.provenance import environment, point_id
 from moe_vlm.safety import scrub
 from moe_vlm.shape import (
@@ -57,10 +57,6 @@ class Finding(Protocol):
     """What a rejected record keeps of a rules.Finding (the rules sit above the records)."""
 
     def to_dict(self) -> dict[str, object]: ...
-
-
-RUN_JSON = "run.json"
-STEPS_JSONL = "steps.jsonl"
 
 
 class RunStatus(StrEnum):

@@ -13,8 +13,9 @@ import pandas as pd
 from moe_vlm import stragglers
 from moe_vlm.columns import KNOBS
 from moe_vlm.errors import BadInput
+from moe_vlm.files import RUN_JSON, STEPS_JSONL
 from moe_vlm.metrics import by_step, steady_window
-from moe_vlm.record import RUN_JSON, STEPS_JSONL, RecordError, RunRecord, read_steps
+from moe_vlm.record import RecordError, RunRecord, read_steps
 from moe_vlm.runtime.failures import settle_running
 
 PATH_HINT = (

@@ -40,7 +40,7 @@ from submitit.core.utils import FailedJobError, FailedSubmissionError
 
 from moe_vlm.compose import compose_sweep_point
 from moe_vlm.errors import BadInput
-from moe_vlm.files import write_json_atomic
+from moe_vlm.files import RunPaths, write_json_atomic
 from moe_vlm.launch import pack, requeue, slurm
 from moe_vlm.launch.status import collect
 from moe_vlm.runtime import dist_env, points
@@ -592,7 +592,7 @@ def _record_launch(point_dir: Path, job_id: str, executor: str) -> None:
         **launch_info(),
         "executor": executor,
         "slurm_job_id": job_id if executor == "slurm" else None,
-        "attempts_before": len(list((point_dir / points.ATTEMPTS).glob("*"))),
+        "attempts_before": len(list(RunPaths(point_dir).attempts.glob("*"))),
         "host": os.uname().nodename,
         # The task's wall time, from its process start (a halving search counts node-seconds by it).
         "task_started_unix_s": process_started_unix_s(),

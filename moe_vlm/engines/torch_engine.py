@@ -37,10 +37,10 @@ from moe_vlm.data import Batch, BatchStats, DataStats, build_batches
 from moe_vlm.engines.torch_model import apply_freeze, apply_recompute, build_model
 from moe_vlm.errors import EngineUnavailable, RunFailed
 from moe_vlm.explog import ExperimentLog, open_log, step_metrics, summary_metrics
-from moe_vlm.files import write_json_atomic
+from moe_vlm.files import RUN_JSON, STEPS_JSONL, write_json_atomic
 from moe_vlm.metrics import summarize
 from moe_vlm.profiling import StepProfiler
-from moe_vlm.record import RUN_JSON, STEPS_JSONL, RunRecord, RunStatus, StepRecord, StepWriter, read_steps
+from moe_vlm.record import RunRecord, RunStatus, StepRecord, StepWriter, read_steps
 from moe_vlm.run_summary import summary_lines
 from moe_vlm.runtime.dist_env import DistEnv
 from moe_vlm.runtime.failures import LOG_TAIL_LINES, classify, launch_info, write_failure

@@ -28,9 +28,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from moe_vlm.files import POINT_JSON, RUN_JSON
 from moe_vlm.launch import slurm
 from moe_vlm.launch.canary import OK_PREFIX
-from moe_vlm.record import RUN_JSON, RUNNING, Failure, RecordError, RunRecord, RunStatus
+from moe_vlm.record import RUNNING, Failure, RecordError, RunRecord, RunStatus
 from moe_vlm.runtime import points
 from moe_vlm.runtime.failures import (
     Diagnosis,
@@ -437,7 +438,7 @@ def main(argv: list[str] | None = None) -> int:
         single = (args.sweep_dir / RUN_JSON).exists()
         print(
             f"moe-vlm status: error: {args.sweep_dir}: not a sweep directory (no point directory with "
-            f"{points.POINT_JSON} or {RUN_JSON} in it). Fix: pass the sweep directory the sweep printed "
+            f"{POINT_JSON} or {RUN_JSON} in it). Fix: pass the sweep directory the sweep printed "
             "(hydra.sweep.dir)" + (f"; for this one run: moe-vlm report {args.sweep_dir}" if single else "."),
             file=sys.stderr,
         )

@@ -32,9 +32,9 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from moe_vlm.files import write_json_atomic
+from moe_vlm.files import RUN_JSON, STEPS_JSONL, write_json_atomic
 from moe_vlm.metrics import summarize
-from moe_vlm.record import REQUEUED, RUN_JSON, RUNNING, STEPS_JSONL, Failure, RunRecord, read_steps
+from moe_vlm.record import REQUEUED, RUNNING, Failure, RunRecord, read_steps
 from moe_vlm.runtime import dist_env, points
 from moe_vlm.runtime.heartbeat import gone, read_heartbeat
 from moe_vlm.safety import scrub_text

@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 
 from moe_vlm import plots, report_table
-from moe_vlm.record import RUN_JSON
+from moe_vlm.files import RUN_JSON
 from tests.conftest import REPO
 
 POINTS = {(mbs, recompute) for mbs in (1, 2) for recompute in ("none", "full")}

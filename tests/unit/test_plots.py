@@ -22,8 +22,7 @@ from matplotlib.patches import Rectangle
 from matplotlib.text import Annotation
 
 from moe_vlm import plots, report, report_format, report_table
-from moe_vlm.files import write_json_atomic
-from moe_vlm.record import RUN_JSON
+from moe_vlm.files import RUN_JSON, write_json_atomic
 from tests.unit.test_report import GB200, run_report, section, table_rows, write_run
 
 N_RUNS = 1000

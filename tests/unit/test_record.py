@@ -21,18 +21,9 @@ from moe_vlm.columns import GROUPS, KNOBS, choices, identity_field
 from moe_vlm.compose import compose_spec
 from moe_vlm.data.batch import BatchStats
 from moe_vlm.engines.megatron.recording import StepStats
+from moe_vlm.files import RUN_JSON, STEPS_JSONL
 from moe_vlm.metrics import summarize
-from moe_vlm.record import (
-    RUN_JSON,
-    STEPS_JSONL,
-    TOKEN_KINDS,
-    Failure,
-    RunRecord,
-    RunStatus,
-    StepRecord,
-    StepWriter,
-    read_steps,
-)
+from moe_vlm.record import TOKEN_KINDS, Failure, RunRecord, RunStatus, StepRecord, StepWriter, read_steps
 from moe_vlm.report_table import row_of
 from moe_vlm.rules import errors, validate
 from moe_vlm.run import resolved_config

@@ -18,9 +18,9 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Rectangle
 
 from moe_vlm import plots, report, report_cli, report_compare, report_table
-from moe_vlm.files import write_json_atomic
+from moe_vlm.files import RUN_JSON, write_json_atomic
 from moe_vlm.metrics import summarize
-from moe_vlm.record import RUN_JSON, base_record
+from moe_vlm.record import base_record
 from moe_vlm.run import resolved_config
 from moe_vlm.spec import RunSpec
 from tests.conftest import REPO, compose_cfg

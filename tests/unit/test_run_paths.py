@@ -1,0 +1,73 @@
+"""One place for the names of a run's files (moe_vlm/files.py: RunPaths and its constants)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+from moe_vlm import files
+from moe_vlm.files import RunPaths
+from moe_vlm.runtime import points
+
+ROOT = Path(__file__).resolve().parents[2]
+NAMES = {
+    files.RUN_JSON,
+    files.STEPS_JSONL,
+    files.HEARTBEAT_JSON,
+    files.POINT_JSON,
+    files.REQUEUE_MARKER,
+    files.PREVIOUS_REQUEUE_MARKER,
+    files.CANARY_JSON,
+}
+
+
+def spelled(path: Path) -> list[str]:
+    """String literals (f-string parts included) naming a run file, outside docstrings."""
+    tree = ast.parse(path.read_text())
+    docstrings = {
+        id(node.body[0].value)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef)
+        and node.body
+        and isinstance(node.body[0], ast.Expr)
+        and isinstance(node.body[0].value, ast.Constant)
+    }
+    return [
+        f"{path.relative_to(ROOT) if path.is_relative_to(ROOT) else path.name}:{node.lineno}: {node.value!r}"
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant)
+        and isinstance(node.value, str)
+        and id(node) not in docstrings
+        and any(node.value == name or node.value.endswith(f"/{name}") for name in NAMES)
+    ]
+
+
+def test_only_files_py_spells_a_run_file_name() -> None:
+    sources = [ROOT / "train.py", *(ROOT / "moe_vlm").rglob("*.py"), *(ROOT / "hydra_plugins").rglob("*.py")]
+    found = [hit for path in sources if path != ROOT / "moe_vlm" / "files.py" for hit in spelled(path)]
+    assert found == [], "use moe_vlm.files (RunPaths or its constants):\n" + "\n".join(found)
+
+
+def test_the_checker_sees_a_spelled_name(tmp_path: Path) -> None:
+    probe = tmp_path / "probe.py"
+    probe.write_text(
+        '"""run.json in a docstring is fine."""\nPATH = "x/steps.jsonl"\nNAME = f"{1}run.json"\n'
+    )
+    assert [hit.split(": ", 1)[1] for hit in spelled(probe)] == ["'x/steps.jsonl'", "'run.json'"]
+
+
+def test_archive_moves_every_attempt_file(tmp_path: Path) -> None:
+    paths = RunPaths(tmp_path)
+    for path in (
+        paths.run_json,
+        paths.steps,
+        paths.heartbeat,
+        paths.requeue_marker,
+        paths.previous_requeue_marker,
+    ):
+        path.write_text("{}")
+    paths.point_json.write_text("{}")
+    target = points.archive_attempt(tmp_path)
+    assert target == paths.attempts / "1"
+    assert sorted(p.name for p in target.iterdir()) == sorted(RunPaths.ATTEMPT_FILES)
+    assert paths.attempt_files() == [] and paths.point_json.exists()
