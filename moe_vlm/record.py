@@ -69,6 +69,8 @@ class RunStatus(StrEnum):
     requeued = "requeued"  # stopped by a USR2 for a requeue; the next attempt replaces it
 
 
+# A record no later write of this attempt replaces: the run is over (status, pack, halving).
+TERMINAL: tuple[RunStatus, ...] = (RunStatus.completed, RunStatus.failed, RunStatus.rejected)
 RUNNING = RunStatus.running
 # An attempt that a USR2 stopped for a requeue (launch/requeue.py); the job reruns the point.
 REQUEUED = RunStatus.requeued

@@ -28,12 +28,13 @@ from typing import Any
 
 from moe_vlm.files import REQUEUE_MARKER, RUN_JSON
 from moe_vlm.launch import slurm
-from moe_vlm.runtime import dist_env, points
+from moe_vlm.record import TERMINAL
+from moe_vlm.runtime import dist_env
 
 # A finished point, as write_json_atomic lays out run.json (indent=2, so top-level keys sit at two
 # spaces). Read with grep: the batch script runs outside the container, where the job's Python
 # may not exist.
-FINISHED_LINE = '^  "status": "(' + "|".join(points.TERMINAL) + ')",?$'
+FINISHED_LINE = '^  "status": "(' + "|".join(TERMINAL) + ')",?$'
 PACK_SCRIPT = "pack.sbatch"
 
 

@@ -30,11 +30,9 @@ from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 from moe_vlm.compose import override_key
 from moe_vlm.files import CANARIES, CANARY_JSON, POINT_JSON, RUN_JSON, RunPaths, write_json_atomic
 from moe_vlm.provenance import point_id
-from moe_vlm.record import RecordError, RunRecord
+from moe_vlm.record import TERMINAL, RecordError, RunRecord
 from moe_vlm.safety import scrub
 from moe_vlm.shape import POINT_SHAPE, load_json, problem
-
-TERMINAL = ("completed", "failed", "rejected")
 
 
 def task_config(cfg: DictConfig) -> DictConfig:
