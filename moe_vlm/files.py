@@ -47,7 +47,7 @@ def write_json_atomic(path: Path, payload: dict[str, Any]) -> None:
 # --- the files of a run directory (a sweep point's directory: its run writes there) -----------
 #
 # Every name a run, the launcher, the sweeper and the readers use: nothing else spells them
-# (tests/unit/test_run_paths.py). RunPaths joins them to one directory, as submitit's JobPaths
+# (tests/unit/test_files.py). RunPaths joins them to one directory, as submitit's JobPaths
 # names a job's files.
 
 RUN_JSON = "run.json"

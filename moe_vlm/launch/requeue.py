@@ -16,7 +16,6 @@ its own restart count (one more than its requeue marker says), the others start 
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import sys
@@ -24,7 +23,7 @@ import time
 from pathlib import Path
 from types import FrameType
 
-from moe_vlm.files import PREVIOUS_REQUEUE_MARKER, REQUEUE_MARKER, RUN_JSON, write_json_atomic
+from moe_vlm.files import PREVIOUS_REQUEUE_MARKER, REQUEUE_MARKER, RUN_JSON, RunPaths, write_json_atomic
 from moe_vlm.launch.slurm import (
     ENV_JOB_START_S,
     ENV_MAX_REQUEUES,
@@ -82,9 +81,7 @@ def install(point_dir: Path) -> None:
         if global_rank() == 0:
             if restarts < budget:
                 marker = {"reason": reason, "restarts": requeue_count(), "time_unix_s": time.time()}
-                tmp = point_dir / f".{REQUEUE_MARKER}.tmp"
-                tmp.write_text(json.dumps(marker))
-                os.replace(tmp, point_dir / REQUEUE_MARKER)
+                write_json_atomic(RunPaths(point_dir).requeue_marker, marker)
                 _record_requeue(point_dir, marker, budget)
             else:
                 diagnosis = Diagnosis(
