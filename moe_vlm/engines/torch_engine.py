@@ -38,6 +38,7 @@ from moe_vlm.engines.torch_model import apply_freeze, apply_recompute, build_mod
 from moe_vlm.errors import EngineUnavailable, RunFailed
 from moe_vlm.explog import ExperimentLog, open_log, step_metrics, summary_metrics
 from moe_vlm.files import RUN_JSON, STEPS_JSONL, write_json_atomic
+from moe_vlm.memory.estimate import GIB
 from moe_vlm.metrics import summarize
 from moe_vlm.profiling import StepProfiler
 from moe_vlm.record import RunRecord, RunStatus, StepRecord, StepWriter, read_steps
@@ -48,7 +49,6 @@ from moe_vlm.schema import DataKind, ShardingStrategy
 from moe_vlm.spec import RunSpec
 from moe_vlm.timing import COMPONENTS, ComponentTimer, clock_for
 
-GIB = 2**30
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
