@@ -282,6 +282,7 @@ def _holds_interpolation(node: Any) -> bool:
 
 
 def _task_of(cfg: DictConfig) -> DictConfig:
+    """The config the task function sees: everything but the `hydra` node."""
     task = copy.deepcopy(cfg)
     with read_write(task), open_dict(task):
         task.pop("hydra", None)

@@ -16,7 +16,6 @@ so rerunning the same sweep finds every earlier result, whatever the order of th
 
 from __future__ import annotations
 
-import copy
 import hashlib
 import json
 import shutil
@@ -25,7 +24,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf, open_dict, read_write
+from omegaconf import DictConfig, OmegaConf
 
 from moe_vlm.compose import override_key
 from moe_vlm.files import CANARIES, CANARY_JSON, POINT_JSON, RUN_JSON, RunPaths, write_json_atomic
@@ -33,14 +32,6 @@ from moe_vlm.provenance import point_id
 from moe_vlm.record import TERMINAL, RecordError, RunRecord
 from moe_vlm.safety import scrub
 from moe_vlm.shape import POINT_SHAPE, load_json, problem
-
-
-def task_config(cfg: DictConfig) -> DictConfig:
-    """The config the task function sees: everything but the `hydra` node."""
-    task = copy.deepcopy(cfg)
-    with read_write(task), open_dict(task):
-        task.pop("hydra", None)
-    return task
 
 
 def identity(config: dict[str, Any], code_version: str | None) -> str:
