@@ -9,7 +9,8 @@ import pytest
 
 from moe_vlm import files, safety
 from moe_vlm.files import RunPaths
-from moe_vlm.runtime import points
+from moe_vlm.record import SCHEMA_VERSION, RunRecord, RunStatus
+from moe_vlm.runtime import failures, points
 
 ROOT = Path(__file__).resolve().parents[2]
 NAMES = {
@@ -104,3 +105,13 @@ def test_scrub_files_writes_through_write_atomic(tmp_path: Path, monkeypatch: py
     safety.scrub_files([path])
     assert written == [path] and "hf_abc" not in path.read_text()
     assert [p.name for p in tmp_path.iterdir()] == ["run.txt"]
+
+
+def test_a_point_without_a_spec_fails_through_the_record_type(tmp_path: Path) -> None:
+    """failures.base_from_point: a config that no longer builds a RunSpec still gets the record a RunRecord
+    run.json (the current schema version, status failed), not a hand-written dict."""
+    points.write_point(tmp_path, {"point_id": "abc123", "config": {"removed_knob": 1}})
+    base = failures.base_from_point(tmp_path)
+    assert base == RunRecord(status=RunStatus.failed, config={"removed_knob": 1}, point_id="abc123").to_json()
+    assert base["schema_version"] == SCHEMA_VERSION and base["status"] == "failed"
+    RunRecord.of(base)  # readable as a record
