@@ -19,7 +19,7 @@ from moe_vlm.report_table import varying_knobs
 BASELINE_METRIC = "effective_tokens_per_s_per_gpu"
 WORK_MATCH_TOLERANCE = 0.01  # effective tokens or image tokens per step differing more: different work
 
-# KNOBS (moe_vlm.record): the knob columns, each read from the RunSpec, else the Hydra config.
+# KNOBS (moe_vlm.columns): the knob columns, each read from the RunSpec, else the Hydra config.
 # Knobs that do not change what a step costs: left out of a config's identity for the baseline.
 NOT_IDENTITY = ("train_iters",)
 # Knobs that belong to another knob's choice: comparing parallelism families compares their layouts.

@@ -108,8 +108,8 @@ def test_scrub_files_writes_through_write_atomic(tmp_path: Path, monkeypatch: py
 
 
 def test_a_point_without_a_spec_fails_through_the_record_type(tmp_path: Path) -> None:
-    """failures.base_from_point: a config that no longer builds a RunSpec still gets the record a RunRecord
-    run.json (the current schema version, status failed), not a hand-written dict."""
+    """failures.base_from_point: a config that no longer builds a RunSpec still gets the run.json a
+    RunRecord writes (the current schema version, status failed)."""
     points.write_point(tmp_path, {"point_id": "abc123", "config": {"removed_knob": 1}})
     base = failures.base_from_point(tmp_path)
     assert base == RunRecord(status=RunStatus.failed, config={"removed_knob": 1}, point_id="abc123").to_json()
