@@ -6,8 +6,9 @@ import hydra
 from omegaconf import DictConfig
 
 import moe_vlm.schema  # noqa: F401  (registers the config schema)
-from moe_vlm.compose import BadInput, preflight
+from moe_vlm.errors import BadInput
 from moe_vlm.launch.entry import command_line
+from moe_vlm.preflight import preflight
 from moe_vlm.run import EXIT_INVALID, run
 
 

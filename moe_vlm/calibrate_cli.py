@@ -13,11 +13,12 @@ from collections import defaultdict
 from pathlib import Path
 from typing import NoReturn
 
-from moe_vlm.compose import COMPOSE_ERRORS, compose_config, explain
+from moe_vlm.compose import compose_config
 from moe_vlm.errors import EXIT_INVALID
 from moe_vlm.predict.calibration import calibrate, calibration_path, store
 from moe_vlm.predict.probe import probe_calibration
 from moe_vlm.predict.runs import RecordedRun, find_runs, recorded
+from moe_vlm.preflight import COMPOSE_ERRORS, explain
 from moe_vlm.rules import validate
 from moe_vlm.spec import RunSpec
 

@@ -7,6 +7,7 @@ import os
 import textwrap
 from typing import TYPE_CHECKING, Any
 
+from moe_vlm.columns import choices
 from moe_vlm.data.workers import data_workers
 from moe_vlm.engines.hf_config import is_local_checkpoint
 from moe_vlm.engines.megatron.library_checks import Check
@@ -17,7 +18,6 @@ from moe_vlm.memory import MemoryEstimate, estimate
 from moe_vlm.metrics import peak_of, precision_peak_of
 from moe_vlm.precision import profile as precision_profile
 from moe_vlm.predict import Prediction, predict
-from moe_vlm.record import choices
 from moe_vlm.rules import Finding, Level
 from moe_vlm.schema import Engine
 from moe_vlm.spec import RunSpec
@@ -311,7 +311,7 @@ def render(
     MOE_VLM_PLAN_SHALLOW=1 does the same for every plan (tests/unit/test_docs_commands.py plans
     every documented command this way; tests/megatron checks the Bridge-built sections)."""
     deep = deep and os.environ.get(SHALLOW_ENV) != "1"
-    # Every config group's choice (record.GROUPS), then the top-level knobs.
+    # Every config group's choice (columns.GROUPS), then the top-level knobs.
     knobs = [
         *textwrap.wrap(" ".join(f"{group}={choice}" for group, choice in choices(spec).items()), 110),
         f"engine={spec.engine} (requested {spec.engine_requested}) nodes={spec.layout.nodes} mbs={spec.mbs} "

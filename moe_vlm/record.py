@@ -19,23 +19,18 @@ advise and status read. The dataclasses below are the schema, field by field.
 
 from __future__ import annotations
 
-import hashlib
-import importlib.metadata
 import json
-import os
-import platform
-import socket
-import subprocess
-import tempfile
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, is_dataclass, replace
+from dataclasses import dataclass, field, replace
 from dataclasses import fields as dataclass_fields
-from enum import Enum, StrEnum
+from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TextIO, cast, get_args, get_origin, get_type_hints
 
+from moe_vlm.columns import GROUPS, KNOB_KINDS, KNOBS, REBUILD_KEYS, SETTING_KINDS, SPEC_ATTR, identity_field
+from moe_vlm.files import RUN_JSON, write_json_atomic
+from moe_vlm.provenance import environment, point_id
 from moe_vlm.safety import scrub
-from moe_vlm.schema import TrainConfig
 from moe_vlm.shape import (
     BOOL,
     INT,
@@ -45,7 +40,6 @@ from moe_vlm.shape import (
     SCALAR,
     STR,
     SURROGATE_ESCAPE,
-    Kind,
     MapOf,
     RecordError,
     Required,
@@ -65,10 +59,6 @@ class Finding(Protocol):
     def to_dict(self) -> dict[str, object]: ...
 
 
-RUN_JSON = "run.json"
-STEPS_JSONL = "steps.jsonl"
-
-
 class RunStatus(StrEnum):
     """run.json's `status`."""
 
@@ -79,41 +69,12 @@ class RunStatus(StrEnum):
     requeued = "requeued"  # stopped by a USR2 for a requeue; the next attempt replaces it
 
 
+# A record no later write of this attempt replaces: the run is over (status, pack, halving).
+TERMINAL: tuple[RunStatus, ...] = (RunStatus.completed, RunStatus.failed, RunStatus.rejected)
 RUNNING = RunStatus.running
 # An attempt that a USR2 stopped for a requeue (launch/requeue.py); the job reruns the point.
 REQUEUED = RunStatus.requeued
 SCHEMA_VERSION = 1
-REPO_ROOT = Path(__file__).resolve().parent.parent
-
-
-def write_atomic(path: Path, data: bytes | str) -> None:
-    """Replace `path` with `data` in one step: readers see the old file or the new one, never half.
-
-    The project's one atomic writer. The temp file's name is unique (mkstemp), so any number of
-    processes may write the same path at once (every rank of a job materialises the same HF
-    config): each renames its own complete file over the target and the last one wins. A fixed
-    temp name would let one rank rename another's file away and crash on its own rename.
-    """
-    path.parent.mkdir(parents=True, exist_ok=True)
-    blob = data.encode() if isinstance(data, str) else data
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(blob)
-            handle.flush()
-            os.fsync(handle.fileno())
-        # mkstemp creates 0600 files; run records are read by teammates on shared clusters.
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def write_json_atomic(path: Path, payload: dict[str, Any]) -> None:
-    write_atomic(path, json.dumps(payload, indent=2, sort_keys=True, default=str) + "\n")
 
 
 class StepWriter:
@@ -157,43 +118,6 @@ def read_steps(path: Path) -> list[StepRecord]:
         if isinstance(raw, dict) and _step_problem(raw) is None and not (surrogates and not_unicode(raw)):
             steps.append(StepRecord.from_json(raw))
     return steps
-
-
-def _version(package: str) -> str | None:
-    try:
-        return importlib.metadata.version(package)
-    except importlib.metadata.PackageNotFoundError:
-        return None
-
-
-def git_state(root: Path = REPO_ROOT) -> dict[str, Any]:
-    def git(*args: str) -> str | None:
-        try:
-            done = subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, timeout=10)
-        except (OSError, subprocess.TimeoutExpired):
-            return None
-        return done.stdout.strip() if done.returncode == 0 else None
-
-    commit = git("rev-parse", "HEAD")
-    status = git("status", "--porcelain", "--untracked-files=no")
-    return {"commit": commit, "dirty": bool(status) if status is not None else None}
-
-
-def environment() -> dict[str, Any]:
-    packages = ("torch", "transformers", "hydra-core", "submitit", "megatron-core", "megatron-bridge")
-    return {
-        "python": platform.python_version(),
-        **{name.replace("-", "_"): _version(name) for name in packages},
-        "git": git_state(),
-        "host": socket.gethostname(),
-        "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
-    }
-
-
-def point_id(config: dict[str, Any], code_version: str | None) -> str:
-    """Identity of a sweep point: the resolved config plus the code that runs it."""
-    blob = json.dumps({"config": config, "code": code_version}, sort_keys=True, default=str)
-    return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
 # --- typed records: one steps.jsonl line (StepRecord), one run.json (RunRecord) --------------
@@ -446,102 +370,12 @@ class Failure:
         )
 
 
-def _config_groups() -> tuple[str, ...]:
-    """The config groups: TrainConfig's fields that hold a group's dataclass (model, parallelism, ...)."""
-    hints = get_type_hints(TrainConfig)
-    return tuple(f.name for f in dataclass_fields(TrainConfig) if is_dataclass(hints[f.name]))
-
-
-GROUPS = _config_groups()
-# The field of a group's options that names the chosen one: `name`, except for these groups.
-IDENTITY_FIELD = {"parallelism": "family", "data": "kind"}
-# Where a RunSpec keeps a group, where its attribute is not the group's name.
-SPEC_ATTR = {"vision_freeze": "freeze"}
-
-
-def identity_field(group: str) -> str:
-    return IDENTITY_FIELD.get(group, "name")
-
-
-def choices(spec: RunSpec) -> dict[str, str]:
-    """Each config group's chosen option, as `group=option` on the command line names it."""
-    out = {}
-    for group in GROUPS:
-        value = getattr(getattr(spec, SPEC_ATTR.get(group, group)), identity_field(group))
-        out[group] = str(value.value if isinstance(value, Enum) else value)
-    return out
-
-
-def _group(group: str) -> tuple[tuple[str, ...], ...]:
-    return (
-        ("spec", SPEC_ATTR.get(group, group), identity_field(group)),
-        ("config", group, identity_field(group)),
-    )
-
-
-def _layout(key: str) -> tuple[tuple[str, ...], ...]:
-    # ("layout", key): a record from before the spec held the layout.
-    return (("spec", "layout", key), ("layout", key))
-
-
-def _top(key: str) -> tuple[tuple[str, ...], ...]:
-    return (("spec", key), ("config", key))
-
-
-# The knobs a report row shows, and where each lives in run.json: the resolved RunSpec first, the
-# Hydra config next (a record written without a spec, by a launcher on failure, still has its
-# config). The order is the report's column order and the config identity of a saved baseline
-# (report --save-baseline): a knob added here changes every identity, so old baselines stop matching.
-KNOBS: dict[str, tuple[tuple[str, ...], ...]] = {
-    "model": _group("model"),
-    "parallelism": _group("parallelism"),
-    "nodes": (("spec", "layout", "nodes"), ("config", "nodes")),
-    **{key: _layout(key) for key in ("world_size", "tp", "pp", "vp", "cp", "ep", "etp")},
-    **{group: _group(group) for group in ("dispatcher", "recompute", "cuda_graph", "vision_freeze", "data")},
-    "pack_sequences": (("spec", "data", "pack_sequences"), ("config", "data", "pack_sequences")),
-    **{group: _group(group) for group in ("cluster", "router")},
-    # The number format (a precision option's `format`; each shipped option is named after it).
-    "precision": (("spec", "precision", "format"), ("config", "precision", "format")),
-    "engine": (("spec", "engine"), ("engine",)),
-    **{key: _top(key) for key in ("mbs", "gbs", "seq_length", "train_iters")},
-}
-# Top-level settings that, with the groups, rebuild a run's command line (RunRecord.overrides).
-REBUILD_KEYS = ("engine", "nodes", "nproc", "mbs", "gbs", "seq_length", "tp", "pp", "vp", "cp", "ep", "etp")
 # run.json's `layout`: a view of spec.layout, kept for readers of the JSON that predate the spec.
 LAYOUT_VIEW = ("world_size", "nodes", "dp", "tp", "pp", "vp", "cp", "ep", "etp")
 _RUN_KEYS = frozenset(
     {"schema_version", "status", "point_id", "config", "spec", "layout", "engine", "data", "env",
      "summary", "findings", "failure", "launch"}
 )  # fmt: skip
-
-
-# The kind of each KNOBS value (a report column: one type per column) where it is not a string.
-KNOB_KINDS: dict[str, Kind] = {
-    **dict.fromkeys(
-        (
-            "nodes",
-            "world_size",
-            "tp",
-            "pp",
-            "vp",
-            "cp",
-            "ep",
-            "etp",
-            "mbs",
-            "gbs",
-            "seq_length",
-            "train_iters",
-        ),
-        INT,
-    ),
-    "pack_sequences": BOOL,
-}
-# Settings (RunRecord.setting) the report reads beside the knobs.
-SETTING_KINDS: dict[tuple[str, ...], Kind] = {
-    ("cluster", "gpu"): STR,
-    ("cluster", "gpu_memory_gib"): NUMBER,
-    ("router", "force_load_balancing"): BOOL,
-}
 
 
 def _kind_of(value: Any) -> str:

@@ -29,24 +29,22 @@ from pathlib import Path
 from typing import NoReturn
 
 from moe_vlm import plots, report_diff
+from moe_vlm.columns import KNOBS
 from moe_vlm.errors import BadInput
-from moe_vlm.record import KNOBS, write_atomic
+from moe_vlm.files import write_atomic
 from moe_vlm.report import (
     DEFAULT_TOLERANCE,
-    DEFAULT_TOP,
     EXIT_BAD_INPUT,
     EXIT_OK,
     EXIT_REGRESSED,
     _png,
     build_report,
-    load_baseline,
-    load_table,
     output_dir,
-    regression_check,
-    regression_markdown,
-    save_baseline,
     write_table,
 )
+from moe_vlm.report_compare import load_baseline, regression_check, regression_markdown, save_baseline
+from moe_vlm.report_format import DEFAULT_TOP
+from moe_vlm.report_table import load_table
 
 
 class _Parser(argparse.ArgumentParser):

@@ -27,7 +27,9 @@ from moe_vlm.engines.megatron.effective import EFFECTIVE_JSON, differing
 from moe_vlm.errors import BadInput
 from moe_vlm.flops import MODULES
 from moe_vlm.record import RecordError, RunRecord
-from moe_vlm.report import PATH_HINT, _differs, find_run_files, markdown_table, row_of
+from moe_vlm.report_compare import _differs
+from moe_vlm.report_format import markdown_table
+from moe_vlm.report_table import PATH_HINT, find_run_files, row_of
 from moe_vlm.shape import RUN_SHAPE, load_json, problem
 
 OUTSIDE = "rest of the step"  # step time the three components do not explain: optimizer, comms, data

@@ -17,8 +17,9 @@ from omegaconf import DictConfig, OmegaConf
 from moe_vlm.data import DataError, check_data
 from moe_vlm.engines import launch
 from moe_vlm.errors import EXIT_FAILED, EXIT_INVALID, EngineUnavailable, RunFailed
+from moe_vlm.files import RUN_JSON
 from moe_vlm.plan import library_findings, render
-from moe_vlm.record import RUN_JSON, RUNNING, RunRecord
+from moe_vlm.record import RUNNING, RunRecord
 from moe_vlm.rules import errors, validate
 from moe_vlm.runtime.dist_env import global_rank
 from moe_vlm.runtime.failures import Diagnosis, launch_info, record_exception, write_failure

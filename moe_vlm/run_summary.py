@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from moe_vlm.files import RunPaths
 from moe_vlm.memory.predict import estimate
 from moe_vlm.profiling import TENSORBOARD_DIR, TORCH_PROFILE_DIR
 from moe_vlm.schema import DataKind, ExperimentLogger, Profiler
@@ -159,5 +160,5 @@ def summary_lines(spec: RunSpec, record: Mapping[str, Any], run_dir: Path) -> li
     ]
     if isinstance(errors, list) and errors:
         lines.append(_row("errors", "; ".join(str(e) for e in errors)[:300]))
-    lines += [_row("everything", str(run_dir / "run.json")), *_next(spec, run_dir), rule]
+    lines += [_row("everything", str(RunPaths(run_dir).run_json)), *_next(spec, run_dir), rule]
     return lines

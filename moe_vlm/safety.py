@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from moe_vlm.errors import BadInput
+from moe_vlm.files import write_atomic
 
 # Environment variable names whose values are masked; broad on purpose (masking a harmless value
 # costs nothing). Refusing a config value goes by the narrower `credential_name`.
@@ -144,9 +145,7 @@ def scrub_files(paths: Iterable[Path]) -> None:
             continue
         clean = scrub_text(text, known)
         if clean != text:
-            tmp = path.with_name(f".{path.name}.scrub.tmp")
-            tmp.write_text(clean)
-            os.replace(tmp, path)
+            write_atomic(path, clean)
 
 
 # --- credentials in config values: refused before anything is written ----------------------------

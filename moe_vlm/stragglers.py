@@ -14,7 +14,7 @@ wait, and a component it computes without a collective. Every rank's medians sta
 `summary.per_rank` for the reading the flags do not settle.
 
 `metrics.summarize` stores `rank_medians` in run.json (`summary.per_rank`); the report calls
-`find` (report.stragglers_of_run) and `section`.
+`find` (report_table.stragglers_of_run) and `section`.
 Records written before the host was recorded have `host: None`: ranks are still compared, nodes are
 not.
 """

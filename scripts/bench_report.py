@@ -49,9 +49,10 @@ from unittest import mock
 from omegaconf import DictConfig, OmegaConf
 
 from moe_vlm import record as record_module
+from moe_vlm.files import STEPS_JSONL
 from moe_vlm.memory import estimate
 from moe_vlm.metrics import summarize
-from moe_vlm.record import STEPS_JSONL, RunRecord, StepWriter
+from moe_vlm.record import RunRecord, StepWriter
 from moe_vlm.rules import errors, validate
 from moe_vlm.run import resolved_config
 from moe_vlm.runtime.failures import classify, write_failure

@@ -36,8 +36,9 @@ sys.path.insert(0, str(REPO))
 from hydra import compose, initialize_config_dir  # noqa: E402
 from hydra.core.global_hydra import GlobalHydra  # noqa: E402
 
+from moe_vlm.files import STEPS_JSONL  # noqa: E402
 from moe_vlm.memory import GIB, MIB, TORCH_CPU_RUNTIME_BASELINE_GIB, MemoryEstimate, estimate  # noqa: E402
-from moe_vlm.record import STEPS_JSONL, read_steps  # noqa: E402
+from moe_vlm.record import read_steps  # noqa: E402
 from moe_vlm.spec import RunSpec  # noqa: E402
 
 TARGET = 0.10  # relative error allowed on every point (above the runtime baseline)

@@ -306,7 +306,8 @@ def observe_run(spec: RunSpec) -> dict[str, Any]:
     """What a tiny real run of the engine's own launch recorded: run.json's torch_engine section,
     the deterministic fields of every steps.jsonl line, the run directory's files; or its refusal."""
     from moe_vlm.engines import torch_engine
-    from moe_vlm.record import RUN_JSON, STEPS_JSONL, read_steps
+    from moe_vlm.files import RUN_JSON, STEPS_JSONL
+    from moe_vlm.record import read_steps
 
     with tempfile.TemporaryDirectory() as tmp, _one_torchrun_rank():
         run_dir = Path(tmp)

@@ -35,7 +35,6 @@ from moe_vlm.launch.halving import (
     rung_steps,
 )
 from moe_vlm.launch.status import PointStatus, collect
-from moe_vlm.record import RunRecord
 from moe_vlm.runtime import points
 from moe_vlm.spec import RunSpec
 
@@ -236,10 +235,7 @@ def record_verdict(
         "train_iters": rung.steps.get(point),
     }
     section |= {"eta": settings.eta, **verdict.to_json()}
-    try:
-        record = RunRecord.read(run_dir / "run.json")
-    except (OSError, ValueError):
-        record = None
+    record = points.read_run(run_dir)
     if record is not None:
         record.sections["halving"] = section
         record.write(run_dir)

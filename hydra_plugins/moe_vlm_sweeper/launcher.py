@@ -24,6 +24,7 @@ import io
 import json
 import logging
 import os
+import pickle
 import time
 import uuid
 import weakref
@@ -40,9 +41,9 @@ from submitit.core.utils import FailedJobError, FailedSubmissionError
 
 from moe_vlm.compose import compose_sweep_point
 from moe_vlm.errors import BadInput
+from moe_vlm.files import RunPaths, write_atomic, write_json_atomic
 from moe_vlm.launch import pack, requeue, slurm
 from moe_vlm.launch.status import collect
-from moe_vlm.record import write_json_atomic
 from moe_vlm.runtime import dist_env, points
 from moe_vlm.runtime.failures import launch_info, record_job_failure
 from moe_vlm.runtime.heartbeat import process_started_unix_s
@@ -171,14 +172,12 @@ class SubmititLauncher(BaseSubmititLauncher):
     def shared(self, chunk: list[Numbered], state: Any) -> list["SharedPoint"]:
         """The jobs of a job array or a pack: the launcher, Hydra's state and every point's
         arguments in one pickle, and per point a reference to it (see SharedPoint)."""
-        from submitit.core.utils import cloudpickle_dump
+        import cloudpickle  # submitit's pickler, imported with the submitting code only
 
         path = self.submitit_root / f"shared-{uuid.uuid4().hex[:12]}.pkl"
         path.parent.mkdir(parents=True, exist_ok=True)
         arguments = [self.job_arguments(job, number, state)[:-1] for number, job in chunk]
-        tmp = path.with_name(f".{path.name}.tmp")
-        cloudpickle_dump((self, state, arguments), tmp)
-        os.replace(tmp, path)
+        write_atomic(path, cloudpickle.dumps((self, state, arguments), pickle.HIGHEST_PROTOCOL))
         return [SharedPoint(str(path), index) for index in range(len(chunk))]
 
     def python(self, job: PlannedJob) -> str:
@@ -592,7 +591,7 @@ def _record_launch(point_dir: Path, job_id: str, executor: str) -> None:
         **launch_info(),
         "executor": executor,
         "slurm_job_id": job_id if executor == "slurm" else None,
-        "attempts_before": len(list((point_dir / points.ATTEMPTS).glob("*"))),
+        "attempts_before": len(list(RunPaths(point_dir).attempts.glob("*"))),
         "host": os.uname().nodename,
         # The task's wall time, from its process start (a halving search counts node-seconds by it).
         "task_started_unix_s": process_started_unix_s(),

@@ -23,7 +23,7 @@ from moe_vlm.advise.start import GOALS, _pipeline_split, before_any_run
 from moe_vlm.advise.sweep import after_sweep
 from moe_vlm.compose import compose_spec
 from moe_vlm.errors import EXIT_INVALID, BadInput
-from moe_vlm.record import RUN_JSON
+from moe_vlm.files import RUN_JSON
 
 # compose_spec and _pipeline_split: where the tests have always imported them from.
 __all__ = ["GOALS", "Request", "_pipeline_split", "compose_spec", "main", "parse"]

@@ -15,6 +15,7 @@ from moe_vlm.data.stats import MOCK_SPEEDUP_NOTE
 from moe_vlm.errors import BadInput
 from moe_vlm.knobs.support import accepts
 from moe_vlm.memory import THIN_HEADROOM_FRACTION, MemoryEstimate, estimate, memory_variants
+from moe_vlm.preflight import preflight
 from moe_vlm.rules import Finding, errors, validate
 from moe_vlm.rules.catalogue import CATALOGUE
 from moe_vlm.runtime.points import sweep_name
@@ -285,7 +286,8 @@ def family_reasons(goal: str, cluster: str) -> tuple[str, list[str]]:
 
 
 def before_any_run(base: list[str], goal: str) -> list[str]:
-    probe = compose_spec(base, check=True)
+    preflight(list(base))
+    probe = compose_spec(base)
     _reject_impossible(probe)
     family, reasons = family_reasons(goal, probe.cluster.name)
     user_family = next((o.split("=", 1)[1] for o in base if override_key(o) == "parallelism"), None)

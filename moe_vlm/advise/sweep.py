@@ -22,12 +22,13 @@ from moe_vlm.advise.start import candidate, command
 from moe_vlm.compose import compose_spec, override_key, set_overrides
 from moe_vlm.data.stats import MOCK_SPEEDUP_NOTE
 from moe_vlm.errors import BadInput
+from moe_vlm.files import POINT_JSON, RUN_JSON
 from moe_vlm.memory import THIN_HEADROOM_FRACTION, MemoryEstimate, estimate, fits_after
-from moe_vlm.record import RUN_JSON, Failure, RecordError, RunRecord
+from moe_vlm.record import Failure, RecordError, RunRecord
 from moe_vlm.rules import errors
 from moe_vlm.rules.guide import etp_replaceable_by_ep
 from moe_vlm.rules.memory import describe_fit
-from moe_vlm.runtime.points import POINT_JSON, read_json
+from moe_vlm.runtime.points import read_json
 from moe_vlm.schema import DataKind, RecomputeGranularity
 from moe_vlm.spec import RunSpec
 
@@ -121,7 +122,7 @@ def load_records(root: Path) -> list[SweepRun]:
     """Every usable run under `root`; a record RunRecord.read cannot use is left out with one line
     on stderr naming the file and why (BadInput when none is left)."""
     # The report's finder (imported here: it brings pandas, which planning a first run does not need).
-    from moe_vlm.report import find_run_files
+    from moe_vlm.report_table import find_run_files
 
     records = []
     found = find_run_files([str(root)])

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from moe_vlm.arch import PROFILES, layer_kinds, profile
-from moe_vlm.record import write_json_atomic
+from moe_vlm.files import write_json_atomic
 from moe_vlm.schema import Arch, ModelConfig
 
 

@@ -37,27 +37,19 @@ from moe_vlm.data import Batch, BatchStats, DataStats, build_batches
 from moe_vlm.engines.torch_model import apply_freeze, apply_recompute, build_model
 from moe_vlm.errors import EngineUnavailable, RunFailed
 from moe_vlm.explog import ExperimentLog, open_log, step_metrics, summary_metrics
+from moe_vlm.files import RUN_JSON, STEPS_JSONL, write_json_atomic
+from moe_vlm.memory.estimate import GIB
 from moe_vlm.metrics import summarize
 from moe_vlm.predict.model import record_section
 from moe_vlm.profiling import StepProfiler
-from moe_vlm.record import (
-    RUN_JSON,
-    STEPS_JSONL,
-    RunRecord,
-    RunStatus,
-    StepRecord,
-    StepWriter,
-    read_steps,
-    write_json_atomic,
-)
+from moe_vlm.record import RunRecord, RunStatus, StepRecord, StepWriter, read_steps
 from moe_vlm.run_summary import summary_lines
 from moe_vlm.runtime.dist_env import DistEnv
-from moe_vlm.runtime.failures import LOG_TAIL_LINES, classify, launch_info, write_failure
+from moe_vlm.runtime.failures import classify, launch_info, tail_lines, write_failure
 from moe_vlm.schema import DataKind, ShardingStrategy
 from moe_vlm.spec import RunSpec
 from moe_vlm.timing import COMPONENTS, ComponentTimer, clock_for
 
-GIB = 2**30
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
@@ -119,7 +111,7 @@ def _spawn_local(spec: RunSpec, config: dict[str, Any], run_dir: Path) -> None:
             signal_number = signal.Signals[exc.signal_name].value if exc.signal_name else None
         base = _record(spec, config, run_dir, "failed")
         diagnosis = classify(text, exit_code=exit_code, signal_number=signal_number)
-        tail = [line for line in text.splitlines() if line.strip()][-LOG_TAIL_LINES:]
+        tail = tail_lines(text)
         record = write_failure(run_dir, diagnosis, tail, base, launch=launch_info())
         raise RunFailed(f"{record['failure']['class']}: {record['failure']['message']}") from None
 
@@ -249,7 +241,7 @@ def run_rank(spec: RunSpec, config: dict[str, Any], run_dir: Path, env: DistEnv)
             text = "".join(traceback.format_exception(exc))
             print(text, file=sys.stderr, flush=True)
             base = _record(spec, config, run_dir, "failed", trainer, read_steps(run_dir / STEPS_JSONL))
-            tail = [line for line in text.splitlines() if line.strip()][-LOG_TAIL_LINES:]
+            tail = tail_lines(text)
             record = write_failure(run_dir, classify(text), tail, base, launch=launch_info())
             raise RunFailed(f"{record['failure']['class']}: {record['failure']['message']}") from exc
         raise

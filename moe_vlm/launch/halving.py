@@ -34,7 +34,9 @@ from pathlib import Path
 from typing import Any
 
 from moe_vlm.errors import BadInput
-from moe_vlm.record import RunRecord, read_steps, write_json_atomic
+from moe_vlm.files import RunPaths, write_json_atomic
+from moe_vlm.record import RunRecord, read_steps
+from moe_vlm.runtime.points import read_run
 
 STATE_JSON = "halving.json"
 STATE_VERSION = 1
@@ -216,7 +218,7 @@ class Measured:
 
 
 def rank_class(run: RunRecord) -> RankClass:
-    """As report.ranked: mock data first (whatever the routing), then forced-balance routing."""
+    """As report_table.ranked: mock data first (whatever the routing), then forced-balance routing."""
     if str(run.knob("data")) == "mock":
         return RankClass.mock
     if bool(run.setting("router", "force_load_balancing")):
@@ -232,7 +234,7 @@ def node_seconds(run: RunRecord, run_dir: Path) -> tuple[float | None, str | Non
     start, end = launch.get("task_started_unix_s"), launch.get("task_ended_unix_s")
     if isinstance(start, int | float) and isinstance(end, int | float) and end >= start:
         return round(float(nodes) * (end - start), 3), "task"
-    steps = read_steps(run_dir / "steps.jsonl")
+    steps = read_steps(RunPaths(run_dir).steps)
     if not steps:
         return None, None
     first = min(steps, key=lambda s: s.time_unix_s)
@@ -242,9 +244,8 @@ def node_seconds(run: RunRecord, run_dir: Path) -> tuple[float | None, str | Non
 
 def measure(point: str, run_dir: Path) -> Measured:
     """A rung run's figures from its run.json (a missing or unreadable record: failed, unknown)."""
-    try:
-        run = RunRecord.read(run_dir / "run.json")
-    except (OSError, ValueError):
+    run = read_run(run_dir)
+    if run is None:
         return Measured(point, "failed", RankClass.ranked, None, None, None, "no record", None, None)
     return measured(point, run, run_dir)
 

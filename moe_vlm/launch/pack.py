@@ -26,14 +26,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from moe_vlm.files import REQUEUE_MARKER, RUN_JSON
 from moe_vlm.launch import slurm
-from moe_vlm.record import RUN_JSON
-from moe_vlm.runtime import dist_env, points
+from moe_vlm.record import TERMINAL
+from moe_vlm.runtime import dist_env
 
 # A finished point, as write_json_atomic lays out run.json (indent=2, so top-level keys sit at two
 # spaces). Read with grep: the batch script runs outside the container, where the job's Python
 # may not exist.
-FINISHED_LINE = '^  "status": "(' + "|".join(points.TERMINAL) + ')",?$'
+FINISHED_LINE = '^  "status": "(' + "|".join(TERMINAL) + ')",?$'
 PACK_SCRIPT = "pack.sbatch"
 
 
@@ -90,7 +91,7 @@ def loop(entries: Sequence[PackEntry], python: str, srun_args: Sequence[str], st
         f'  echo "moe_vlm: point {place} ($moe_vlm_point) starts" >&2',
         f"  {step}",
         "  moe_vlm_rc=$?",
-        f'  if [ -e "$moe_vlm_point/{slurm.REQUEUE_MARKER}" ]; then',
+        f'  if [ -e "$moe_vlm_point/{REQUEUE_MARKER}" ]; then',
         f'    echo "moe_vlm: requeueing job $SLURM_JOB_ID at point {place} '
         '(restart ${SLURM_RESTART_COUNT:-0})" >&2',
         '    scontrol requeue "$SLURM_JOB_ID" && exit 0',

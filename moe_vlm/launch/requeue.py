@@ -16,7 +16,6 @@ its own restart count (one more than its requeue marker says), the others start 
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import sys
@@ -24,16 +23,15 @@ import time
 from pathlib import Path
 from types import FrameType
 
+from moe_vlm.files import PREVIOUS_REQUEUE_MARKER, REQUEUE_MARKER, RUN_JSON, RunPaths, write_json_atomic
 from moe_vlm.launch.slurm import (
     ENV_JOB_START_S,
     ENV_MAX_REQUEUES,
     ENV_SIGNAL_DELAY_S,
     ENV_TIME_LIMIT_S,
     EXIT_REQUEUE,
-    PREVIOUS_REQUEUE_MARKER,
-    REQUEUE_MARKER,
 )
-from moe_vlm.record import REQUEUED, RUN_JSON, RUNNING, write_json_atomic
+from moe_vlm.record import REQUEUED, RUNNING
 from moe_vlm.runtime import points
 from moe_vlm.runtime.dist_env import ENV_PACK_INDEX, ENV_POINT_RESTARTS, global_rank
 from moe_vlm.runtime.failures import Diagnosis, base_from_point, launch_info, requeue_count, write_failure
@@ -83,9 +81,7 @@ def install(point_dir: Path) -> None:
         if global_rank() == 0:
             if restarts < budget:
                 marker = {"reason": reason, "restarts": requeue_count(), "time_unix_s": time.time()}
-                tmp = point_dir / f".{REQUEUE_MARKER}.tmp"
-                tmp.write_text(json.dumps(marker))
-                os.replace(tmp, point_dir / REQUEUE_MARKER)
+                write_json_atomic(RunPaths(point_dir).requeue_marker, marker)
                 _record_requeue(point_dir, marker, budget)
             else:
                 diagnosis = Diagnosis(

@@ -25,6 +25,7 @@ from typing import Any
 
 from moe_vlm import profiling, safety
 from moe_vlm.errors import BadInput
+from moe_vlm.files import PREVIOUS_REQUEUE_MARKER, REQUEUE_MARKER
 from moe_vlm.launch import site
 from moe_vlm.schema import Engine
 from moe_vlm.sharding import launcher_segment, segment_mismatch
@@ -32,8 +33,6 @@ from moe_vlm.spec import RunSpec
 
 # Exit status of a rank that was asked to stop for a requeue (EX_TEMPFAIL): not a failure.
 EXIT_REQUEUE = 75
-REQUEUE_MARKER = "requeue.json"
-PREVIOUS_REQUEUE_MARKER = "requeue.previous.json"
 ENV_TIME_LIMIT_S = "MOE_VLM_TIME_LIMIT_S"
 ENV_SIGNAL_DELAY_S = "MOE_VLM_SIGNAL_DELAY_S"
 ENV_MAX_REQUEUES = "MOE_VLM_MAX_REQUEUES"

@@ -28,9 +28,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from moe_vlm.files import POINT_JSON, RUN_JSON
 from moe_vlm.launch import slurm
 from moe_vlm.launch.canary import OK_PREFIX
-from moe_vlm.record import RUN_JSON, RUNNING, Failure, RecordError, RunRecord, RunStatus
+from moe_vlm.record import RUNNING, TERMINAL, Failure, RecordError, RunRecord, RunStatus
 from moe_vlm.runtime import points
 from moe_vlm.runtime.failures import (
     Diagnosis,
@@ -41,7 +42,6 @@ from moe_vlm.runtime.failures import (
 )
 
 STATES = ("completed", "failed", "rejected", "running", "queued", "planned", "unknown")
-FINISHED = ("completed", "failed", "rejected")
 BAR_WIDTH = 30
 # Slurm's reason for a job whose afterok dependency failed: it can never start.
 NEVER_SATISFIED = "DependencyNeverSatisfied"
@@ -147,7 +147,7 @@ def _open_canaries(sweep_dir: Path, info: dict[Path, tuple[dict[str, Any], RunRe
     wanted = {(str(r["dir"]), str(r["job_id"])) for r in points.iter_canaries(sweep_dir)}
     for point, run in info.values():
         canary = _canary_of(point)
-        if canary and (run.status if run else None) not in points.TERMINAL:
+        if canary and (run.status if run else None) not in TERMINAL:
             wanted.add((str(canary["dir"]), str(canary["job_id"])))
     return [job for folder, job in wanted if not (Path(folder) / f"{job}{slurm.CANARY_RC_SUFFIX}").exists()]
 
@@ -220,7 +220,7 @@ def snapshot(
     open_jobs = [
         str(p.get("job_id"))
         for p, run in info.values()
-        if p.get("job_id") and (run.status if run else None) not in points.TERMINAL
+        if p.get("job_id") and (run.status if run else None) not in TERMINAL
     ] + _open_canaries(sweep_dir, info)
     states = slurm.query_jobs(open_jobs) if open_jobs else {}
     out = []
@@ -261,7 +261,7 @@ def _state(
     record: bool,
 ) -> tuple[str, str]:
     status = run.status if run else None
-    if run and status in points.TERMINAL:
+    if run and status in TERMINAL:
         return str(status), _finished_detail(run)
     executor = (point.get("submissions") or [{}])[-1].get("executor", "slurm")
     if not job_id or executor != "slurm":
@@ -347,7 +347,7 @@ def _held_behind_canary(
 
 def progress_bar(statuses: list[PointStatus]) -> str:
     total = len(statuses)
-    done = sum(s.state in FINISHED for s in statuses)
+    done = sum(s.state in TERMINAL for s in statuses)
     filled = BAR_WIDTH * done // total if total else BAR_WIDTH
     counts = ", ".join(f"{n} {state}" for state in STATES if (n := sum(s.state == state for s in statuses)))
     return f"[{'#' * filled}{'-' * (BAR_WIDTH - filled)}] {done}/{total} finished: {counts or 'no points'}"
@@ -437,7 +437,7 @@ def main(argv: list[str] | None = None) -> int:
         single = (args.sweep_dir / RUN_JSON).exists()
         print(
             f"moe-vlm status: error: {args.sweep_dir}: not a sweep directory (no point directory with "
-            f"{points.POINT_JSON} or {RUN_JSON} in it). Fix: pass the sweep directory the sweep printed "
+            f"{POINT_JSON} or {RUN_JSON} in it). Fix: pass the sweep directory the sweep printed "
             "(hydra.sweep.dir)" + (f"; for this one run: moe-vlm report {args.sweep_dir}" if single else "."),
             file=sys.stderr,
         )

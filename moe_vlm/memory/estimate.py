@@ -7,7 +7,7 @@ from typing import Any
 
 from moe_vlm.schema import Engine
 
-GIB = 2**30
+GIB = 2**30  # the one GiB: memory estimates, and both engines' measured peaks
 MIB = 2**20
 BF16 = 2
 FP32 = 4

@@ -30,8 +30,8 @@ from typing import Any
 import numpy as np
 from scipy.optimize import nnls
 
+from moe_vlm.files import write_json_atomic
 from moe_vlm.predict.terms import COMM, COMPUTE, Term
-from moe_vlm.record import write_json_atomic
 from moe_vlm.schema import Engine
 
 CALIBRATION_ENV = "MOE_VLM_CALIBRATION"

@@ -10,11 +10,12 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
+from moe_vlm.files import RUN_JSON, STEPS_JSONL
 from moe_vlm.flops import Workload
 from moe_vlm.metrics import by_step, steady_window, workload_of
 from moe_vlm.predict.calibration import Sample, stack_of
 from moe_vlm.predict.terms import loads
-from moe_vlm.record import RUN_JSON, STEPS_JSONL, RunRecord, RunStatus, read_steps
+from moe_vlm.record import RunRecord, RunStatus, read_steps
 from moe_vlm.schema import TrainConfig
 from moe_vlm.shape import RecordError
 from moe_vlm.spec import RunSpec

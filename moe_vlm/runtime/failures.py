@@ -32,17 +32,9 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
+from moe_vlm.files import RUN_JSON, STEPS_JSONL, write_json_atomic
 from moe_vlm.metrics import summarize
-from moe_vlm.record import (
-    REQUEUED,
-    RUN_JSON,
-    RUNNING,
-    STEPS_JSONL,
-    Failure,
-    RunRecord,
-    read_steps,
-    write_json_atomic,
-)
+from moe_vlm.record import REQUEUED, RUNNING, Failure, RunRecord, RunStatus, read_steps
 from moe_vlm.runtime import dist_env, points
 from moe_vlm.runtime.heartbeat import gone, read_heartbeat
 from moe_vlm.safety import scrub_text
@@ -50,6 +42,11 @@ from moe_vlm.schema import TrainConfig
 from moe_vlm.spec import RunSpec
 
 LOG_TAIL_LINES = 30
+
+
+def tail_lines(text: str, lines: int = LOG_TAIL_LINES) -> list[str]:
+    """The last `lines` non-blank lines of a log or traceback: what run.json's failure keeps."""
+    return [line for line in text.splitlines() if line.strip()][-lines:]
 
 
 @dataclass(frozen=True)
@@ -195,7 +192,7 @@ def job_logs(log_dir: Path | None) -> tuple[str, list[str]]:
     tail: list[str] = []
     for path in err:
         task = path.name.rsplit("_", 2)[-2]
-        lines = [line for line in texts[path].splitlines() if line.strip()][-LOG_TAIL_LINES // 2 :]
+        lines = tail_lines(texts[path], LOG_TAIL_LINES // 2)
         tail += [f"[task {task}] {line}" for line in lines]
     return "\n".join(texts.values()), tail[-LOG_TAIL_LINES:]
 
@@ -246,7 +243,7 @@ def record_exception(spec: Any, config: dict[str, Any], run_dir: Path, exc: Base
 
     text = scrub_text("".join(traceback.format_exception(exc)))
     diagnosis = classify(text)
-    tail = [line for line in text.splitlines() if line.strip()][-LOG_TAIL_LINES:]
+    tail = tail_lines(text)
     base = RunRecord.failed(spec, config).to_json()
     return write_failure(run_dir, diagnosis, tail, base, launch=launch_info())
 
@@ -293,7 +290,7 @@ def base_from_point(point_dir: Path) -> dict[str, Any]:
     elif spec is not None:
         base = RunRecord.failed(spec, config).to_json()
     else:
-        base = {"schema_version": 1, "status": "failed", "point_id": point.get("point_id"), "config": config}
+        base = RunRecord(status=RunStatus.failed, config=config, point_id=point.get("point_id")).to_json()
     steps = read_steps(point_dir / STEPS_JSONL)
     if steps and spec is not None:
         base["summary"] = summarize(steps, spec)

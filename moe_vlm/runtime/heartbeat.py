@@ -18,9 +18,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from moe_vlm.record import RUN_JSON, RUNNING, write_json_atomic
+from moe_vlm.files import HEARTBEAT_JSON, RUN_JSON, write_json_atomic
+from moe_vlm.record import RUNNING
 
-HEARTBEAT_JSON = "heartbeat.json"
 # A beat is one small atomic file write: every 30 s costs nothing beside a training step.
 HEARTBEAT_S = 30.0
 # A record from another host is called dead after this long without a beat: ten missed beats,

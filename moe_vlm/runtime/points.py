@@ -16,7 +16,6 @@ so rerunning the same sweep finds every earlier result, whatever the order of th
 
 from __future__ import annotations
 
-import copy
 import hashlib
 import json
 import shutil
@@ -25,29 +24,14 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf, open_dict, read_write
+from omegaconf import DictConfig, OmegaConf
 
 from moe_vlm.compose import override_key
-from moe_vlm.record import RUN_JSON, STEPS_JSONL, RecordError, RunRecord, point_id, write_json_atomic
-from moe_vlm.runtime.heartbeat import HEARTBEAT_JSON
+from moe_vlm.files import CANARIES, CANARY_JSON, POINT_JSON, RUN_JSON, RunPaths, write_json_atomic
+from moe_vlm.provenance import point_id
+from moe_vlm.record import TERMINAL, RecordError, RunRecord
 from moe_vlm.safety import scrub
 from moe_vlm.shape import POINT_SHAPE, load_json, problem
-
-POINT_JSON = "point.json"
-CANARIES = "canaries"
-CANARY_JSON = "canary.json"
-ATTEMPTS = "attempts"
-TERMINAL = ("completed", "failed", "rejected")
-# Files of one attempt; moved aside together so a rerun starts clean and nothing is lost.
-ATTEMPT_FILES = (RUN_JSON, STEPS_JSONL, HEARTBEAT_JSON, "requeue.json", "requeue.previous.json")
-
-
-def task_config(cfg: DictConfig) -> DictConfig:
-    """The config the task function sees: everything but the `hydra` node."""
-    task = copy.deepcopy(cfg)
-    with read_write(task), open_dict(task):
-        task.pop("hydra", None)
-    return task
 
 
 def identity(config: dict[str, Any], code_version: str | None) -> str:
@@ -125,10 +109,11 @@ def add_submission(point_dir: Path, submission: dict[str, Any], **changes: Any) 
 
 def archive_attempt(point_dir: Path) -> Path | None:
     """Move the records of the last attempt to attempts/<n>/; None when there were none."""
-    present = [point_dir / name for name in ATTEMPT_FILES if (point_dir / name).exists()]
+    paths = RunPaths(point_dir)
+    present = paths.attempt_files()
     if not present:
         return None
-    attempts = point_dir / ATTEMPTS
+    attempts = paths.attempts
     attempts.mkdir(parents=True, exist_ok=True)
     number = 1 + max((int(p.name) for p in attempts.iterdir() if p.name.isdigit()), default=0)
     target = attempts / str(number)

@@ -9,8 +9,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from moe_vlm import plots, report
-from moe_vlm.record import RUN_JSON
+from moe_vlm import plots, report_table
+from moe_vlm.files import RUN_JSON
 from tests.conftest import REPO
 
 POINTS = {(mbs, recompute) for mbs in (1, 2) for recompute in ("none", "full")}
@@ -52,7 +52,7 @@ def test_report_on_a_real_tiny_multirun(tmp_path: Path) -> None:
 
     # The plot written to disk draws exactly the table's numbers.
     assert (sweep / "throughput_vs_mbs.png").stat().st_size > 0
-    rows = report.ranked(report.load_table([str(sweep)]), mock=False)
+    rows = report_table.ranked(report_table.load_table([str(sweep)]), mock=False)
     drawn = plots.throughput_vs_mbs(rows, ["mbs", "recompute"]).series
     for recompute in ("none", "full"):
         expected = table[table["recompute"] == recompute].sort_values("mbs")

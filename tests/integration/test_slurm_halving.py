@@ -27,6 +27,7 @@ from typing import Any
 
 import pytest
 
+from moe_vlm.files import RunPaths
 from moe_vlm.launch.halving import HalvingState
 from moe_vlm.launch.status import collect, render
 from moe_vlm.runtime import points
@@ -190,5 +191,5 @@ def test_a_failed_point_is_stopped_with_its_class_and_a_rerun_resumes_the_search
     # The decided rung ran once: its records are as they were, and no attempt was archived.
     for point, run_id in state.rungs[0].runs.items():
         assert (sweep_dir / run_id / "run.json").read_text() == decided[point]
-        assert not (sweep_dir / run_id / points.ATTEMPTS).exists()
+        assert not RunPaths(sweep_dir / run_id).attempts.exists()
     assert "halving best (mock)" in rerun.stdout

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from moe_vlm.record import RUN_JSON, STEPS_JSONL, RunRecord, StepRecord, read_steps
+from moe_vlm.files import RUN_JSON, STEPS_JSONL
+from moe_vlm.record import RunRecord, StepRecord, read_steps
 from tests.conftest import REPO
 
 # The default run (tiny_moe_vlm, synthetic images, 2 CPU ranks, FSDP2) with smaller photos and

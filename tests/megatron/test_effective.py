@@ -222,7 +222,8 @@ def test_run_json_records_the_effective_config_and_report_diff_reads_it(tmp_path
     """run.json as the engine writes it (launch._write_run_json), for a GB200 and an H200 run."""
     from moe_vlm import report_cli
     from moe_vlm.engines.megatron.launch import _write_run_json
-    from moe_vlm.record import STEPS_JSONL, StepWriter
+    from moe_vlm.files import STEPS_JSONL
+    from moe_vlm.record import StepWriter
     from moe_vlm.run import resolved_config
     from tests.conftest import compose_cfg
     from tests.unit.test_metrics import step_records

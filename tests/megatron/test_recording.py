@@ -22,8 +22,9 @@ import pytest
 import torch
 
 from moe_vlm.engines.megatron.recording import StepRecorder
+from moe_vlm.files import STEPS_JSONL
 from moe_vlm.metrics import summarize
-from moe_vlm.record import STEPS_JSONL, StepRecord, read_steps
+from moe_vlm.record import StepRecord, read_steps
 from tests.conftest import make_spec
 from tests.megatron.conftest import needs_stack
 from tests.megatron.recording_ranks import (

@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 from omegaconf import OmegaConf
 
-from moe_vlm.compose import BadInput, compose_config
+from moe_vlm.compose import compose_config
+from moe_vlm.errors import BadInput
 from moe_vlm.launch import slurm
 from moe_vlm.metrics import mfu_of, peak_of
 from moe_vlm.rules import validate

@@ -31,8 +31,9 @@ from hydra.core.global_hydra import GlobalHydra
 from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.nodes import BooleanNode, EnumNode, FloatNode, IntegerNode, StringNode, ValueNode
 
-from moe_vlm.compose import CONF_DIR, HYDRA_KEYS, compose_config, compose_point, explain
+from moe_vlm.compose import CONF_DIR, HYDRA_KEYS, compose_config, compose_point
 from moe_vlm.errors import BadInput
+from moe_vlm.preflight import explain
 from moe_vlm.spec import RunSpec
 
 GROUP_SETS = [

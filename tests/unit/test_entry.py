@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from moe_vlm.compose import BadInput
+from moe_vlm.errors import BadInput
 from moe_vlm.launch.entry import ENV_GPUS_VISIBLE, command_line, in_allocation
 
 REPO = Path(__file__).resolve().parents[2]

@@ -19,14 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from moe_vlm.runtime.heartbeat import (
-    HEARTBEAT_JSON,
-    STALE_AFTER_S,
-    Heartbeat,
-    gone,
-    process_info,
-    read_heartbeat,
-)
+from moe_vlm.files import HEARTBEAT_JSON
+from moe_vlm.runtime.heartbeat import STALE_AFTER_S, Heartbeat, gone, process_info, read_heartbeat
 
 HERE = socket.gethostname()
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from moe_vlm import safety
-from moe_vlm.compose import BadInput
+from moe_vlm.errors import BadInput
 
 
 @pytest.mark.parametrize(

@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 
 from moe_vlm import explog
-from moe_vlm.compose import preflight
 from moe_vlm.errors import BadInput
+from moe_vlm.files import RUN_JSON
 from moe_vlm.knobs.bridge_fields import KEEP, bridge_overrides
 from moe_vlm.knobs.telemetry_fields import RUN_DIR
-from moe_vlm.record import RUN_JSON
+from moe_vlm.preflight import preflight
 from moe_vlm.safety import SECRET_NAME
 from moe_vlm.schema import ExperimentLogger
 from tests.conftest import REPO, make_spec

@@ -21,8 +21,8 @@ from matplotlib.container import ErrorbarContainer
 from matplotlib.patches import Rectangle
 from matplotlib.text import Annotation
 
-from moe_vlm import plots, report
-from moe_vlm.record import RUN_JSON, write_json_atomic
+from moe_vlm import plots, report, report_format, report_table
+from moe_vlm.files import RUN_JSON, write_json_atomic
 from tests.unit.test_report import GB200, run_report, section, table_rows, write_run
 
 N_RUNS = 1000
@@ -59,10 +59,10 @@ def thousand(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def ranked(thousand: Path) -> tuple[Any, list[str]]:
-    table = report.load_table([str(thousand)])
-    knobs = [k for k in report.varying_knobs(table) if k != "data"]
+    table = report_table.load_table([str(thousand)])
+    knobs = [k for k in report_table.varying_knobs(table) if k != "data"]
     assert knobs == ["mbs", "gbs"]
-    return report.ranked(table, mock=False), knobs
+    return report_table.ranked(table, mock=False), knobs
 
 
 def drawn_lines(plot: plots.Plot) -> dict[str, list[float]]:
@@ -142,7 +142,7 @@ def test_top_limits_the_ranked_table(thousand: Path, tmp_path: Path) -> None:
     assert code == 0
     ranked_section = section(text, "Ranked")
     rows = table_rows(ranked_section)
-    assert len(rows) == report.DEFAULT_TOP == 50
+    assert len(rows) == report_format.DEFAULT_TOP == 50
     assert [row[0] for row in rows[:2]] == ["1", "2"] and rows[0][1] == "0999"
     # The other 950: runs 0..949, throughput 1000..1949.
     assert "+ 950 more ranked runs not shown, median eff tok/s/GPU 1,474.5 (range 1,000.0-1,949.0)" in text
@@ -151,7 +151,7 @@ def test_top_limits_the_ranked_table(thousand: Path, tmp_path: Path) -> None:
     assert code == 0 and len(table_rows(section(text, "Ranked"))) == 7
     assert "+ 993 more ranked runs not shown" in text
 
-    table = report.load_table([str(thousand)])
+    table = report_table.load_table([str(thousand)])
     _, made = report.build_report(table, tmp_path, None, top=3)  # below PLOT_TOP: plots follow --top
     assert len(made[0].series) == 3 and made[0].notes[0].startswith("+ 247 more")
     everything, _ = report.build_report(table, tmp_path, None, top=N_RUNS)
@@ -164,7 +164,9 @@ def test_small_sweep_shows_every_row(tmp_path: Path) -> None:
     code, text = run_report(str(tmp_path))
     assert code == 0 and len(table_rows(section(text, "Ranked"))) == 2
     assert "more ranked runs not shown" not in text
-    plot = plots.throughput_vs_mbs(report.ranked(report.load_table([str(tmp_path)]), False), ["mbs"])
+    plot = plots.throughput_vs_mbs(
+        report_table.ranked(report_table.load_table([str(tmp_path)]), False), ["mbs"]
+    )
     assert plot.notes == [] and plot.omitted == 0
 
 
@@ -175,8 +177,8 @@ def test_scatter_fits_the_axes_to_the_points_and_shows_each_runs_spread(tmp_path
     """A real CPU sweep's two runs (tests/fixtures/cpu_sweep): about 0.86 and 0.90 GiB, 400 and 750
     tokens/s/GPU. From zero both points sat against the right edge; now the axes fit them and each
     has its p10-p90 bar, throughput x mean / p90 up to x mean / p10 of its own step times."""
-    table = report.load_table([str(CPU_SWEEP)])
-    rows = report.ranked(table, mock=False)
+    table = report_table.load_table([str(CPU_SWEEP)])
+    rows = report_table.ranked(table, mock=False)
     plot = plots.throughput_vs_memory(rows, ["mbs", "recompute"])
     axes = plot.figure.axes[0]
     memory = [m for m, _ in plot.series["configs"]]
@@ -206,7 +208,7 @@ def test_scatter_numbers_a_point_many_identical_runs_share_once(tmp_path: Path) 
     for copy_number in range(30):
         (tmp_path / str(copy_number)).mkdir()
         (tmp_path / str(copy_number) / RUN_JSON).write_bytes((run / RUN_JSON).read_bytes())
-    rows = report.ranked(report.load_table([str(tmp_path)]), mock=False)
+    rows = report_table.ranked(report_table.load_table([str(tmp_path)]), mock=False)
     plot = plots.throughput_vs_memory(rows, ["mbs"], top=1)
     assert [t.get_text() for t in plot.figure.axes[0].texts if isinstance(t, Annotation)] == ["1"]
     assert plot.omitted == 29 and len(plot.series["configs"]) == 30

@@ -19,6 +19,7 @@ from torch import nn
 
 from moe_vlm import module_table, profiling
 from moe_vlm.errors import EngineUnavailable
+from moe_vlm.files import RUN_JSON, STEPS_JSONL
 from moe_vlm.launch import slurm
 from moe_vlm.module_table import (
     ATTENTION,
@@ -31,7 +32,7 @@ from moe_vlm.module_table import (
     ROUTER,
     VISION,
 )
-from moe_vlm.record import RUN_JSON, STEPS_JSONL, read_steps
+from moe_vlm.record import read_steps
 from tests.conftest import REPO, make_spec
 
 GB200 = ("cluster=gb200", "model=qwen3_vl_30b_a3b", "nodes=2")

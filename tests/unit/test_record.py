@@ -17,26 +17,14 @@ from typing import Any
 
 import pytest
 
+from moe_vlm.columns import GROUPS, KNOBS, choices, identity_field
 from moe_vlm.compose import compose_spec
 from moe_vlm.data.batch import BatchStats
 from moe_vlm.engines.megatron.recording import StepStats
+from moe_vlm.files import RUN_JSON, STEPS_JSONL
 from moe_vlm.metrics import summarize
-from moe_vlm.record import (
-    GROUPS,
-    KNOBS,
-    RUN_JSON,
-    STEPS_JSONL,
-    TOKEN_KINDS,
-    Failure,
-    RunRecord,
-    RunStatus,
-    StepRecord,
-    StepWriter,
-    choices,
-    identity_field,
-    read_steps,
-)
-from moe_vlm.report import row_of
+from moe_vlm.record import TOKEN_KINDS, Failure, RunRecord, RunStatus, StepRecord, StepWriter, read_steps
+from moe_vlm.report_table import row_of
 from moe_vlm.rules import errors, validate
 from moe_vlm.run import resolved_config
 from moe_vlm.schema import TrainConfig

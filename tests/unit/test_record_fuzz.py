@@ -27,10 +27,10 @@ import pytest
 
 from moe_vlm import report_cli
 from moe_vlm.advise import main as advise_main
+from moe_vlm.files import POINT_JSON, RUN_JSON, STEPS_JSONL
 from moe_vlm.launch import status
-from moe_vlm.record import RUN_JSON, STEPS_JSONL, RecordError, RunRecord, read_steps
+from moe_vlm.record import RecordError, RunRecord, read_steps
 from moe_vlm.runtime import points
-from moe_vlm.runtime.points import POINT_JSON
 from tests.conftest import REPO
 
 FIXTURE = REPO / "tests" / "fixtures" / "cpu_sweep"

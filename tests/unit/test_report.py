@@ -17,9 +17,10 @@ import pytest
 from matplotlib.lines import Line2D
 from matplotlib.patches import Rectangle
 
-from moe_vlm import plots, report, report_cli
+from moe_vlm import plots, report, report_cli, report_compare, report_table
+from moe_vlm.files import RUN_JSON, write_json_atomic
 from moe_vlm.metrics import summarize
-from moe_vlm.record import RUN_JSON, base_record, write_json_atomic
+from moe_vlm.record import base_record
 from moe_vlm.run import resolved_config
 from moe_vlm.spec import RunSpec
 from tests.conftest import REPO, compose_cfg
@@ -154,7 +155,7 @@ def test_compare_flags_different_effective_work(tmp_path: Path) -> None:
               sequences_per_rank=64, real_len=3072)  # fmt: skip
     write_run(tmp_path / "equal" / "3d", (*GB200, "data=synthetic", *three_d), 5.0,
               sequences_per_rank=128, real_len=3072)  # fmt: skip
-    comparisons = report.compare(report.load_table([str(tmp_path / "equal")]), "parallelism")
+    comparisons = report_compare.compare(report_table.load_table([str(tmp_path / "equal")]), "parallelism")
     assert len(comparisons) == 1 and comparisons[0].flags == []
     assert comparisons[0].ratios == pytest.approx({"3d": 1.0, "fsdp": 1.25})  # 5 s / 4 s
 
@@ -193,8 +194,8 @@ def test_baseline_regression_is_flagged(tmp_path: Path) -> None:
 
 
 def test_plots_draw_the_table(sweep: Path) -> None:
-    table = report.load_table([str(sweep)])
-    rows = report.ranked(table, mock=False)
+    table = report_table.load_table([str(sweep)])
+    rows = report_table.ranked(table, mock=False)
     varying = ["mbs", "recompute"]
     # 8 ranks x 64 x 3072 real tokens = 1,572,864 / step; / (t x 8 GPUs)
     per_gpu = {t: 1_572_864 / (t * 8) for t in (4.0, 7.0, 5.0, 8.5)}
@@ -239,8 +240,8 @@ def test_cpu_memory_plot_says_there_is_no_gpu_line(tmp_path: Path) -> None:
         write_run(
             tmp_path / str(mbs), ("cluster=local", "train_iters=4", "data=synthetic", f"mbs={mbs}"), 0.5
         )
-    table = report.load_table([str(tmp_path)])
-    memory = plots.memory_vs_mbs(report.ranked(table, mock=False), ["mbs"])
+    table = report_table.load_table([str(tmp_path)])
+    memory = plots.memory_vs_mbs(report_table.ranked(table, mock=False), ["mbs"])
     assert memory.notes == ["no GPU memory line: cpu run (peak is the process RSS)"]
     labels = [str(line.get_label()) for line in memory.figure.axes[0].get_lines()]
     assert not any(label.startswith("GPU memory") for label in labels)
@@ -361,8 +362,8 @@ def test_forced_balance_runs_are_labelled_and_never_ranked_with_real_routing(tmp
     assert {row[1] for row in table_rows(section(text, "FORCED-BALANCE routing"))} == {"forced"}
     assert {row[1] for row in table_rows(section(text, "MOCK data"))} == {"mock_forced"}  # mock first
     assert "router" in section(text, "Ranked").splitlines()[2]  # the varying knob is a column
-    table = report.load_table([str(tmp_path)])
-    assert list(report.ranked(table, mock=False)["run"]) == ["real1", "real2"]
+    table = report_table.load_table([str(tmp_path)])
+    assert list(report_table.ranked(table, mock=False)["run"]) == ["real1", "real2"]
 
 
 def test_precision_runs_show_mfu_against_their_own_peak(tmp_path: Path) -> None:

@@ -19,8 +19,9 @@ import pytest
 import yaml
 
 from moe_vlm import safety
-from moe_vlm.compose import CONF_DIR, preflight
+from moe_vlm.compose import CONF_DIR
 from moe_vlm.errors import BadInput
+from moe_vlm.preflight import preflight
 from moe_vlm.schema import TrainConfig
 from tests.conftest import REPO
 

@@ -22,8 +22,9 @@ from typing import Any
 import pytest
 
 from moe_vlm import report_cli, stragglers
+from moe_vlm.files import RUN_JSON, STEPS_JSONL, write_json_atomic
 from moe_vlm.metrics import by_step, steady_window, summarize
-from moe_vlm.record import RUN_JSON, STEPS_JSONL, base_record, write_json_atomic
+from moe_vlm.record import base_record
 from moe_vlm.run import resolved_config
 from moe_vlm.spec import RunSpec
 from tests.conftest import compose_cfg

@@ -17,9 +17,11 @@ from moe_vlm.engines.megatron.effective import EFFECTIVE_JSON, Effective, effect
 from moe_vlm.engines.megatron.recording import StepRecorder, counting_forward_step
 from moe_vlm.engines.megatron.stack import stack_problem, versions
 from moe_vlm.errors import EngineUnavailable
+from moe_vlm.files import STEPS_JSONL, write_json_atomic
 from moe_vlm.metrics import summarize
 from moe_vlm.predict.model import record_section
-from moe_vlm.record import REPO_ROOT, STEPS_JSONL, RunRecord, read_steps, write_json_atomic
+from moe_vlm.provenance import REPO_ROOT
+from moe_vlm.record import RunRecord, read_steps
 from moe_vlm.run_summary import summary_lines
 from moe_vlm.runtime.dist_env import DistEnv
 from moe_vlm.spec import RunSpec

@@ -18,7 +18,7 @@ the same configuration reads it instead (milliseconds):
   content).
 
 Where: $MOE_VLM_CACHE_DIR, else $XDG_CACHE_HOME/moe_vlm, else ~/.cache/moe_vlm (`plan/` below
-it). Each entry is written atomically (record.write_atomic); one that does not parse, or whose
+it). Each entry is written atomically (files.write_atomic); one that does not parse, or whose
 stored key differs from the one asked for, is ignored and rebuilt. A build that raised (no stack
 here) is not kept, nor is an entry that would hold a secret. Deleting the directory rebuilds
 everything. What a rank checks before distributed init (`stack.stack_problem`) and what a run
@@ -43,8 +43,8 @@ from typing import Any
 from moe_vlm.engines.megatron.effective import Planned, plan_effective
 from moe_vlm.engines.megatron.library_checks import Check, LibraryFinding, check_point
 from moe_vlm.engines.megatron.stack import Probe, probe, required
+from moe_vlm.files import write_atomic
 from moe_vlm.knobs.bridge_fields import family_recipes
-from moe_vlm.record import write_atomic
 from moe_vlm.safety import scrub
 from moe_vlm.spec import RunSpec
 

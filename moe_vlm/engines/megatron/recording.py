@@ -15,8 +15,10 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from moe_vlm import profiling
 from moe_vlm.data.batch import BatchStats
+from moe_vlm.files import STEPS_JSONL
+from moe_vlm.memory.estimate import GIB
 from moe_vlm.metrics import MemoryKind
-from moe_vlm.record import STEPS_JSONL, StepRecord, StepWriter
+from moe_vlm.record import StepRecord, StepWriter
 from moe_vlm.schema import CudaGraphImpl, Profiler
 from moe_vlm.spec import RunSpec
 
@@ -24,8 +26,6 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     from moe_vlm.timing import Clock
-
-GIB = 1024**3
 
 
 @dataclass
