@@ -339,10 +339,11 @@ def bridge_vision_forward(model: ModelConfig, workload: Workload, rows: int) -> 
     return (per_patch_per_block * patches * model.vision_depth + merger) * rows
 
 
-def bridge_rows(spec: RunSpec, workload: Workload) -> int:
+def bridge_rows(workload: Workload) -> int:
     """The batch_size Bridge's train loop passes: DP x MBS x micro-batches = GBS rows
-    (training/train.py:570); the step's sequences where a record counts another number of rows."""
-    return spec.gbs if spec.gbs > 0 else workload.sequences
+    (training/train.py:570), which is the step's sequences on the Megatron engine (it never packs:
+    rule A008)."""
+    return workload.sequences
 
 
 def bridge_count(spec: RunSpec, workload: Workload) -> float:
@@ -354,7 +355,7 @@ def bridge_count(spec: RunSpec, workload: Workload) -> float:
     over the vocabulary padded to 128 x TP; every term is x3 (forward + backward) whatever is
     frozen. tests/megatron/test_flops_basis.py calls the library's function on the real
     ConfigContainer and checks this figure against it."""
-    rows = bridge_rows(spec, workload)
+    rows = bridge_rows(workload)
     positions = workload.padded_tokens
     whole_rows = Workload(
         sequences=rows,

@@ -199,7 +199,7 @@ def flops_basis(
     spec: RunSpec, workload: Workload, source: str, images_per_sample: float | None = None
 ) -> FlopsBasis:
     """Bridge's count of `workload`, ours, and the four terms between them (module docstring)."""
-    model, rows = spec.model, bridge_rows(spec, workload)
+    model, rows = spec.model, bridge_rows(workload)
     padded_vocab = padded_vocab_size(model.vocab_size, spec.layout.tp)
     bridge = bridge_count(spec, workload)
     bridge_vision = 3.0 * bridge_vision_forward(model, workload, rows)
