@@ -23,6 +23,7 @@ side by side for two runs.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -37,7 +38,7 @@ from moe_vlm.flops import (
     step_flops,
     vision_encoder_forward,
 )
-from moe_vlm.memory.images import patches_for_image
+from moe_vlm.memory.images import resized_pixels
 from moe_vlm.schema import DataKind
 from moe_vlm.spec import RunSpec
 
@@ -84,28 +85,50 @@ def _uniform_moments(low: int, high: int) -> tuple[float, float]:
     return (low + high) / 2, (n * n - 1) / 12
 
 
+def _image_hw(long_side: int, aspect_ratio: float) -> tuple[int, int]:
+    """moe_vlm/data/synthetic.py image_hw (importing the data package costs seconds: torch and the
+    processor); tests/unit/test_flops_basis.py checks the two agree."""
+    if aspect_ratio >= 1.0:
+        return max(1, round(long_side / aspect_ratio)), long_side
+    return long_side, max(1, round(long_side * aspect_ratio))
+
+
 def _synthetic_shape(spec: RunSpec) -> SampleShape:
     """The synthetic distribution's expectation (moe_vlm/data/synthetic.py: uniform image count,
     long side and text length, aspect ratio from the list), through the processor's resize."""
-    from moe_vlm.data.synthetic import image_hw
+    data, model = spec.data, spec.model
+    return _synthetic_moments(
+        (model.vision_patch_size, model.vision_spatial_merge_size),
+        (data.min_pixels, data.max_pixels, data.min_long_side_px, data.max_long_side_px),
+        tuple(data.aspect_ratios) or (1.0,),
+        (data.min_images, data.max_images, data.min_text_tokens, data.max_text_tokens),
+        spec.seq_length,
+    )
 
-    data, merge = spec.data, spec.model.vision_spatial_merge_size**2
-    ratios = list(data.aspect_ratios) or [1.0]
-    patches = [
-        patches_for_image(spec, *image_hw(side, ratio))
-        for side in range(data.min_long_side_px, data.max_long_side_px + 1)
-        for ratio in ratios
-    ]
+
+@functools.lru_cache(maxsize=64)
+def _synthetic_moments(
+    vision: tuple[int, int], pixels: tuple[int, int, int, int], ratios: tuple[float, ...], counts: tuple[int, ...], seq: int
+) -> SampleShape:
+    """Cached: a big dry run plans many points of one distribution."""
+    (patch, merge), (min_pixels, max_pixels, low, high) = vision, pixels
+    factor = patch * merge
+    patches = []
+    for side in range(low, high + 1):
+        for ratio in ratios:
+            h_bar, w_bar = resized_pixels(*_image_hw(side, ratio), factor, min_pixels, max_pixels)
+            patches.append((h_bar // patch) * (w_bar // patch))
     mean_p = sum(patches) / len(patches)
     mean_p2 = sum(p * p for p in patches) / len(patches)
-    span = [p / merge + 2 for p in patches]  # image tokens + vision start/end markers
-    mean_s, var_s = sum(span) / len(span), sum(s * s for s in span) / len(span) - (sum(span) / len(span)) ** 2
-    mean_n, var_n = _uniform_moments(data.min_images, data.max_images)
-    mean_t, var_t = _uniform_moments(data.min_text_tokens, data.max_text_tokens)
-    real = min(mean_n * mean_s + mean_t, spec.seq_length)
+    span = [p / merge**2 + 2 for p in patches]  # image tokens + vision start/end markers
+    mean_s = sum(span) / len(span)
+    var_s = sum(s * s for s in span) / len(span) - mean_s**2
+    mean_n, var_n = _uniform_moments(counts[0], counts[1])
+    mean_t, var_t = _uniform_moments(counts[2], counts[3])
+    real = min(mean_n * mean_s + mean_t, seq)
     var_real = mean_n * var_s + var_n * mean_s**2 + var_t
     return SampleShape(
-        positions=spec.seq_length,
+        positions=seq,
         real_tokens=real,
         real_tokens_squared=var_real + real**2,
         images=mean_n,

@@ -19,7 +19,8 @@ from moe_vlm.heartbeat import Heartbeat, write_running
 from moe_vlm.launch.failures import Diagnosis, launch_info, record_exception, write_failure
 from moe_vlm.launch.requeue import global_rank
 from moe_vlm.launch.safety import scrub, scrub_files, scrub_text
-from moe_vlm.plan import library_findings, render
+from moe_vlm.plan import gather, library_findings, render
+from moe_vlm.plan_record import plan_of
 from moe_vlm.record import RUN_JSON, RUNNING, RunRecord
 from moe_vlm.rules import errors, validate
 from moe_vlm.spec import RunSpec
@@ -39,7 +40,9 @@ def run(cfg: DictConfig) -> None:
         if not bad:  # the library's own checks judge what the rules let through (engine=megatron)
             findings = [*findings, *library_findings(spec)]
             bad = errors(findings)
-        print(scrub_text(render(spec, findings)))  # a data path may hold an ${oc.env:...} secret
+        got = gather(spec, findings)
+        print(scrub_text(render(spec, findings, gathered=got)))  # a data path may hold an ${oc.env:...} secret
+        plan_of(spec, findings, got).write(Path(HydraConfig.get().runtime.output_dir), scrub)
         if bad:
             sys.exit(EXIT_INVALID)
         return

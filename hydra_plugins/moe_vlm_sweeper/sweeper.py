@@ -46,7 +46,8 @@ from moe_vlm.launch.halving import Search, search_of
 from moe_vlm.launch.safety import scrub, scrub_text, secret_values
 from moe_vlm.launch.status import collect
 from moe_vlm.memory import MemoryEstimate
-from moe_vlm.plan import POINT_LINE_HEADER, memory_of, point_line, render
+from moe_vlm.plan import POINT_LINE_HEADER, gather, memory_of, point_line, render
+from moe_vlm.plan_record import plan_of
 from moe_vlm.record import RunRecord, git_state
 from moe_vlm.rules import Finding, errors, validate
 from moe_vlm.schema import DryRun, dry_run_mode
@@ -303,7 +304,12 @@ class PlanningSweeper(Sweeper):
         for number, point in enumerate(dry, start=1):
             found = memory[number - 1] if memory else None
             header = f"===== point {number}/{len(dry)}: {point.label()}  (id {point.point_id}) ====="
-            yield f"{header}\n{scrub_text(render(point.spec, point.findings, deep=deep, memory=found))}\n"
+            got = gather(point.spec, point.findings, deep=deep, memory=found)
+            # Each point's plan.json where its run would write run.json.
+            point_dir = sweep_dir / point.point_id
+            point_dir.mkdir(parents=True, exist_ok=True)
+            plan_of(point.spec, point.findings, got).write(point_dir, scrub)
+            yield f"{header}\n{scrub_text(render(point.spec, point.findings, gathered=got))}\n"
         valid = [(number, p) for number, p in enumerate(dry, start=1) if p.valid]
         overrides = [self.job_overrides(p, sweep_dir) for _, p in valid]
         jobs = getattr(self.launcher, "render_jobs", None)
