@@ -108,7 +108,11 @@ def _synthetic_shape(spec: RunSpec) -> SampleShape:
 
 @functools.lru_cache(maxsize=64)
 def _synthetic_moments(
-    vision: tuple[int, int], pixels: tuple[int, int, int, int], ratios: tuple[float, ...], counts: tuple[int, ...], seq: int
+    vision: tuple[int, int],
+    pixels: tuple[int, int, int, int],
+    ratios: tuple[float, ...],
+    counts: tuple[int, ...],
+    seq: int,
 ) -> SampleShape:
     """Cached: a big dry run plans many points of one distribution."""
     (patch, merge), (min_pixels, max_pixels, low, high) = vision, pixels
@@ -203,12 +207,17 @@ class FlopsBasis:
             out.append(f"  {'- ' + term.name:<22} {term.flops / PETA:12.3f} PFLOP/step  {term.why}")
         out.append(
             f"  {'= ours (useful)':<22} {self.model_flops / PETA:12.3f} PFLOP/step  = "
-            f"{self.useful_fraction:.1%}: a Bridge TFLOP/s/GPU of T is T x {self.useful_fraction:.3f} of ours"
+            f"{self.useful_fraction:.1%}: Bridge logging T TFLOP/s/GPU means T x {self.useful_fraction:.3f} useful"
         )
         return out
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self) | {"real_fraction": self.real_fraction, "useful_fraction": self.useful_fraction}
+        """JSON's own shapes (lists, not tuples), so a record reads back equal."""
+        return asdict(self) | {
+            "terms": [asdict(t) for t in self.terms],
+            "real_fraction": self.real_fraction,
+            "useful_fraction": self.useful_fraction,
+        }
 
 
 def _frozen_why(spec: RunSpec) -> str:
@@ -228,7 +237,9 @@ def flops_basis(
     bridge_vision = 3.0 * bridge_vision_forward(model, workload, rows)
     real_decoder = 3.0 * decoder_forward(model, workload, padded_vocab).as_forward().total
     unpadded_vocab = 3.0 * decoder_forward(model, workload, model.vocab_size).as_forward().total
-    our_vision = 3.0 * (vision_encoder_forward(model, workload).total + projector_forward(model, workload).total)
+    our_vision = 3.0 * (
+        vision_encoder_forward(model, workload).total + projector_forward(model, workload).total
+    )
     ours = step_flops(spec, workload).model
     after_padding = real_decoder + bridge_vision
     after_vocab = unpadded_vocab + bridge_vision
@@ -240,7 +251,11 @@ def flops_basis(
             bridge - after_padding,
             f"decoder on {workload.real_tokens:,} real tokens, not {workload.padded_tokens:,} padded positions",
         ),
-        BasisTerm("vocabulary padding", after_padding - after_vocab, f"logits over {model.vocab_size:,}, not {padded_vocab:,}"),
+        BasisTerm(
+            "vocabulary padding",
+            after_padding - after_vocab,
+            f"logits over {model.vocab_size:,}, not {padded_vocab:,}",
+        ),
         BasisTerm(
             "vision accounting",
             after_vocab - after_vision,

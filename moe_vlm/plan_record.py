@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from collections.abc import Callable
 from typing import Any
 
 from moe_vlm.engines.bridge_fields import bridge_overrides, select_recipe
@@ -207,7 +207,9 @@ def _bridge_of(spec: RunSpec, got: Gathered, invalid: bool) -> PlanBridge:
     if got.stack is not None:
         probes, entry = got.stack
         stack = [
-            PlanModule(p.module.label, p.module.statement(), p.version, p.ok, None if p.ok else f"{p.error}{p.where}")
+            PlanModule(
+                p.module.label, p.module.statement(), p.version, p.ok, None if p.ok else f"{p.error}{p.where}"
+            )
             for p in probes
         ]
         stack_note = entry.note()
@@ -246,7 +248,9 @@ def plan_of(spec: RunSpec, findings: list[Finding], got: Gathered) -> Plan:
         spec=_json_safe(spec.to_dict()),
         memory=None if isinstance(got.memory, str) else _memory(got.memory),
         memory_note=got.memory if isinstance(got.memory, str) else None,
-        findings=[PlanFinding(f.code, f.level.value, list(f.keys), f.message, f.fix, f.title) for f in findings],
+        findings=[
+            PlanFinding(f.code, f.level.value, list(f.keys), f.message, f.fix, f.title) for f in findings
+        ],
         flops_basis=None if isinstance(got.basis, str) else got.basis,
         flops_basis_note=got.basis if isinstance(got.basis, str) else None,
         bridge=_bridge_of(spec, got, invalid) if spec.engine == Engine.megatron else None,

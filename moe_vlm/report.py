@@ -37,7 +37,7 @@ from typing import Any, NoReturn
 
 import pandas as pd
 
-from moe_vlm import halving_report, module_table, plots, stragglers
+from moe_vlm import halving_report, module_table, plots, report_basis, stragglers
 from moe_vlm.errors import EXIT_FAILED, EXIT_INVALID, BadInput
 from moe_vlm.launch.failures import settle_running
 from moe_vlm.metrics import TimeBasis
@@ -146,6 +146,7 @@ def row_of(run_file: Path, run: RunRecord) -> dict[str, Any]:
         "share_vision_encoder": components.get("vision_encoder"),
         "share_projector": components.get("projector"),
         "share_decoder": components.get("decoder"),
+        **report_basis.rows_of(summary.get("flops_basis")),
         "errors": "; ".join(summary.get("errors") or []) or None,
     }
     return row
@@ -612,6 +613,12 @@ def build_report(
             made = plots.all_plots(rows, knobs, mock, min(top, plots.PLOT_TOP))
 
     completed = records(table[table["status"] == "completed"])
+    basis = report_basis.table(completed, top)
+    lines += (
+        ["", report_basis.TITLE, "", report_basis.NOTE, "", markdown_table(report_basis.HEADER, basis)]
+        if basis
+        else []
+    )
     lines += stragglers.section(completed, top) + module_table.section(completed, top)
     lines += halving_report.section(table["run_dir"])
 

@@ -41,7 +41,9 @@ def run(cfg: DictConfig) -> None:
             findings = [*findings, *library_findings(spec)]
             bad = errors(findings)
         got = gather(spec, findings)
-        print(scrub_text(render(spec, findings, gathered=got)))  # a data path may hold an ${oc.env:...} secret
+        print(
+            scrub_text(render(spec, findings, gathered=got))
+        )  # a data path may hold an ${oc.env:...} secret
         plan_of(spec, findings, got).write(Path(HydraConfig.get().runtime.output_dir), scrub)
         if bad:
             sys.exit(EXIT_INVALID)
