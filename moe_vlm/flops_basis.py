@@ -41,19 +41,9 @@ from moe_vlm.flops import (
 from moe_vlm.memory.images import resized_pixels
 from moe_vlm.schema import DataKind
 from moe_vlm.spec import RunSpec
+from moe_vlm.vendor import BRIDGE_MOCK_IMAGES, BRIDGE_MOCK_PATCHES, BRIDGE_MOCK_REAL_TOKENS, is_bridge_mock
 
 PETA = 1e15
-
-# --- HOOK for data=bridge_mock (issue 21, helper `recipes`) ---------------------------------------
-# Until the data group has a `bridge_mock` option, its sample shape is stated here, once: Bridge's
-# MockVLMSFTDatasetConfig as the perf recipes set it (data/builders/mock_vlm_sft.py:43-59, 110;
-# collate models/qwen_vl/data/collate_fn.py:41-42, 165-168, 252-255): one 256x256 noise image that
-# the collate resizes to 448x448 = 784 ViT patches (196 image tokens), the prompt "Describe this
-# image." and 10-29 random words: about 232 real tokens (an estimate: no tokenizer was run).
-# When the option lands, read these from its DataConfig instead (one fact, one place).
-BRIDGE_MOCK_KIND = "bridge_mock"
-BRIDGE_MOCK_REAL_TOKENS = 232
-BRIDGE_MOCK_PATCHES = 784
 
 
 @dataclass(frozen=True)
@@ -147,10 +137,10 @@ def expected_shape(spec: RunSpec) -> SampleShape | str:
     seq = spec.seq_length
     if spec.data.pack_sequences:
         return "packed rows: per-row real tokens are the packing accounting's (known after the run)"
-    if spec.data.kind.value == BRIDGE_MOCK_KIND:
-        real = BRIDGE_MOCK_REAL_TOKENS
+    if is_bridge_mock(spec):  # the hook until data=bridge_mock states its shape (moe_vlm/vendor.py)
+        real, patches = BRIDGE_MOCK_REAL_TOKENS, BRIDGE_MOCK_PATCHES
         return SampleShape(
-            seq, real, real**2, 1, BRIDGE_MOCK_PATCHES, BRIDGE_MOCK_PATCHES**2, "Bridge's mock VLM SFT sample"
+            seq, real, real**2, BRIDGE_MOCK_IMAGES, patches, patches**2, "Bridge's mock VLM SFT sample"
         )
     if spec.data.kind is DataKind.mock:
         mean, var = _uniform_moments(seq // 2, seq)  # moe_vlm/data/mock.py: seq/2 .. seq text tokens
