@@ -268,7 +268,15 @@ def flops_basis(
 
 
 def expected_basis(spec: RunSpec) -> FlopsBasis | str:
-    """The plan's basis: the expected sample, GBS of them, or why it is not known yet."""
+    """The plan's basis: the expected sample, GBS of them, or why it is not known yet (or cannot be
+    computed: a configuration the rules reject, e.g. unordered data ranges)."""
+    try:
+        return _expected_basis(spec)
+    except (ArithmeticError, ValueError, IndexError) as exc:
+        return f"not computable for this configuration ({type(exc).__name__}: {exc}; see the findings)"
+
+
+def _expected_basis(spec: RunSpec) -> FlopsBasis | str:
     shape = expected_shape(spec)
     if isinstance(shape, str):
         return shape

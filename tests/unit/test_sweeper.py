@@ -163,7 +163,9 @@ def test_a_big_dry_run_prints_one_line_per_point_and_writes_each_plan(tmp_path: 
     assert set(re.findall(r"\(id ([0-9a-f]{16})\)", job)) == valid
     assert "moe_vlm.launch.canary" in plans
     assert (sweep / "dry_run.txt").read_text().count("REJECTED") == 6
-    assert sorted(p.name for p in sweep.iterdir()) == ["dry_run.txt", "dry_run_plans.txt"]
+    # Besides the two text files, each point's plan.json (moe_vlm/plan_record.py) in its directory.
+    assert sorted(p.name for p in sweep.iterdir() if p.is_file()) == ["dry_run.txt", "dry_run_plans.txt"]
+    assert sorted(p.parent.name for p in sweep.glob("*/plan.json")) == sorted(r.split()[1] for r in rows)
     assert not list(sweep.rglob("point.json")) and not list(sweep.rglob("run.json"))
     assert not (sweep / "multirun.yaml").exists()
 
