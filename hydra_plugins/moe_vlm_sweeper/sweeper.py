@@ -25,7 +25,7 @@ With `hydra.sweeper.search=halving` the valid points go through successive halvi
 # sys.modules, where dataclasses cannot resolve string annotations.
 import logging
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -301,6 +301,10 @@ class PlanningSweeper(Sweeper):
     ) -> Iterator[str]:
         """Each point's plan; then, on Slurm, every job as the launcher would submit it (one
         sbatch script per job, job array or pack, naming its points) and the canary's."""
+        secrets = secret_values()
+        clean: Callable[[Any], Any] = (
+            (lambda value: scrub(value, secrets)) if secrets else (lambda value: value)
+        )
         for number, point in enumerate(dry, start=1):
             found = memory[number - 1] if memory else None
             header = f"===== point {number}/{len(dry)}: {point.label()}  (id {point.point_id}) ====="
@@ -308,7 +312,7 @@ class PlanningSweeper(Sweeper):
             # Each point's plan.json where its run would write run.json.
             point_dir = sweep_dir / point.point_id
             point_dir.mkdir(parents=True, exist_ok=True)
-            plan_of(point.spec, point.findings, got).write(point_dir, scrub)
+            plan_of(point.spec, point.findings, got).write(point_dir, clean)
             yield f"{header}\n{scrub_text(render(point.spec, point.findings, gathered=got))}\n"
         valid = [(number, p) for number, p in enumerate(dry, start=1) if p.valid]
         overrides = [self.job_overrides(p, sweep_dir) for _, p in valid]
