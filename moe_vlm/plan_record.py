@@ -21,8 +21,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from moe_vlm.engines.bridge_fields import bridge_overrides, select_recipe
 from moe_vlm.flops_basis import BasisTerm, FlopsBasis
+from moe_vlm.knobs.bridge_fields import bridge_overrides, select_recipe
 from moe_vlm.memory import MemoryEstimate
 from moe_vlm.plan import SHALLOW_NOTE, Gathered
 from moe_vlm.record import choices, write_atomic
@@ -83,7 +83,7 @@ class PlanModule:
 
 @dataclass(frozen=True)
 class PlanField:
-    """One row of moe_vlm/engines/bridge_fields.py as this point sets it."""
+    """One row of moe_vlm/knobs/bridge_fields.py as this point sets it."""
 
     knob: str
     field: str
