@@ -4,9 +4,11 @@ Three figures, because each answers a different question:
 
 ``model``     useful work: the decoder on REAL (unpadded) tokens, the vision encoder on its
               patches, each module counted frozen-aware (below). MFU uses this one.
-``bridge``    what Megatron Bridge's ``num_floating_point_operations`` reports: PADDED tokens,
-              the vocabulary padded to 128 x TP, every module x3 even when frozen. Shown beside
-              ours so a user can reconcile the two.
+``bridge``    what Megatron Bridge's ``num_floating_point_operations`` reports (``bridge_count``):
+              PADDED positions of GBS whole rows, the vocabulary padded to 128 x TP, every module
+              x3 even when frozen, the ViT on the step's patches divided evenly over the rows and
+              one patch merger. Shown beside ours so a user can reconcile the two
+              (moe_vlm/flops_basis.py splits the difference term by term).
 ``hardware``  what the GPUs execute: padded tokens, frozen-aware, plus the forward passes that
               activation recompute re-runs. Reported separately; never used for MFU.
 
@@ -297,7 +299,7 @@ def step_flops(spec: RunSpec, workload: Workload) -> StepFlops:
         "projector": factors["projector"].apply(projector),
         "decoder": factors["decoder"].apply(decoder_real.as_forward()),
     }
-    bridge = 3.0 * (vision.total + projector.total + decoder_padded.as_forward().total)
+    bridge = bridge_count(spec, workload)
     recomputed = (
         recompute_forward(spec.recompute, decoder_padded, model.num_layers, spec.layout.pp, spec.layout.vp)
         if factors["decoder"].activation > 1
@@ -317,3 +319,52 @@ def step_flops(spec: RunSpec, workload: Workload) -> StepFlops:
         multipliers=factors,
         recompute=recomputed,
     )
+
+
+def bridge_vision_forward(model: ModelConfig, workload: Workload, rows: int) -> float:
+    """Bridge 0.6.2's ``vit_flops`` forward (training/utils/flop_utils.py:361-422, called from
+    :1186-1198): the step's patches divided evenly over the batch's rows (one image per row, which
+    the mock's one image per sample is), ViT blocks with bidirectional attention over that count,
+    and ONE patch merger (the deepstack mergers are not counted)."""
+    if workload.vision_patches <= 0 or rows <= 0:
+        return 0.0
+    h, i = model.vision_hidden_size, model.vision_intermediate_size
+    patches = workload.vision_patches / rows
+    per_patch_per_block = 8 * h**2 + 4 * h * patches + 4 * h * i
+    merge_unit = model.vision_spatial_merge_size**2
+    merged_hidden = h * merge_unit
+    merger = (patches // merge_unit) * (
+        2 * merged_hidden * merged_hidden + 2 * merged_hidden * model.projector_out_size
+    )
+    return (per_patch_per_block * patches * model.vision_depth + merger) * rows
+
+
+def bridge_rows(workload: Workload) -> int:
+    """The batch_size Bridge's train loop passes: DP x MBS x micro-batches = GBS rows
+    (training/train.py:570), which is the step's sequences on the Megatron engine (it never packs:
+    rule A008)."""
+    return workload.sequences
+
+
+def bridge_count(spec: RunSpec, workload: Workload) -> float:
+    """The FLOPs Bridge logs for this step (``num_floating_point_operations``, flop_utils.py:425-1271).
+
+    qwen3_vl_step pads every row to one length (seq_length when EP > 1 or PP > 1) and hands
+    cu_seqlens of whole rows to the FLOPs accumulator (qwen3_vl_step.py:183-197, 282-288), so the
+    decoder count is of padded positions, its attention of (row length)^2 per row; the logits run
+    over the vocabulary padded to 128 x TP; every term is x3 (forward + backward) whatever is
+    frozen. tests/megatron/test_flops_basis.py calls the library's function on the real
+    ConfigContainer and checks this figure against it."""
+    rows = bridge_rows(workload)
+    positions = workload.padded_tokens
+    whole_rows = Workload(
+        sequences=rows,
+        padded_tokens=positions,
+        real_tokens=positions,
+        sum_seq_len_squared=round(positions**2 / rows) if rows else 0,
+        vision_patches=workload.vision_patches,
+        sum_patches_squared=workload.sum_patches_squared,
+    )
+    padded_vocab = padded_vocab_size(spec.model.vocab_size, spec.layout.tp)
+    decoder = decoder_forward(spec.model, whole_rows, padded_vocab).as_forward().total
+    return 3.0 * (decoder + bridge_vision_forward(spec.model, workload, rows))

@@ -35,12 +35,13 @@ applies by hand:
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from enum import StrEnum
 from statistics import median
 from typing import Any
 
 from moe_vlm.flops import MODULES, Workload, step_flops
+from moe_vlm.flops_basis import flops_basis
 from moe_vlm.precision import PeakKind, peak_flops
 from moe_vlm.precision import profile as precision_profile
 from moe_vlm.record import TOKEN_KINDS, StepRecord, as_step
@@ -126,6 +127,14 @@ def workload_of(records: list[StepRecord]) -> Workload:
         sum_seq_len_squared=sum(int(r.sum_seq_len_squared) for r in records),
         vision_patches=sum(int(r.vision_patches) for r in records),
         sum_patches_squared=sum(int(r.sum_patches_squared) for r in records),
+    )
+
+
+def mean_workload(workloads: list[Workload]) -> Workload:
+    """The mean step of a window (each statistic's mean, rounded)."""
+    count = max(len(workloads), 1)
+    return Workload(
+        **{f.name: round(sum(getattr(w, f.name) for w in workloads) / count) for f in fields(Workload)}
     )
 
 
@@ -284,6 +293,12 @@ def summarize(steps: Iterable[StepRecord | Mapping[str, Any]], spec: RunSpec) ->
         "model_by_module": {m: sum(f.model_by_module[m] for f in flops) / len(flops) for m in MODULES},
         "multipliers": {m: vars(multiplier) for m, multiplier in flops[0].multipliers.items()},
     }
+    # Bridge's logged basis beside ours for the window's mean step (moe_vlm/flops_basis.py).
+    summary["flops_basis"] = flops_basis(
+        spec,
+        mean_workload([workload_of(records) for records in steady]),
+        "measured: the steady window's mean step",
+    ).to_dict()
     rated_flops = [flops[i] for i in basis.indices]
     model_flops = sum(f.model for f in rated_flops)
     summary["tflops_per_gpu"] = model_flops / per_gpu_second / TERA

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import textwrap
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from moe_vlm.columns import choices
@@ -13,6 +14,7 @@ from moe_vlm.engines.hf_config import is_local_checkpoint
 from moe_vlm.engines.megatron.library_checks import Check
 from moe_vlm.engines.megatron.plan_cache import library_checks, stack_probe
 from moe_vlm.engines.megatron.plan_cache import planned_effective as cached
+from moe_vlm.flops_basis import FlopsBasis, basis_lines, expected_basis
 from moe_vlm.knobs.bridge_fields import RESOLVED_FIELDS, bridge_overrides, select_recipe
 from moe_vlm.memory import MemoryEstimate, estimate
 from moe_vlm.metrics import peak_of, precision_peak_of
@@ -25,6 +27,7 @@ from moe_vlm.spec import RunSpec
 if TYPE_CHECKING:
     from moe_vlm.engines.megatron.effective import Planned
     from moe_vlm.engines.megatron.plan_cache import Entry
+    from moe_vlm.engines.megatron.stack import Probe
 
 SHALLOW_ENV = "MOE_VLM_PLAN_SHALLOW"
 SHALLOW_NOTE = (
@@ -106,10 +109,14 @@ def megatron_lines(spec: RunSpec) -> list[str]:
     return lines
 
 
-def stack_lines(spec: RunSpec) -> list[str]:
+def probed_stack(spec: RunSpec) -> tuple[list[Probe], Entry]:
     """Every module this run imports, tried here (seconds: it loads Megatron; cached after, see
     moe_vlm/engines/megatron/plan_cache.py); engine=megatron only."""
-    probes, entry = stack_probe(spec)
+    return stack_probe(spec)
+
+
+def stack_lines(spec: RunSpec, probed: tuple[list[Probe], Entry] | None = None) -> list[str]:
+    probes, entry = probed_stack(spec) if probed is None else probed
     missing = [p for p in probes if not p.ok]
     verdict = (
         "every module imports here"
@@ -299,18 +306,50 @@ def point_line(
     return f"{'REJECTED' if bad else 'valid':<8}  {peak:<34}  {resources:<14}  {codes:<22}  {speed:<32}"
 
 
+@dataclass(frozen=True)
+class Gathered:
+    """Everything a plan shows that takes work to find, found once: the text (render) and plan.json
+    (moe_vlm/plan_record.py) are written from the same values."""
+
+    memory: MemoryEstimate | str
+    basis: FlopsBasis | str
+    prediction: Prediction | str
+    deep: bool
+    stack: tuple[list[Probe], Entry] | None = None  # engine=megatron, valid, deep
+    effective: tuple[Planned, Entry] | str | None = None  # the same
+
+
+def gather(
+    spec: RunSpec,
+    findings: list[Finding],
+    deep: bool = True,
+    memory: MemoryEstimate | str | None = None,
+    prediction: Prediction | str | None = None,
+) -> Gathered:
+    """deep=False leaves out what takes seconds per point on the Megatron engine (the stack probe,
+    Bridge's effective configuration): a big dry run writes every plan. MOE_VLM_PLAN_SHALLOW=1 does
+    the same for every plan (tests/unit/test_docs_commands.py plans every documented command this
+    way; tests/megatron checks the Bridge-built sections)."""
+    deep = deep and os.environ.get(SHALLOW_ENV) != "1"
+    found = memory_of(spec) if memory is None else memory
+    basis = expected_basis(spec)
+    speed = prediction_of(spec) if prediction is None else prediction
+    if spec.engine != Engine.megatron or any(f.is_error for f in findings) or not deep:
+        # An invalid plan never runs: skip the seconds of importing Megatron to probe its stack.
+        return Gathered(found, basis, speed, deep)
+    return Gathered(found, basis, speed, deep, probed_stack(spec), planned_effective(spec))
+
+
 def render(
     spec: RunSpec,
     findings: list[Finding],
     deep: bool = True,
     memory: MemoryEstimate | str | None = None,
     prediction: Prediction | str | None = None,
+    gathered: Gathered | None = None,
 ) -> str:
-    """The whole plan. deep=False leaves out what takes seconds per point on the Megatron engine
-    (the stack probe, Bridge's effective configuration): a big dry run writes every plan.
-    MOE_VLM_PLAN_SHALLOW=1 does the same for every plan (tests/unit/test_docs_commands.py plans
-    every documented command this way; tests/megatron checks the Bridge-built sections)."""
-    deep = deep and os.environ.get(SHALLOW_ENV) != "1"
+    """The whole plan (gather's values, found here unless given)."""
+    got = gather(spec, findings, deep, memory, prediction) if gathered is None else gathered
     # Every config group's choice (columns.GROUPS), then the top-level knobs.
     knobs = [
         *textwrap.wrap(" ".join(f"{group}={choice}" for group, choice in choices(spec).items()), 110),
@@ -318,21 +357,21 @@ def render(
         f"gbs={spec.gbs} seq_length={spec.seq_length} train_iters={spec.train_iters} seed={spec.seed}",
     ]
     out = ["== moe_vlm plan ==", "", "-- knobs --", *knobs, "", "-- layout --", *layout_lines(spec), ""]
-    out += [*memory_lines(spec, memory), ""]
-    out += [*prediction_lines(spec, prediction), ""]
+    out += [*memory_lines(spec, got.memory), ""]
+    out += [*prediction_lines(spec, got.prediction), ""]
+    out += [*basis_lines(spec, got.basis), ""]
     errors = [f for f in findings if f.is_error]
     out.append(f"-- findings: {len(errors)} error(s), {len(findings) - len(errors)} warning(s) --")
     out += [f.line() for f in findings] or ["none"]
     out.append("")
     if spec.engine == Engine.megatron:
-        # An invalid plan never runs: skip the seconds of importing Megatron to probe its stack.
         if errors:
             stack = ["-- stack --", "not checked: the plan is INVALID"]
-        elif not deep:
+        elif not got.deep:
             stack = ["-- stack and effective configuration --", SHALLOW_NOTE]
         else:
-            stack = stack_lines(spec)
-        found = planned_effective(spec) if not errors and deep else None
+            stack = stack_lines(spec, got.stack)
+        found = got.effective
         planned = found[0] if isinstance(found, tuple) else found
         out += [*megatron_lines(spec), "", *tuning_lines(spec, planned), "", *stack]
         if found is not None:

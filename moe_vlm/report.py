@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from moe_vlm import halving_report, module_table, plots, stragglers
+from moe_vlm import halving_report, module_table, plots, report_basis, stragglers
 from moe_vlm.errors import EXIT_FAILED, EXIT_INVALID
 from moe_vlm.files import write_atomic
 from moe_vlm.predict import report_section as prediction_report
@@ -109,6 +109,12 @@ def build_report(
             made = plots.all_plots(rows, knobs, mock, min(top, plots.PLOT_TOP))
 
     completed = records(table[table["status"] == "completed"])
+    basis = report_basis.table(completed, top)
+    lines += (
+        ["", report_basis.TITLE, "", report_basis.NOTE, "", markdown_table(report_basis.HEADER, basis)]
+        if basis
+        else []
+    )
     lines += stragglers.section(completed, top) + module_table.section(completed, top)
     lines += halving_report.section(table["run_dir"])
     lines += prediction_report.section(completed, top)

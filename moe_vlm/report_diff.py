@@ -23,6 +23,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from moe_vlm import report_basis
 from moe_vlm.engines.megatron.effective import EFFECTIVE_JSON, differing
 from moe_vlm.errors import BadInput
 from moe_vlm.flops import MODULES
@@ -130,6 +131,13 @@ def config_table(a: Mapping[str, Any], b: Mapping[str, Any], header: str) -> str
     return markdown_table([header, "A", "B"], [[n, _cell(a.get(n)), _cell(b.get(n))] for n in names])
 
 
+def basis_table(a: RunRecord, b: RunRecord) -> str:
+    rows = report_basis.diff_rows(a.summary or {}, b.summary or {})
+    if not rows:
+        return "Neither run recorded one (recorded from this version on)."
+    return markdown_table(["per step", "A", "B"], rows)
+
+
 def _class(row: Mapping[str, Any]) -> str:
     if row.get("data") == "mock":
         return "mock data"
@@ -190,6 +198,13 @@ def render(path_a: str, path_b: str) -> str:
         "",
         f"Component times are forward + backward seconds per rank-step; {OUTSIDE} = mean step time minus "
         "them (optimizer, communication not overlapped, data wait).",
+        "",
+        "## Bridge's logged FLOPs basis vs ours (mean steady step)",
+        "",
+        basis_table(rec_a, rec_b),
+        "",
+        "Bridge's count - the terms = ours: padded positions, the padded vocabulary, how the ViT and mergers "
+        "are counted, frozen modules counted x3 (moe_vlm/flops_basis.py).",
         "",
         "## Knobs that differ (resolved config)",
         "",

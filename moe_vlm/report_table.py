@@ -10,7 +10,7 @@ from typing import Any
 
 import pandas as pd
 
-from moe_vlm import stragglers
+from moe_vlm import report_basis, stragglers
 from moe_vlm.columns import KNOBS
 from moe_vlm.errors import BadInput
 from moe_vlm.files import RUN_JSON, STEPS_JSONL
@@ -103,6 +103,7 @@ def row_of(run_file: Path, run: RunRecord) -> dict[str, Any]:
         "share_vision_encoder": components.get("vision_encoder"),
         "share_projector": components.get("projector"),
         "share_decoder": components.get("decoder"),
+        **report_basis.rows_of(summary.get("flops_basis")),
         "errors": "; ".join(summary.get("errors") or []) or None,
     }
     row |= prediction_report.row_fields(run.sections)  # predicted vs measured (moe_vlm/predict)

@@ -18,7 +18,8 @@ from moe_vlm.data import DataError, check_data
 from moe_vlm.engines import launch
 from moe_vlm.errors import EXIT_FAILED, EXIT_INVALID, EngineUnavailable, RunFailed
 from moe_vlm.files import RUN_JSON
-from moe_vlm.plan import library_findings, render
+from moe_vlm.plan import gather, library_findings, render
+from moe_vlm.plan_record import plan_of
 from moe_vlm.record import RUNNING, RunRecord
 from moe_vlm.rules import errors, validate
 from moe_vlm.runtime.dist_env import global_rank
@@ -42,7 +43,11 @@ def run(cfg: DictConfig) -> None:
         if not bad:  # the library's own checks judge what the rules let through (engine=megatron)
             findings = [*findings, *library_findings(spec)]
             bad = errors(findings)
-        print(scrub_text(render(spec, findings)))  # a data path may hold an ${oc.env:...} secret
+        got = gather(spec, findings)
+        print(
+            scrub_text(render(spec, findings, gathered=got))
+        )  # a data path may hold an ${oc.env:...} secret
+        plan_of(spec, findings, got).write(Path(HydraConfig.get().runtime.output_dir), scrub)
         if bad:
             sys.exit(EXIT_INVALID)
         return

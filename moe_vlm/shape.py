@@ -211,6 +211,11 @@ SUMMARY_SHAPE: dict[str, Any] = {
     "flops_per_step": {**dict.fromkeys(("model", "bridge", "hardware", "recompute"), NUMBER),
                        "model_by_module": _SECONDS},
     "components": _SECONDS,
+    "flops_basis": {
+        **dict.fromkeys(("bridge_flops", "model_flops", "useful_fraction", "real_fraction", "positions_per_sample",
+                         "real_tokens_per_sample", "patches_per_sample"), NUMBER),
+        "terms": ListOf({"name": STR, "flops": NUMBER, "why": STR}),
+    },
     "component_time_s_per_rank_step": _SECONDS,
     "data_wait": {"mean_s": NUMBER, "max_s": NUMBER, "fraction_of_step_time": NUMBER, "rank_steps": INT},
     "device_memory": MapOf(SCALAR),

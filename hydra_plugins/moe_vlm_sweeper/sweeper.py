@@ -26,7 +26,7 @@ With `hydra.sweeper.search=halving` the valid points go through successive halvi
 import logging
 import math
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -45,7 +45,8 @@ from moe_vlm.errors import EXIT_INVALID, BadInput
 from moe_vlm.launch.halving import Search, search_of
 from moe_vlm.launch.status import collect
 from moe_vlm.memory import MemoryEstimate
-from moe_vlm.plan import POINT_LINE_HEADER, memory_of, point_line, prediction_of, render
+from moe_vlm.plan import POINT_LINE_HEADER, gather, memory_of, point_line, prediction_of, render
+from moe_vlm.plan_record import plan_of
 from moe_vlm.predict import Prediction
 from moe_vlm.preflight import COMPOSE_ERRORS, explain
 from moe_vlm.provenance import git_state
@@ -344,12 +345,20 @@ class PlanningSweeper(Sweeper):
     ) -> Iterator[str]:
         """Each point's plan; then, on Slurm, every job as the launcher would submit it (one
         sbatch script per job, job array or pack, naming its points) and the canary's."""
+        secrets = secret_values()
+        clean: Callable[[Any], Any] = (
+            (lambda value: scrub(value, secrets)) if secrets else (lambda value: value)
+        )
         for number, point in enumerate(dry, start=1):
             found = memory[number - 1] if memory else None
             speed = predicted[number - 1] if predicted else None
             header = f"===== point {number}/{len(dry)}: {point.label()}  (id {point.point_id}) ====="
-            plan = render(point.spec, point.findings, deep=deep, memory=found, prediction=speed)
-            yield f"{header}\n{scrub_text(plan)}\n"
+            got = gather(point.spec, point.findings, deep=deep, memory=found, prediction=speed)
+            # Each point's plan.json where its run would write run.json.
+            point_dir = sweep_dir / point.point_id
+            point_dir.mkdir(parents=True, exist_ok=True)
+            plan_of(point.spec, point.findings, got).write(point_dir, clean)
+            yield f"{header}\n{scrub_text(render(point.spec, point.findings, gathered=got))}\n"
         valid = [(number, p) for number, p in enumerate(dry, start=1) if p.valid]
         overrides = [self.job_overrides(p, sweep_dir) for _, p in valid]
         jobs = getattr(self.launcher, "render_jobs", None)

@@ -57,6 +57,10 @@ def planned_form(command: str) -> str:
     code, hash_, comment = command.partition(" #")
     if PLANNED.search(code) and "dry_run=" not in code:
         code = code.rstrip() + " dry_run=true"
+    # A planned sweep writes its points' plan.json: outside multirun/, so the recorded sweep stays
+    # the newest there for the commands after it (`ls -td multirun/*/`), as a sweep that ran would be.
+    if PLANNED.search(code) and re.search(r"(^|\s)-m(\s|$)", code) and "hydra.sweep.dir=" not in code:
+        code = code.rstrip() + " 'hydra.sweep.dir=planned/${now:%H-%M-%S-%f}'"
     return code + hash_ + comment
 
 

@@ -154,8 +154,17 @@ def test_frozen_vision_and_bridge_figures_in_summary() -> None:
     )  # fmt: skip
     expected = step_flops(s, workload)
     assert flops["model"] == expected.model
-    # ViT forward on 32 images of 1024 patches: 32 x 972,331,941,888; Bridge counts it x3, we x1.
-    assert flops["bridge"] - flops["model"] == pytest.approx(2 * 32 * 972_331_941_888)
+    # ViT forward on 32 images of 1024 patches: 32 x 972,331,941,888; Bridge counts it x3, we x1;
+    # Bridge leaves out the 3 deepstack mergers we count x3 (32 x 9 x 15,703,474,176).
+    assert flops["bridge"] - flops["model"] == pytest.approx(
+        2 * 32 * 972_331_941_888 - 32 * 9 * 15_703_474_176
+    )
+    # The same difference, term by term, in summary.flops_basis (moe_vlm/flops_basis.py).
+    basis = summary["flops_basis"]
+    assert basis["bridge_flops"] == pytest.approx(flops["bridge"]) and basis["model_flops"] == flops["model"]
+    terms = {t["name"]: t["flops"] for t in basis["terms"]}
+    assert terms["padding"] == 0 and terms["frozen parts"] == pytest.approx(2 * 32 * 972_331_941_888)
+    assert basis["bridge_flops"] - sum(terms.values()) == pytest.approx(basis["model_flops"])
     assert flops["hardware"] > flops["model"] and flops["recompute"] > 0
     assert flops["multipliers"]["vision_encoder"] == {"weight": 1, "activation": 1}
     assert summary["tokens_per_step"]["image"] == 8 * 4 * 256

@@ -1,0 +1,49 @@
+"""A Bridge perf recipe run as written that our estimate says will not fit: a warning naming the
+terms (the vendor runs it; our GPU terms are uncalibrated), never a rejection."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from moe_vlm.rules import memory as memory_rules
+from moe_vlm.rules import validate
+from moe_vlm.vendor import vendor_recipe
+from tests.conftest import make_spec
+
+# Qwen3.5-35B-A3B's 8-GPU GB200 BF16 recipe as written: EP 8, MBS 4, GBS 512, nothing frozen,
+# forced routing, no graphs, HybridEP; image-free data is the closest of ours to its mock.
+QWEN35_GB200 = (
+    "model=qwen35_vl_35b_a3b", "cluster=gb200", "nodes=2", "nproc=4", "parallelism=3d", "ep=8", "mbs=4",
+    "gbs=512", "dispatcher=hybridep", "router=forced_balance", "cuda_graph=none", "data=mock",
+)  # fmt: skip
+RECIPE = "qwen35_vl_35b_a3b_pretrain_8gpu_gb200_bf16"
+
+
+def test_our_estimate_rejects_it_without_the_recipe() -> None:
+    findings = {f.code: f for f in validate(make_spec(*QWEN35_GB200))}
+    assert findings["M001"].is_error
+
+
+def test_a_vendor_recipe_over_memory_is_a_warning_naming_the_terms(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(memory_rules, "vendor_recipe", lambda spec: RECIPE)
+    findings = {f.code: f for f in validate(make_spec(*QWEN35_GB200))}
+    assert "M001" not in findings
+    warning = findings["M003"]
+    assert not warning.is_error
+    assert RECIPE in warning.message and "decoder_activations 101.9" in warning.message
+    assert "logits 22.7" in warning.message and "docs/memory-and-advisor.md" in warning.message
+
+
+def test_a_vendor_recipe_that_fits_says_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(memory_rules, "vendor_recipe", lambda spec: RECIPE)
+    fits = validate(make_spec(*QWEN35_GB200[:-6], "mbs=1", "dispatcher=hybridep", "data=mock"))
+    assert not {"M001", "M003"} & {f.code for f in fits}
+
+
+def test_the_hook_reads_the_recipe_field() -> None:
+    """ASSUMPTION (moe_vlm/vendor.py): recipe=<name> records its name in RunSpec.recipe."""
+    assert vendor_recipe(make_spec()) is None
+    assert vendor_recipe(SimpleNamespace(recipe=RECIPE)) == RECIPE  # type: ignore[arg-type]
+    assert vendor_recipe(SimpleNamespace(recipe=None)) is None  # type: ignore[arg-type]
