@@ -73,9 +73,10 @@ class Prediction:
         return value * max(1 - self.sigma, 0.0), value * (1 + self.sigma)
 
     def to_json(self) -> dict[str, Any]:
+        band = self.band(self.step_time_s)
         return {
             "step_time_s": self.step_time_s,
-            "step_time_band_s": self.band(self.step_time_s),
+            "step_time_band_s": None if band is None else list(band),  # JSON's shape, read back equal
             "sigma": self.sigma,
             "source": self.source,
             "workload": self.workload,
