@@ -8,7 +8,7 @@ import textwrap
 from typing import TYPE_CHECKING, Any
 
 from moe_vlm.data.workers import data_workers
-from moe_vlm.engines.bridge_fields import RESOLVED_FIELDS, bridge_overrides, select_recipe
+from moe_vlm.engines.bridge_fields import RESOLVED_FIELDS, bridge_overrides, forward_step_path, select_recipe
 from moe_vlm.engines.hf_config import is_local_checkpoint
 from moe_vlm.memory import MemoryEstimate, estimate
 from moe_vlm.metrics import peak_of, precision_peak_of
@@ -92,7 +92,7 @@ def megatron_lines(spec: RunSpec) -> list[str]:
         f"recipe         {recipe.name} ({recipe.kind}{note})",
         f"recipe family  {recipe.family}: the same on every cluster of this model",
         f"hf config      {source}",
-        "forward step   megatron.bridge.models.qwen_vl.qwen3_vl_step.forward_step, one process per GPU",
+        f"forward step   {forward_step_path(spec).replace(':', '.')}, one process per GPU",
         f"fields         {len(overrides)} rows of moe_vlm/engines/bridge_fields.py (knob -> field = value; "
         "(recipe's) = left as the recipe set it):",
     ]

@@ -7,6 +7,7 @@ which parameters train (vision_freeze) and what is recomputed in backward (recom
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -95,7 +96,7 @@ def packed_position_ids(model: Qwen3VLMoeForConditionalGeneration, batch: Batch)
     grids = batch.image_grid_thw
     first_image = 0
     pieces = []
-    for index, (start, end) in enumerate(zip(bounds[:-1], bounds[1:], strict=True)):
+    for index, (start, end) in enumerate(itertools.pairwise(bounds)):
         images = batch.images_per_sample[index]
         grid = None if grids is None or images == 0 else grids[first_image : first_image + images]
         first_image += images

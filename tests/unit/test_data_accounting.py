@@ -13,8 +13,8 @@ from moe_vlm.data.batch import IGNORE_INDEX, Batch
 from moe_vlm.data.errors import TokenizerMismatch
 from moe_vlm.data.sequence import EncodedSample, RawSample, SampleEncoder, collate
 from moe_vlm.data.tokenizer import ByteTokenizer
-from moe_vlm.schema import Packing
 from moe_vlm.data.vision import ImagePreprocessor, image_tokens_for
+from moe_vlm.schema import Packing
 from moe_vlm.spec import RunSpec
 from tests.conftest import make_spec
 
@@ -178,7 +178,9 @@ def test_padding_one_sample_per_row(tiny: RunSpec) -> None:
     encoder = SampleEncoder(
         ByteTokenizer(tiny.model), ImagePreprocessor(tiny.model, tiny.data), seq_length=100
     )
-    batches = list(collate(iter(samples), encoder, mbs=2, packing=Packing.none, pad_token_id=PAD, data_kind="mock"))
+    batches = list(
+        collate(iter(samples), encoder, mbs=2, packing=Packing.none, pad_token_id=PAD, data_kind="mock")
+    )
     assert [b.stats.samples for b in batches] == [2, 2]
     first = batches[0].stats
     assert (first.padded_tokens, first.real_tokens) == (200, 70)  # 2 rows x 100; 30 + 40 real
@@ -190,7 +192,9 @@ def test_in_batch_packing_puts_the_micro_batch_in_one_unpadded_row(tiny: RunSpec
     encoder = SampleEncoder(
         ByteTokenizer(tiny.model), ImagePreprocessor(tiny.model, tiny.data), seq_length=100
     )
-    stream = collate(iter(samples), encoder, mbs=2, packing=Packing.in_batch, pad_token_id=PAD, data_kind="mock")
+    stream = collate(
+        iter(samples), encoder, mbs=2, packing=Packing.in_batch, pad_token_id=PAD, data_kind="mock"
+    )
     batch, second = next(stream), next(stream)
     # The micro-batch's two samples, one after the other, nothing padded: [1, 30 + 40].
     assert batch.sample_keys == ["s0", "s1"] and second.sample_keys == ["s2", "s3"]
@@ -229,7 +233,9 @@ def test_images_that_do_not_fit_are_skipped_with_a_warning(
     ]
     with caplog.at_level(logging.WARNING):
         batch = next(
-            collate(iter(samples), encoder, mbs=1, packing=Packing.none, pad_token_id=PAD, data_kind="synthetic")
+            collate(
+                iter(samples), encoder, mbs=1, packing=Packing.none, pad_token_id=PAD, data_kind="synthetic"
+            )
         )
     assert batch.sample_keys == ["fine"] and batch.stats.skipped_samples == 2
     assert "too-big" in caplog.text and "no room for text" in caplog.text

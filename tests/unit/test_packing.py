@@ -9,7 +9,7 @@ positions and mRoPE restart per sample and every image's vision tokens land in t
 
 from __future__ import annotations
 
-from itertools import islice
+from itertools import islice, pairwise
 
 import pytest
 import torch
@@ -27,7 +27,9 @@ TOLERANCE = 1e-6
 SMALL = ("data.max_long_side_px=480", "data.max_text_tokens=96", "mbs=3", "seq_length=1024")
 
 
-def per_sample_losses(logits: torch.Tensor, labels: torch.Tensor, spans: list[tuple[int, int, int]]) -> list[float]:
+def per_sample_losses(
+    logits: torch.Tensor, labels: torch.Tensor, spans: list[tuple[int, int, int]]
+) -> list[float]:
     """Summed next-token loss of each sample, from (row, start, end) of its positions."""
     losses = []
     for row, start, end in spans:
@@ -45,7 +47,7 @@ def padded_spans(batch: Batch) -> list[tuple[int, int, int]]:
 def packed_spans(batch: Batch) -> list[tuple[int, int, int]]:
     assert batch.cu_seqlens is not None
     bounds = batch.cu_seqlens.tolist()
-    return [(0, start, end) for start, end in zip(bounds[:-1], bounds[1:], strict=True)]
+    return [(0, start, end) for start, end in pairwise(bounds)]
 
 
 def first_batch(spec: RunSpec) -> Batch:
@@ -82,7 +84,10 @@ def test_packed_and_padded_give_each_sample_the_same_loss(kind: str) -> None:
     bounds = packed.cu_seqlens.tolist() if packed.cu_seqlens is not None else []
     assert positions[0, 0, bounds[1]] == 0
     padded_mrope, _ = model.model.get_rope_index(
-        padded.input_ids, padded.mm_token_type_ids, padded.image_grid_thw, attention_mask=padded.attention_mask
+        padded.input_ids,
+        padded.mm_token_type_ids,
+        padded.image_grid_thw,
+        attention_mask=padded.attention_mask,
     )
     length = bounds[2] - bounds[1]
     assert torch.equal(positions[1:, 0, bounds[1] : bounds[2]], padded_mrope[:, 1, :length])

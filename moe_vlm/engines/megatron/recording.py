@@ -7,6 +7,7 @@ memory counters."""
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import socket
 import time
 from dataclasses import dataclass, field
@@ -15,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from moe_vlm import profiling
 from moe_vlm.data.batch import BatchStats
+from moe_vlm.engines.bridge_fields import forward_step_path
 from moe_vlm.metrics import MemoryKind
 from moe_vlm.record import STEPS_JSONL, StepRecord, StepWriter
 from moe_vlm.schema import CudaGraphImpl, Profiler
@@ -588,8 +590,10 @@ def counted(data_iterator: Any, recorder: StepRecorder) -> Any:
 
 
 def counting_forward_step(recorder: StepRecorder) -> Any:
-    """Bridge's Qwen3-VL forward step, fed through an iterator that counts each micro-batch."""
-    from megatron.bridge.models.qwen_vl.qwen3_vl_step import forward_step
+    """Bridge's forward step for this run (bridge_fields.forward_step_path: Qwen3-VL's, or vlm_step
+    with data.packing=in_batch), fed through an iterator that counts each micro-batch."""
+    module, function = forward_step_path(recorder.spec).split(":")
+    forward_step = getattr(importlib.import_module(module), function)
 
     def qwen3_vl_forward_step(
         state: Any, data_iterator: Any, model: Any, return_schedule_plan: bool = False
