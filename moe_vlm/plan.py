@@ -11,6 +11,7 @@ from moe_vlm.data.workers import data_workers
 from moe_vlm.engines.bridge_fields import RESOLVED_FIELDS, bridge_overrides, forward_step_path, select_recipe
 from moe_vlm.engines.hf_config import is_local_checkpoint
 from moe_vlm.memory import MemoryEstimate, estimate
+from moe_vlm.memory.micro_batch import micro_batch_shape
 from moe_vlm.metrics import peak_of, precision_peak_of
 from moe_vlm.precision import profile as precision_profile
 from moe_vlm.record import choices
@@ -69,6 +70,7 @@ def layout_lines(spec: RunSpec) -> list[str]:
         f"job spans {lay.nvlink_domains_spanned} domain(s)",
         f"batch          GBS={spec.gbs}{gbs_note} = MBS {spec.mbs} x DP {lay.dp} x {spec.accumulation_steps} "
         f"accumulation step(s); seq_length={spec.seq_length}",
+        f"micro-batch    {micro_batch_shape(spec).text()}",
         f"data workers   {data_workers(spec).describe()}",
         routing_line(spec),
         precision_line(spec),

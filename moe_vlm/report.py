@@ -141,6 +141,7 @@ def row_of(run_file: Path, run: RunRecord) -> dict[str, Any]:
         "real_tokens_per_step": tokens.get("real"),
         "image_tokens_per_step": tokens.get("image"),
         "padded_tokens_per_step": tokens.get("padded"),
+        "padding_fraction": summary.get("padding_fraction"),  # None: written before it
         "model_flops_per_step": flops.get("model"),
         "bridge_flops_per_step": flops.get("bridge"),
         "share_vision_encoder": components.get("vision_encoder"),
@@ -252,6 +253,10 @@ def _shares(row: Row) -> str:
     return "/".join(f"{100 * float(s or 0.0):.0f}" for s in shares)
 
 
+def _percent(value: Any) -> str:
+    return "-" if _missing(value) else f"{100 * float(value):.0f}"
+
+
 def _step_time(row: Row) -> str:
     p10, p50, p90 = (row.get(f"step_time_p{q}_s") for q in (10, 50, 90))
     if _missing(p50):
@@ -273,6 +278,7 @@ def results_table(rows: pd.DataFrame, knobs: list[str], top: int | None = None) 
         *knobs,
         "eff tok/s/GPU",
         "nominal tok/s/GPU",
+        "pad %",  # of the positions computed, padding (data.packing=in_batch removes it)
         "TFLOP/s/GPU",
         "MFU",
         "MFU own peak",  # against the precision's dense peak (FP8/FP4); = MFU for BF16
@@ -292,6 +298,7 @@ def results_table(rows: pd.DataFrame, knobs: list[str], top: int | None = None) 
                 *(_cell(row[k]) for k in knobs),
                 _number(row["effective_tokens_per_s_per_gpu"]),
                 _number(row["nominal_tokens_per_s_per_gpu"]),
+                _percent(row.get("padding_fraction")),
                 _flops(row["tflops_per_gpu"]),
                 _mfu(row),
                 _mfu(row, "mfu_precision"),

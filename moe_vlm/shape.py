@@ -195,7 +195,7 @@ SUMMARY_SHAPE: dict[str, Any] = {
             "effective_tokens_per_s_per_gpu", "nominal_tokens_per_s_per_gpu", "padded_tokens_per_s_per_gpu",
             "loss_tokens_per_s_per_gpu", "image_tokens_per_s_per_gpu", "tflops_per_gpu",
             "bridge_tflops_per_gpu", "hardware_tflops_per_gpu", "mfu", "mfu_precision", "peak_memory_gib",
-            "component_coverage",
+            "component_coverage", "padding_fraction",
         ),
         NUMBER,
     ),
