@@ -214,7 +214,9 @@ SUMMARY_SHAPE: dict[str, Any] = {
     "component_time_s_per_rank_step": _SECONDS,
     "data_wait": {"mean_s": NUMBER, "max_s": NUMBER, "fraction_of_step_time": NUMBER, "rank_steps": INT},
     "device_memory": MapOf(SCALAR),
-    "per_rank": ListOf({"rank": Required(INT), "host": STR, "steps": INT, "median_s": Required(_SECONDS)}),
+    "per_rank": ListOf(
+        {"rank": Required(INT), "host": STR, "steps": INT, "median_s": Required(_SECONDS), "median_load": _SECONDS}
+    ),
 }  # fmt: skip
 RUN_SHAPE: dict[str, Any] = {
     "status": Required(STR),
