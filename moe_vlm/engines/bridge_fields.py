@@ -611,7 +611,7 @@ FIELD_MAP: tuple[FieldMap, ...] = (
         "dataset.enable_in_batch_packing",
         lambda s: s.data.packing is Packing.in_batch,
         "in_batch: the collate packs the micro-batch into one THD row (Bridge's build_mcore_thd_sequence_"
-        "batch_from_rows, data/packing/in_batch.py:160-215), run by vlm_step",
+        "batch_from_rows, data/packing/in_batch.py:89-215), run by vlm_step",
     ),
     FieldMap(
         "data.packing",
