@@ -43,6 +43,7 @@ from tests.megatron.test_config_container import BASE, COMPANIONS, group_options
 ENGINE_CPU = {
     "A001": "EnergonDatasetConfig.validate: path must be set",
     "A003": "ConfigContainer.validate: in-batch packing needs micro_batch_size > 1",
+    "A010": "TransformerConfig: the allgather dispatcher does not support variable sequence lengths",
     "D001": "validate_flex_dispatcher_backend: DeepEP on Ampere/Hopper/B200/B300 only",
     "D002": "validate_flex_dispatcher_backend: HybridEP on compute capability 8/9/10 only",
     "D006": "TransformerConfig: overlap_moe_expert_parallel_comm prerequisites",
@@ -300,6 +301,8 @@ EXTRA: list[tuple[str, ...]] = [
     (*B2, "cuda_graph=te_moe", "cuda_graph.scope=[]"),
     (*B2, "data.packing=in_batch", "mbs=2"),
     (*B2, "data.packing=in_batch", "mbs=2", "cuda_graph=te_moe"),
+    (*B2, "data.packing=in_batch", "mbs=2", "parallelism=3d", "cp=2", "seq_length=4096"),
+    (*B2, "data=real", "data.path=/datasets/shards", "data.packing=in_batch", "mbs=2"),
     (*B2, "data=synthetic", "mbs=4", "vision_freeze=vision"),
     (*B2, "data=real", "data.path=/datasets/shards", "mbs=2"),
     (*B2, "data=real"),
