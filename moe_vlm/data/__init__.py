@@ -4,7 +4,7 @@ Every kind goes through the same path, so token and patch counts are comparable:
 
     source (mock | synthetic | real)  ->  RawSample (uint8 images + byte-level text ids)
     -> SampleEncoder: Qwen3-VL image processor, placeholder tokens, seq_length policy
-    -> collate: pad or pack into MBS rows x seq_length  ->  Batch (+ BatchStats)
+    -> collate: MBS rows x seq_length, or (data.packing=in_batch) one unpadded row  ->  Batch (+ BatchStats)
 
 torch and transformers are imported on first use, so that scripts/build_dataset.py (which
 needs only the shard format in energon.py) starts in a moment.
