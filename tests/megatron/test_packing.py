@@ -23,7 +23,7 @@ import torch
 
 from moe_vlm.data import build_batches
 from moe_vlm.data.batch import IGNORE_INDEX
-from moe_vlm.engines.bridge_fields import QWEN3_VL_STEP, VLM_STEP, forward_step_path
+from moe_vlm.knobs.bridge_fields import QWEN3_VL_STEP, VLM_STEP, forward_step_path
 from moe_vlm.rules import validate
 from tests.conftest import make_spec
 from tests.megatron.conftest import REPORT, RecipeCache, model_parallel_rank, needs_stack, runtime_updated

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from moe_vlm import profiling
 from moe_vlm.data.batch import BatchStats
-from moe_vlm.engines.bridge_fields import forward_step_path
+from moe_vlm.knobs.bridge_fields import forward_step_path
 from moe_vlm.metrics import MemoryKind
 from moe_vlm.record import STEPS_JSONL, StepRecord, StepWriter
 from moe_vlm.schema import CudaGraphImpl, Profiler
