@@ -65,7 +65,7 @@ KNOBS: dict[str, tuple[tuple[str, ...], ...]] = {
     "nodes": (("spec", "layout", "nodes"), ("config", "nodes")),
     **{key: _layout(key) for key in ("world_size", "tp", "pp", "vp", "cp", "ep", "etp")},
     **{group: _group(group) for group in ("dispatcher", "recompute", "cuda_graph", "vision_freeze", "data")},
-    "pack_sequences": (("spec", "data", "pack_sequences"), ("config", "data", "pack_sequences")),
+    "packing": (("spec", "data", "packing"), ("config", "data", "packing")),
     **{group: _group(group) for group in ("cluster", "router")},
     # The number format (a precision option's `format`; each shipped option is named after it).
     "precision": (("spec", "precision", "format"), ("config", "precision", "format")),
@@ -95,7 +95,6 @@ KNOB_KINDS: dict[str, Kind] = {
         ),
         INT,
     ),
-    "pack_sequences": BOOL,
 }
 # Settings (RunRecord.setting) the report reads beside the knobs.
 SETTING_KINDS: dict[tuple[str, ...], Kind] = {

@@ -94,19 +94,34 @@ class Workload:
     sum_seq_len_squared: int  # sum over sequences of real length^2
     vision_patches: int  # ViT patches before the spatial merge
     sum_patches_squared: int  # sum over images of patches^2
+    # Samples in those sequences: more than `sequences` when rows are packed (data.packing=in_batch,
+    # attention confined to each sample); 0 = unknown, one sample per sequence.
+    samples: int = 0
+
+    @property
+    def packed(self) -> bool:
+        return self.samples > self.sequences > 0
 
     def padded(self) -> Workload:
         """The same step as Bridge and the hardware see it: every position computed, padding too."""
         if self.padded_tokens == self.real_tokens or self.sequences == 0:
             return self
-        # Padding makes every sequence padded_tokens / sequences long.
+        if self.packed:
+            # Packed rows pad each sample only to the CP/SP alignment: every sample grows by the
+            # same factor on average, and attention stays inside it.
+            grown = self.padded_tokens / max(self.real_tokens, 1)
+            sum_squares = round(self.sum_seq_len_squared * grown**2)
+        else:
+            # Padding makes every sequence padded_tokens / sequences long.
+            sum_squares = round(self.padded_tokens**2 / self.sequences)
         return Workload(
             sequences=self.sequences,
             padded_tokens=self.padded_tokens,
             real_tokens=self.padded_tokens,
-            sum_seq_len_squared=round(self.padded_tokens**2 / self.sequences),
+            sum_seq_len_squared=sum_squares,
             vision_patches=self.vision_patches,
             sum_patches_squared=self.sum_patches_squared,
+            samples=self.samples,
         )
 
 

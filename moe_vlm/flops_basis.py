@@ -39,7 +39,7 @@ from moe_vlm.flops import (
     vision_encoder_forward,
 )
 from moe_vlm.memory.images import resized_pixels
-from moe_vlm.schema import DataKind
+from moe_vlm.schema import DataKind, Packing
 from moe_vlm.spec import RunSpec
 from moe_vlm.vendor import BRIDGE_MOCK_IMAGES, BRIDGE_MOCK_PATCHES, BRIDGE_MOCK_REAL_TOKENS, is_bridge_mock
 
@@ -135,7 +135,7 @@ def _synthetic_moments(
 def expected_shape(spec: RunSpec) -> SampleShape | str:
     """The average sample this run will see, or why it is not known before the run."""
     seq = spec.seq_length
-    if spec.data.pack_sequences:
+    if spec.data.packing is not Packing.none:
         return "packed rows: per-row real tokens are the packing accounting's (known after the run)"
     if is_bridge_mock(spec):  # the hook until data=bridge_mock states its shape (moe_vlm/vendor.py)
         real, patches = BRIDGE_MOCK_REAL_TOKENS, BRIDGE_MOCK_PATCHES

@@ -127,6 +127,7 @@ def workload_of(records: list[StepRecord]) -> Workload:
         sum_seq_len_squared=sum(int(r.sum_seq_len_squared) for r in records),
         vision_patches=sum(int(r.vision_patches) for r in records),
         sum_patches_squared=sum(int(r.sum_patches_squared) for r in records),
+        samples=sum(int(r.samples or 0) for r in records),
     )
 
 
@@ -270,6 +271,8 @@ def summarize(steps: Iterable[StepRecord | Mapping[str, Any]], spec: RunSpec) ->
     }
     totals["nominal"] = nominal_per_step * len(steady)
     summary["tokens_per_step"] = {kind: total / len(steady) for kind, total in totals.items()}
+    # Of the positions the model computed, the share that was padding (0 when packed without CP/SP).
+    summary["padding_fraction"] = 1.0 - totals["real"] / totals["padded"] if totals["padded"] else None
     # The rates: what the rated steps did over the seconds they took (time_basis), per GPU.
     rated = [steady[i] for i in basis.indices]
     totals = {

@@ -15,8 +15,9 @@ from moe_vlm.engines.megatron.library_checks import Check
 from moe_vlm.engines.megatron.plan_cache import library_checks, stack_probe
 from moe_vlm.engines.megatron.plan_cache import planned_effective as cached
 from moe_vlm.flops_basis import FlopsBasis, basis_lines, expected_basis
-from moe_vlm.knobs.bridge_fields import RESOLVED_FIELDS, bridge_overrides, select_recipe
+from moe_vlm.knobs.bridge_fields import RESOLVED_FIELDS, bridge_overrides, forward_step_path, select_recipe
 from moe_vlm.memory import MemoryEstimate, estimate
+from moe_vlm.memory.micro_batch import micro_batch_shape
 from moe_vlm.metrics import peak_of, precision_peak_of
 from moe_vlm.precision import profile as precision_profile
 from moe_vlm.predict import Prediction, predict
@@ -76,6 +77,7 @@ def layout_lines(spec: RunSpec) -> list[str]:
         f"job spans {lay.nvlink_domains_spanned} domain(s)",
         f"batch          GBS={spec.gbs}{gbs_note} = MBS {spec.mbs} x DP {lay.dp} x {spec.accumulation_steps} "
         f"accumulation step(s); seq_length={spec.seq_length}",
+        f"micro-batch    {micro_batch_shape(spec).text()}",
         f"data workers   {data_workers(spec).describe()}",
         routing_line(spec),
         precision_line(spec),
@@ -99,7 +101,7 @@ def megatron_lines(spec: RunSpec) -> list[str]:
         f"recipe         {recipe.name} ({recipe.kind}{note})",
         f"recipe family  {recipe.family}: the same on every cluster of this model",
         f"hf config      {source}",
-        "forward step   megatron.bridge.models.qwen_vl.qwen3_vl_step.forward_step, one process per GPU",
+        f"forward step   {forward_step_path(spec).replace(':', '.')}, one process per GPU",
         f"fields         {len(overrides)} rows of moe_vlm/knobs/bridge_fields.py (knob -> field = value; "
         "(recipe's) = left as the recipe set it):",
     ]

@@ -187,6 +187,8 @@ class StepRecord:
     # Samples the data pipeline dropped while building this step's batches (Megatron: seeded draws
     # it replaced; real data skips happen inside Energon).
     skipped_samples: int | None = None
+    # Samples in this step's sequences (more than `sequences` when rows are packed, data.packing).
+    samples: int | None = None
     # Torch engine: the two halves of components_s (with timing hooks on), and the seconds of
     # step_time_s in grad norm + optimizer step (collectives included).
     components_forward_s: dict[str, float] | None = None

@@ -65,6 +65,10 @@ def _shares(row: Row) -> str:
     return "/".join(f"{100 * float(s or 0.0):.0f}" for s in shares)
 
 
+def _percent(value: Any) -> str:
+    return "-" if _missing(value) else f"{100 * float(value):.0f}"
+
+
 def _step_time(row: Row) -> str:
     p10, p50, p90 = (row.get(f"step_time_p{q}_s") for q in (10, 50, 90))
     if _missing(p50):
@@ -86,6 +90,7 @@ def results_table(rows: pd.DataFrame, knobs: list[str], top: int | None = None) 
         *knobs,
         "eff tok/s/GPU",
         "nominal tok/s/GPU",
+        "pad %",  # of the positions computed, padding (data.packing=in_batch removes it)
         "TFLOP/s/GPU",
         "MFU",
         "MFU own peak",  # against the precision's dense peak (FP8/FP4); = MFU for BF16
@@ -105,6 +110,7 @@ def results_table(rows: pd.DataFrame, knobs: list[str], top: int | None = None) 
                 *(_cell(row[k]) for k in knobs),
                 _number(row["effective_tokens_per_s_per_gpu"]),
                 _number(row["nominal_tokens_per_s_per_gpu"]),
+                _percent(row.get("padding_fraction")),
                 _flops(row["tflops_per_gpu"]),
                 _mfu(row),
                 _mfu(row, "mfu_precision"),

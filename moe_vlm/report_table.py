@@ -98,6 +98,7 @@ def row_of(run_file: Path, run: RunRecord) -> dict[str, Any]:
         "real_tokens_per_step": tokens.get("real"),
         "image_tokens_per_step": tokens.get("image"),
         "padded_tokens_per_step": tokens.get("padded"),
+        "padding_fraction": summary.get("padding_fraction"),  # None: written before it
         "model_flops_per_step": flops.get("model"),
         "bridge_flops_per_step": flops.get("bridge"),
         "share_vision_encoder": components.get("vision_encoder"),

@@ -53,6 +53,15 @@ class DataKind(Enum):
     real = "real"  # image-text WebDataset shards on disk (Energon layout)
 
 
+class Packing(StrEnum):
+    """How a micro-batch's samples become model rows (docs/data.md "Padding or packing")."""
+
+    none = "none"  # one sample per row, padded to seq_length
+    # the micro-batch's samples concatenated unpadded into one row, attention confined to each sample
+    # (torch: per-sample mask and positions; Megatron: Bridge's collate-time THD packing + vlm_step)
+    in_batch = "in_batch"
+
+
 class TokenDispatcher(Enum):
     alltoall = "alltoall"
     allgather = "allgather"
@@ -227,7 +236,7 @@ class VisionFreezeConfig:
 class DataConfig:
     kind: DataKind = DataKind.mock
     path: str | None = None  # real: an Energon-prepared WebDataset directory (scripts/build_dataset.py)
-    pack_sequences: bool = False  # False = pad every sample to seq_length; True = pack samples into rows
+    packing: Packing = Packing.none  # none: pad each sample to seq_length; in_batch: one unpadded row
     # DataLoader workers per rank; null = per engine (torch: 0, in its loop; megatron: from the CPUs per rank)
     num_workers: int | None = None
     # synthetic: per sample, uniform draws from each [min, max] range (text_tokens: byte-level ids)

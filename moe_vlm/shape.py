@@ -195,7 +195,7 @@ SUMMARY_SHAPE: dict[str, Any] = {
             "effective_tokens_per_s_per_gpu", "nominal_tokens_per_s_per_gpu", "padded_tokens_per_s_per_gpu",
             "loss_tokens_per_s_per_gpu", "image_tokens_per_s_per_gpu", "tflops_per_gpu",
             "bridge_tflops_per_gpu", "hardware_tflops_per_gpu", "mfu", "mfu_precision", "peak_memory_gib",
-            "component_coverage",
+            "component_coverage", "padding_fraction",
         ),
         NUMBER,
     ),
@@ -219,7 +219,9 @@ SUMMARY_SHAPE: dict[str, Any] = {
     "component_time_s_per_rank_step": _SECONDS,
     "data_wait": {"mean_s": NUMBER, "max_s": NUMBER, "fraction_of_step_time": NUMBER, "rank_steps": INT},
     "device_memory": MapOf(SCALAR),
-    "per_rank": ListOf({"rank": Required(INT), "host": STR, "steps": INT, "median_s": Required(_SECONDS)}),
+    "per_rank": ListOf(
+        {"rank": Required(INT), "host": STR, "steps": INT, "median_s": Required(_SECONDS), "median_load": _SECONDS}
+    ),
 }  # fmt: skip
 RUN_SHAPE: dict[str, Any] = {
     "status": Required(STR),

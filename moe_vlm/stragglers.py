@@ -55,9 +55,19 @@ def _timings(record: StepRecord) -> dict[str, float]:
     return out
 
 
+def _load(record: StepRecord) -> dict[str, float]:
+    """What one rank processed in one step: with packing and real data it varies between ranks."""
+    out = {"images": float(record.images), "real_tokens": float(record.real_tokens)}
+    if record.samples is not None:
+        out["samples"] = float(record.samples)
+    return out
+
+
 def rank_medians(steady: list[list[StepRecord]]) -> list[dict[str, Any]]:
-    """Per rank over the steady steps (each a list of rank records): host, steps, median seconds."""
+    """Per rank over the steady steps (each a list of rank records): host, steps, median seconds,
+    and the median images, real tokens and samples it processed per step (median_load)."""
     series: dict[int, dict[str, list[float]]] = {}
+    loads: dict[int, dict[str, list[float]]] = {}
     hosts: dict[int, str | None] = {}
     for records in steady:
         for record in records:
@@ -65,15 +75,71 @@ def rank_medians(steady: list[list[StepRecord]]) -> list[dict[str, Any]]:
             hosts[rank] = record.host or hosts.get(rank)
             for metric, seconds in _timings(record).items():
                 series.setdefault(rank, {}).setdefault(metric, []).append(seconds)
+            for name, count in _load(record).items():
+                loads.setdefault(rank, {}).setdefault(name, []).append(count)
     return [
         {
             "rank": rank,
             "host": hosts[rank],
             "steps": len(series[rank][STEP]),
             "median_s": {metric: median(values) for metric, values in series[rank].items()},
+            "median_load": {name: median(values) for name, values in loads.get(rank, {}).items()},
         }
         for rank in sorted(series)
     ]
+
+
+# Where a slow rank's extra step time can be its own: waiting for data, the vision encoder, the
+# decoder (projector time is within the vision tower's and small). LOAD_NAMES: what it processed.
+ATTRIBUTED = (DATA_WAIT, "vision_encoder", "decoder")
+LOAD_NAMES = {"images": "images", "real_tokens": "tokens", "samples": "samples"}
+
+
+@dataclass(frozen=True)
+class Attribution:
+    """A rank's median step time above the job's, split by where its own medians are above the job's,
+    beside what it processed per step against the job's median."""
+
+    extra_s: float
+    parts_s: dict[str, float]  # metric -> this rank's median minus the job's (positive parts only)
+    load: dict[str, float]  # this rank's median images / real_tokens / samples per step
+    job_load: dict[str, float]
+
+    def text(self) -> str:
+        parts = ", ".join(f"{METRIC_NAMES[m]} +{s:.3f} s" for m, s in self.parts_s.items()) or "no timed part"
+        load = ", ".join(
+            f"{self.load[name]:,.0f} {label} (job {self.job_load[name]:,.0f})"
+            for name, label in LOAD_NAMES.items()
+            if name in self.load and name in self.job_load
+        )
+        return f"extra {self.extra_s:.3f} s: {parts}" + (f"; processed {load} per step" if load else "")
+
+
+def attribute(entry: dict[str, Any], per_rank: list[dict[str, Any]]) -> Attribution | None:
+    """Where one rank's extra step time went: data wait, vision encoder or decoder, and its load."""
+    medians = [e["median_s"] for e in per_rank]
+    if STEP not in entry["median_s"]:
+        return None
+    job = {
+        m: median(each[m] for each in medians if m in each)
+        for m in (STEP, *ATTRIBUTED)
+        if any(m in x for x in medians)
+    }
+    parts = {
+        m: entry["median_s"][m] - job[m]
+        for m in ATTRIBUTED
+        if m in entry["median_s"] and m in job and entry["median_s"][m] > job[m]
+    }
+    loads = [e.get("median_load") or {} for e in per_rank]
+    job_load = {
+        n: median(each[n] for each in loads if n in each) for n in LOAD_NAMES if any(n in x for x in loads)
+    }
+    return Attribution(
+        extra_s=entry["median_s"][STEP] - job[STEP],
+        parts_s=dict(sorted(parts.items(), key=lambda item: -item[1])),
+        load=dict(entry.get("median_load") or {}),
+        job_load=job_load,
+    )
 
 
 @dataclass(frozen=True)
@@ -83,15 +149,17 @@ class Flag:
     metric: str
     seconds: float
     job_median_s: float
+    attribution: Attribution | None = None  # a rank flagged on its step time: where the time went
 
     @property
     def ratio(self) -> float:
         return self.seconds / self.job_median_s
 
     def text(self) -> str:
+        why = f" ({self.attribution.text()})" if self.attribution is not None else ""
         return (
             f"{self.who}: {METRIC_NAMES[self.metric]} {self.seconds:.3f} s = {self.ratio:.2f}x the job's "
-            f"median {self.job_median_s:.3f} s"
+            f"median {self.job_median_s:.3f} s{why}"
         )
 
 
@@ -158,7 +226,8 @@ def find(per_rank: list[dict[str, Any]], threshold: float = THRESHOLD) -> Stragg
             node = slow_nodes.get(str(host)) if host else None
             if seconds is not None and slow(seconds) and (node is None or seconds > threshold * node):
                 who = f"rank {entry['rank']}" + (f" ({host})" if host else "")
-                flags.append(Flag(who, host, metric, seconds, job))
+                why = attribute(entry, per_rank) if metric == STEP else None
+                flags.append(Flag(who, host, metric, seconds, job, why))
     flags.sort(key=lambda f: (-f.ratio, f.who))
     return Stragglers(len(per_rank), len(hosts), flags)
 

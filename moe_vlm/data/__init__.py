@@ -4,7 +4,7 @@ Every kind goes through the same path, so token and patch counts are comparable:
 
     source (mock | synthetic | real)  ->  RawSample (uint8 images + byte-level text ids)
     -> SampleEncoder: Qwen3-VL image processor, placeholder tokens, seq_length policy
-    -> collate: pad or pack into MBS rows x seq_length  ->  Batch (+ BatchStats)
+    -> collate: MBS rows x seq_length, or (data.packing=in_batch) one unpadded row  ->  Batch (+ BatchStats)
 
 torch and transformers are imported on first use, so that scripts/build_dataset.py (which
 needs only the shard format in energon.py) starts in a moment.
@@ -63,14 +63,14 @@ def build_batches(spec: RunSpec, rank: int, world_size: int) -> Iterator[Batch]:
         source = indexed_samples(spec.model, spec.data, spec.seed, spec.seq_length)
         stream = source.stream(rank_indices(rank, world_size, spec.mbs))
         return batches(
-            stream, source.skips, spec.seq_length, spec.mbs, spec.data.pack_sequences,
+            stream, source.skips, spec.seq_length, spec.mbs, spec.data.packing,
             spec.model.pad_token_id, kind.value,
         )  # fmt: skip
     encoder = sample_encoder(spec.model, spec.data, spec.seq_length)
     samples = real_samples(
         rank_locations(_real_path(spec), rank, world_size), encoder.tokenizer, spec.seed, rank
     )
-    return collate(samples, encoder, spec.mbs, spec.data.pack_sequences, spec.model.pad_token_id, kind.value)
+    return collate(samples, encoder, spec.mbs, spec.data.packing, spec.model.pad_token_id, kind.value)
 
 
 def sample_encoder(model: ModelConfig, data: DataConfig, seq_length: int) -> SampleEncoder:

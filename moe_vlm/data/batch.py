@@ -63,14 +63,24 @@ class Batch:
     images_per_sample: list[int] = field(default_factory=list)  # aligned with sample_keys
     image_original_hw: list[tuple[int, int]] = field(default_factory=list)  # before the processor's resize
     image_resized_hw: list[tuple[int, int]] = field(default_factory=list)  # what the ViT sees
+    # data.packing=in_batch: [samples + 1] int32 sample boundaries in the single row; None = padded rows
+    cu_seqlens: torch.Tensor | None = None
+
+    @property
+    def packed(self) -> bool:
+        return self.cu_seqlens is not None
 
     def model_inputs(self) -> dict[str, torch.Tensor]:
+        """transformers' keyword arguments. A packed row has no attention_mask: transformers confines
+        attention to each sample from position ids that restart (masking_utils.find_packed_sequence_indices),
+        which the engine adds (torch_model.packed_position_ids)."""
         inputs = {
             "input_ids": self.input_ids,
-            "attention_mask": self.attention_mask,
             "labels": self.labels,
             "mm_token_type_ids": self.mm_token_type_ids,
         }
+        if not self.packed:
+            inputs["attention_mask"] = self.attention_mask
         if self.pixel_values is not None:
             inputs["pixel_values"] = self.pixel_values
             inputs["image_grid_thw"] = self.image_grid_thw  # type: ignore[assignment]

@@ -14,12 +14,13 @@ placeholders than image features and fail). The text is shortened to fit and the
 counted (truncated_text_tokens); a sample whose images alone do not leave room for one
 text token is skipped with a warning naming its key and counted (skipped_samples).
 
-Padding (data.pack_sequences=false): one sample per row, padded to seq_length.
-Packing (data.pack_sequences=true): consecutive samples share a row while they fit; the
-first label of each packed sample is IGNORE_INDEX so no sample learns from its neighbour.
-The torch engine attends over the whole row (no variable-length kernel on CPU), so a
-packed row's attention cost is its full real length squared, which is what
-sum_seq_len_squared records.
+Padding (data.packing=none): one sample per row, padded to seq_length.
+In-batch packing (data.packing=in_batch): the micro-batch's MBS samples, unpadded, one after
+another in ONE row of their summed length, with `cu_seqlens` marking where each starts. Each
+sample's first label is IGNORE_INDEX (as a padded row's first position, it is never predicted),
+attention stays inside each sample and positions (mRoPE included) restart per sample; the engine
+does that from cu_seqlens (torch_model.packed_position_ids). The packed row computes what the
+padded rows computed, minus the padding: sum_seq_len_squared is the sum of the samples' squares.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from moe_vlm.data.batch import IGNORE_INDEX, Batch, BatchStats
 from moe_vlm.data.errors import NoUsableSamples
 from moe_vlm.data.tokenizer import ByteTokenizer
 from moe_vlm.data.vision import ImagePreprocessor
+from moe_vlm.schema import Packing
 
 log = logging.getLogger(__name__)
 
@@ -172,33 +174,18 @@ def encoded_samples(
         yield encoded
 
 
-def _rows(samples: Iterator[EncodedSample], seq_length: int, pack: bool) -> Iterator[list[EncodedSample]]:
-    if not pack:
-        for sample in samples:
-            yield [sample]
-        return
-    row: list[EncodedSample] = []
-    used = 0
-    for sample in samples:
-        if row and used + sample.length > seq_length:
-            yield row
-            row, used = [], 0
-        row.append(sample)
-        used += sample.length
-
-
 def collate(
     samples: Iterable[RawSample | SkippedSample],
     encoder: SampleEncoder,
     mbs: int,
-    pack: bool,
+    packing: Packing,
     pad_token_id: int,
     data_kind: str,
 ) -> Iterator[Batch]:
-    """Endless batches of `mbs` rows x seq_length from an endless sample stream."""
+    """Endless micro-batches of `mbs` samples from an endless sample stream."""
     skips = SkipCounter(data_kind)
     encoded = encoded_samples(samples, encoder, skips)
-    return batches(encoded, skips, encoder.seq_length, mbs, pack, pad_token_id, data_kind)
+    return batches(encoded, skips, encoder.seq_length, mbs, packing, pad_token_id, data_kind)
 
 
 def batches(
@@ -206,26 +193,42 @@ def batches(
     skips: SkipCounter,
     seq: int,
     mbs: int,
-    pack: bool,
+    packing: Packing,
     pad_token_id: int,
     data_kind: str,
 ) -> Iterator[Batch]:
-    """Batches of `mbs` rows from encoded samples; `skips` counts what the stream dropped."""
-    rows = _rows(encoded, seq, pack)
+    """Micro-batches of `mbs` samples from encoded samples; `skips` counts what the stream dropped."""
     skipped_before = 0
     while True:
         try:
-            batch_rows = [next(rows) for _ in range(mbs)]
+            samples = [next(encoded) for _ in range(mbs)]
         except StopIteration:
             return  # only a finite source ends; the data sources themselves repeat forever
-        batch = assemble(batch_rows, seq, pad_token_id, data_kind)
+        batch = (
+            assemble_packed(samples, pad_token_id, data_kind)
+            if packing is Packing.in_batch
+            else assemble([[sample] for sample in samples], seq, pad_token_id, data_kind)
+        )
         batch.stats.skipped_samples = skips.total - skipped_before
         skipped_before = skips.total
         yield batch
 
 
+def assemble_packed(samples: list[EncodedSample], pad_token_id: int, data_kind: str) -> Batch:
+    """The micro-batch in one unpadded row: [1, sum of lengths], with cu_seqlens at the boundaries."""
+    length = sum(sample.length for sample in samples)
+    batch = assemble([samples], length, pad_token_id, data_kind)
+    bounds = [0]
+    for sample in samples:
+        bounds.append(bounds[-1] + sample.length)
+    batch.cu_seqlens = torch.tensor(bounds, dtype=torch.int32)
+    batch.stats.sum_seq_len_squared = sum(sample.length**2 for sample in samples)
+    return batch
+
+
 def assemble(rows: list[list[EncodedSample]], seq: int, pad_token_id: int, data_kind: str) -> Batch:
-    """One batch of len(rows) rows x seq positions; each row holds one sample, or several packed."""
+    """One batch of len(rows) rows x seq positions; each row holds one sample, or (assemble_packed)
+    a micro-batch's samples one after another."""
     mbs = len(rows)
     input_ids = torch.full((mbs, seq), pad_token_id, dtype=torch.long)
     labels = torch.full((mbs, seq), IGNORE_INDEX, dtype=torch.long)

@@ -34,7 +34,7 @@ from torch.distributed.tensor import DTensor
 
 from moe_vlm import profiling
 from moe_vlm.data import Batch, BatchStats, DataStats, build_batches
-from moe_vlm.engines.torch_model import apply_freeze, apply_recompute, build_model
+from moe_vlm.engines.torch_model import apply_freeze, apply_recompute, build_model, packed_position_ids
 from moe_vlm.errors import EngineUnavailable, RunFailed
 from moe_vlm.explog import ExperimentLog, open_log, step_metrics, summary_metrics
 from moe_vlm.files import RUN_JSON, STEPS_JSONL, write_json_atomic
@@ -380,10 +380,10 @@ class Trainer:
             data_wait_s += time.perf_counter() - fetch_started
             self.data_stats.add(batch)
             consumed.append(batch)
-            inputs = {
-                name: tensor.to(self.device, non_blocking=True)
-                for name, tensor in batch.model_inputs().items()
-            }
+            inputs = batch.model_inputs()
+            if batch.packed:  # data.packing=in_batch: per-sample positions confine attention
+                inputs["position_ids"] = packed_position_ids(self.model, batch)
+            inputs = {name: tensor.to(self.device, non_blocking=True) for name, tensor in inputs.items()}
             loss = self.model(**inputs).loss
             self.timer.begin_backward()
             (loss / accumulation).backward()

@@ -7,6 +7,7 @@ which parameters train (vision_freeze) and what is recomputed in backward (recom
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -24,6 +25,7 @@ from transformers.models.qwen3_vl_moe.modeling_qwen3_vl_moe import (
     Qwen3VLMoeTextSparseMoeBlock,
 )
 
+from moe_vlm.data.batch import Batch
 from moe_vlm.engines.hf_config import transformers_config
 from moe_vlm.knobs.support import accepted
 from moe_vlm.schema import (
@@ -79,6 +81,31 @@ class ModelParts:
     def parameters(self, part: str) -> Iterator[nn.Parameter]:
         for module in getattr(self, part):
             yield from module.parameters()
+
+
+def packed_position_ids(model: Qwen3VLMoeForConditionalGeneration, batch: Batch) -> torch.Tensor:
+    """[4, 1, T] position ids for a packed row (data.packing=in_batch): every sample starts again.
+
+    Row 0 is the text position transformers' mask builder reads: it restarts at 0 on each sample,
+    so masking_utils.find_packed_sequence_indices confines attention to the sample. Rows 1-3 are
+    each sample's own multimodal RoPE from the model's get_rope_index (its images' grids only), the
+    positions that sample gets in a padded row of its own.
+    """
+    assert batch.cu_seqlens is not None, "a padded batch gets its positions from the attention mask"
+    bounds = batch.cu_seqlens.tolist()
+    grids = batch.image_grid_thw
+    first_image = 0
+    pieces = []
+    for index, (start, end) in enumerate(itertools.pairwise(bounds)):
+        images = batch.images_per_sample[index]
+        grid = None if grids is None or images == 0 else grids[first_image : first_image + images]
+        first_image += images
+        mrope, _ = model.model.get_rope_index(
+            batch.input_ids[:, start:end], batch.mm_token_type_ids[:, start:end], image_grid_thw=grid
+        )
+        text = torch.arange(end - start, dtype=mrope.dtype).view(1, 1, -1)
+        pieces.append(torch.cat([text, mrope], dim=0))
+    return torch.cat(pieces, dim=-1)
 
 
 def model_parts(model: Qwen3VLMoeForConditionalGeneration) -> ModelParts:

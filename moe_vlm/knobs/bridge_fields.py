@@ -28,6 +28,7 @@ from moe_vlm.schema import (
     CudaGraphImpl,
     DataKind,
     FlexBackend,
+    Packing,
     ParallelismFamily,
     RecomputeGranularity,
     RecomputeMethod,
@@ -161,6 +162,19 @@ def _if_vision_graphs(value: Callable[[RunSpec], Any]) -> Callable[[RunSpec], An
 
 # The Megatron engine's config class for mock and synthetic data (engines/megatron/data.py), and
 # the knobs it carries: the project's own seeded samples, the ones the torch engine feeds.
+# The forward step Bridge runs. Qwen3-VL's own packs nothing at collate time and refuses a batch the
+# collate packed (models/qwen_vl/qwen3_vl_step.py:61-65); with data.packing=in_batch the engine runs
+# Bridge's generic VLM step, which consumes the collate's THD row (training/vlm_step.py:129-131,
+# 262-297) and refuses deferred packing (:219-222). tests/megatron/test_packing.py runs both.
+QWEN3_VL_STEP = "megatron.bridge.models.qwen_vl.qwen3_vl_step:forward_step"
+VLM_STEP = "megatron.bridge.training.vlm_step:forward_step"
+
+
+def forward_step_path(spec: RunSpec) -> str:
+    """`module:function` of the forward step a run with these options hands to pretrain."""
+    return VLM_STEP if spec.data.packing is Packing.in_batch else QWEN3_VL_STEP
+
+
 SEEDED_DATASET = "MoeVlmDatasetConfig"
 SEEDED_DATA_FIELDS = (*SYNTHETIC_DRAW_FIELDS, "min_pixels", "max_pixels")
 SEEDED_MODEL_FIELDS = (
@@ -498,10 +512,10 @@ FIELD_MAP: tuple[FieldMap, ...] = (
     ),
     FieldMap("model", "model.apply_rope_fusion", lambda s: False, "Qwen3-VL requires it off"),
     FieldMap(
-        "data.pack_sequences",
+        "data.packing",
         "model.variable_seq_lengths",
-        lambda s: s.data.pack_sequences,
-        "packed micro-batches vary in length (Qwen3-VL CUDA graphs require fixed lengths)",
+        lambda s: s.data.packing is Packing.in_batch,
+        "packed micro-batches vary in length (Qwen3-VL CUDA graphs require fixed lengths; G010, A010)",
     ),
     # Batch, sequence, schedule.
     FieldMap("mbs", "train.micro_batch_size", lambda s: s.mbs),
@@ -589,19 +603,23 @@ FIELD_MAP: tuple[FieldMap, ...] = (
         "null: from the CPUs per rank, here (plan) or on each rank (run); data/workers.py",
     ),
     FieldMap(
-        "data.pack_sequences", "dataset.enable_in_batch_packing", _if_real(lambda s: s.data.pack_sequences)
+        "data.packing",
+        "dataset.enable_in_batch_packing",
+        lambda s: s.data.packing is Packing.in_batch,
+        "in_batch: the collate packs the micro-batch into one THD row (Bridge's build_mcore_thd_sequence_"
+        "batch_from_rows, data/packing/in_batch.py:89-215), run by vlm_step",
     ),
     FieldMap(
-        "data.pack_sequences",
+        "data.packing",
         "dataset.defer_in_batch_packing_to_step",
-        _if_real(lambda s: s.data.pack_sequences),
-        "qwen3_vl_step packs in the step; it rejects collate-time packing",
+        _if_real(lambda s: False),
+        "vlm_step refuses deferred packing (training/vlm_step.py:219-222)",
     ),
     FieldMap(
-        "data.pack_sequences",
+        "data.packing",
         "dataset.pad_to_max_length",
-        _if_real(lambda s: (not s.data.pack_sequences) or s.layout.pp > 1 or s.layout.ep > 1),
-        "Bridge forces padding when PP > 1 or EP > 1",
+        _if_real(lambda s: s.data.packing is Packing.none or s.layout.pp > 1 or s.layout.ep > 1),
+        "Bridge forces padding when PP > 1 or EP > 1; the packing collate ignores it",
     ),
     FieldMap("logger", "logger.log_interval", lambda s: 1, "per-step records"),
     FieldMap("logger", "logger.log_throughput", lambda s: True, "Bridge's own TFLOP/s kept beside ours"),

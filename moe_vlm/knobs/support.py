@@ -245,7 +245,9 @@ TORCH: Mapping[str, Support] = {
     },
     "data.kind": Honoured("batches built in the training loop"),
     "data.path": Honoured("data=real: Energon shards read in the training loop"),
-    "data.pack_sequences": Honoured("rows packed or padded"),
+    "data.packing": Honoured(
+        "padded rows, or the micro-batch in one row with per-sample attention and positions"
+    ),
     "data.num_workers": Honoured("batches are built in the training loop; no dataloader workers", (None, 0)),
     **{f"data.{name}": Honoured("data=synthetic draws") for name in SYNTHETIC_DRAW_FIELDS},
     "data.min_pixels": Honoured("the image processor's bounds"),
@@ -316,8 +318,8 @@ MEGATRON: Mapping[str, Support] = {
         for group, leaves in FIELD_MAP_GROUP_READS.items()
         for leaf in leaves
     },
-    "data.pack_sequences": Honoured(
-        "one sample per row, padded to seq_length (A008 rejects packing)", (False,)
+    "data.packing": Honoured(
+        "in_batch: Bridge's collate-time THD packing (data/packing/in_batch.py) with vlm_step; none: padded rows"
     ),
 }
 

@@ -54,7 +54,8 @@ Torch engine on CPU (cluster=local; what the engine records is the process peak 
 Every number a user may want to check is in the term's `detail`, in words and figures.
 
 The package, one concern a module: estimate (Term, MemoryEstimate, the stated constants), images
-(the image budget per micro-batch), shared (parameter counts from moe_vlm.arch, gradient flow,
+(the image budget per micro-batch), micro_batch (the positions a micro-batch computes: padded, or
+the data's p99 when packed), shared (parameter counts from moe_vlm.arch, gradient flow,
 recompute, framework overhead), megatron and torch_cpu (one function per term, an assembler
 each; megatron_saved holds Megatron's saved-tensor tables), predict (`estimate`, the entry
 point), levers (single changes that lower memory and the first that fits).

@@ -116,6 +116,4 @@ def image_budget(spec: RunSpec) -> ImageBudget:
             )
         images = 1  # one image per sample in the Energon captioning layout
     per_row = min(images * per_image, row_cap)
-    if data.pack_sequences:
-        per_row = row_cap if per_image else 0  # packed rows fill up with images up to seq_length
     return ImageBudget(spec.mbs * per_row, spec.mbs * images, per_image, source)

@@ -30,6 +30,7 @@ from moe_vlm.memory.megatron_saved import (
     megatron_vision_saved,
     sp_ranks,
 )
+from moe_vlm.memory.micro_batch import micro_batch_positions, positions_source
 from moe_vlm.memory.shared import (
     ParamCounts,
     Training,
@@ -122,8 +123,9 @@ class Stage:
 
     @property
     def tokens(self) -> float:
-        """Tokens of one micro-batch on this rank: CP splits the sequence."""
-        return self.spec.mbs * self.spec.seq_length / max(self.spec.layout.cp, 1)
+        """Tokens of one micro-batch on this rank: CP splits the sequence (packed: the data's
+        percentile, memory/micro_batch.py)."""
+        return micro_batch_positions(self.spec) / max(self.spec.layout.cp, 1)
 
     @property
     def in_flight(self) -> float:
@@ -402,7 +404,7 @@ def decoder_activations(stage: Stage) -> Term:
     return Term(
         "decoder_activations",
         decoder_bytes,
-        f"{len(indices)} layer(s) x {tokens:.0f} tokens (MBS {spec.mbs} x seq {spec.seq_length} / CP"
+        f"{len(indices)} layer(s) x {tokens:.0f} tokens ({positions_source(spec)} / CP"
         f"{' / TP (SP)' if sp > 1 else ''}): {how}",
     )
 

@@ -7,9 +7,10 @@ from dataclasses import replace
 from moe_vlm.memory.estimate import MemoryEstimate
 from moe_vlm.memory.images import image_budget
 from moe_vlm.memory.megatron import megatron_estimate
+from moe_vlm.memory.micro_batch import PERCENTILE, micro_batch_shape
 from moe_vlm.memory.shared import param_counts
 from moe_vlm.memory.torch_cpu import torch_estimate
-from moe_vlm.schema import Engine
+from moe_vlm.schema import Engine, Packing
 from moe_vlm.spec import RunSpec
 
 
@@ -23,6 +24,14 @@ def estimate(
     estimator, not the draw).
     """
     budget = image_budget(spec)
+    shape = micro_batch_shape(spec) if spec.data.packing is Packing.in_batch else None
+    if shape is not None and shape.patches is not None and patches_per_micro_batch is None:
+        # Packed: the vision tower sees the micro-batch's own images, sized like its tokens.
+        budget = replace(
+            budget,
+            patches=min(shape.patches, budget.patches),
+            source=f"packed: p{100 * PERCENTILE:.0f} of the data's patches per micro-batch; {shape.source}",
+        )
     if patches_per_micro_batch is not None:
         budget = replace(
             budget,

@@ -22,6 +22,7 @@ from moe_vlm.memory.estimate import (
     Term,
 )
 from moe_vlm.memory.images import ImageBudget
+from moe_vlm.memory.micro_batch import attention_mask_elements, micro_batch_positions, positions_source
 from moe_vlm.memory.shared import (
     ParamCounts,
     Training,
@@ -47,8 +48,8 @@ def torch_decoder_layer_elements(
     (router softmax, routed-token copies, SwiGLU in/out, top-k indices and weights). With the
     language model frozen only input-gradient tensors remain (2h + 3ad + 3gd + 2a + 2g + E + kh
     + 3kF + 10k + 3).
-    The attention mask itself is separate (torch_mask_bytes). The collator pads every row (unless a
-    packed row is exactly full), so `padded` is the engine's case.
+    The attention mask itself is separate (torch_mask_bytes). The collator pads every row, and a packed
+    row carries a per-sample mask (data.packing=in_batch, MBS >= 2), so `padded` is the engine's case.
     """
     h, a, g, d = model.hidden_size, model.num_attention_heads, model.num_query_groups, model.head_dim
     e, k, f = model.num_experts, model.moe_top_k, model.moe_ffn_hidden_size
@@ -116,7 +117,7 @@ def torch_mask_bytes(spec: RunSpec, padded: bool = True) -> tuple[float, float, 
     """
     if not padded:
         return 0.0, 0.0, "no padding: causal SDPA without a mask"
-    square = spec.mbs * spec.seq_length**2
+    square = attention_mask_elements(spec)
     recomputed = spec.recompute.granularity is RecomputeGranularity.full or "core_attn" in selective_modules(
         spec.recompute
     )
@@ -133,7 +134,7 @@ def torch_decoder_bytes(
     padded: some row of the micro-batch has padding (the planning default: the worst case).
     """
     model = spec.model
-    tokens = spec.mbs * spec.seq_length
+    tokens = micro_batch_positions(spec)
     selective = selective_modules(spec.recompute)
     layers = model.num_layers
     if not training.decoder_saves:
@@ -151,7 +152,7 @@ def torch_decoder_bytes(
     if recomputed:
         # Backward rematerialises whole layers, float mask included.
         full_layer = torch_decoder_layer_elements(model, training.language, set(), padded) * elem * tokens
-        mask = FP32 * spec.mbs * spec.seq_length**2 if padded else 0.0
+        mask = FP32 * attention_mask_elements(spec) if padded else 0.0
         working = (full_layer + mask) * rematerialised
         how = f"full recompute: {recomputed} layer inputs kept, {rematerialised} layer(s) rematerialised"
     else:
@@ -161,7 +162,7 @@ def torch_decoder_bytes(
             # Recomputing core attention rebuilds one layer's float mask and repeated k, v; they live
             # while that attention runs backward, after the layer's MoE gradients are freed.
             a, g, d = model.num_attention_heads, model.num_query_groups, model.head_dim
-            attention_rebuilt = FP32 * spec.mbs * spec.seq_length**2 + 2 * (a - g) * d * elem * tokens
+            attention_rebuilt = FP32 * attention_mask_elements(spec) + 2 * (a - g) * d * elem * tokens
             working = max(working, attention_rebuilt)
         how = f"{per_layer / tokens / 1024:.1f} KiB/token/layer incl. {mask_detail}" + (
             f"; selective {', '.join(sorted(selective))}" if selective else ""
@@ -240,12 +241,12 @@ def params_terms(spec: RunSpec, counts: ParamCounts, training: Training, elem: i
 
 
 def decoder_activations(spec: RunSpec, training: Training, elem: int, padded: bool) -> Term:
-    tokens = spec.mbs * spec.seq_length
+    tokens = micro_batch_positions(spec)
     decoder, working, how = torch_decoder_bytes(spec, training, elem, padded)
     return Term(
         "decoder_activations",
         decoder + working,
-        f"{spec.model.num_layers} layers x {tokens} tokens (MBS {spec.mbs} x seq {spec.seq_length}): {how}; "
+        f"{spec.model.num_layers} layers x {tokens} tokens ({positions_source(spec)}): {how}; "
         f"+ one layer's backward working set {working / MIB:.0f} MiB",
     )
 
@@ -264,7 +265,7 @@ def vision_activations(spec: RunSpec, training: Training, budget: ImageBudget, e
 
 def logits(spec: RunSpec, training: Training) -> Term:
     """The fp32 logits, and their gradient when backward runs through the decoder."""
-    tokens, vocab = spec.mbs * spec.seq_length, spec.model.vocab_size
+    tokens, vocab = micro_batch_positions(spec), spec.model.vocab_size
     copies = 2 if training.decoder_saves else 1
     return Term(
         "logits",

@@ -10,7 +10,7 @@ expectation of what the data kind draws (the memory estimate plans for the worst
 ``real``       the mean patches of the first image headers the memory estimate reads, one image
                per sample, the configured text-length range; without readable headers, the
                synthetic expectation.
-Rows are padded to seq_length unless ``data.pack_sequences`` fills them.
+Rows are padded to seq_length unless ``data.packing=in_batch`` packs each micro-batch's samples.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from moe_vlm.flops import Workload
 from moe_vlm.memory.estimate import REAL_DATA_SAMPLES_READ
 from moe_vlm.memory.images import _real_image_sizes, patches_for_image
-from moe_vlm.schema import DataKind
+from moe_vlm.schema import DataKind, Packing
 from moe_vlm.spec import RunSpec
 
 LONG_SIDE_SAMPLES = 33  # long sides averaged over min..max (uniform draw), evenly spaced
@@ -109,22 +109,20 @@ def expected_workload(spec: RunSpec) -> ExpectedWorkload:
         text = (data.min_text_tokens + data.max_text_tokens) / 2
         mean_len = min(text + images * (patches / merge + IMAGE_FRAME_TOKENS), seq)
         mean_sq = mean_len * mean_len
-    sequences = rows
-    if data.pack_sequences and mean_len > 0:
-        # Packed rows fill up with whole samples: about seq / mean_len samples per row.
-        sequences = max(rows, round(rows * seq / mean_len))
-        real = min(sequences * mean_len, rows * seq)
-    else:
-        real = rows * mean_len
-    sample_images = sequences * images
+    packed = data.packing is Packing.in_batch and mean_len > 0
+    real = rows * mean_len
+    sample_images = rows * images
+    # data.packing=in_batch: each micro-batch's samples concatenated unpadded into one row, attention
+    # confined to each sample (so the squared lengths stay per sample).
     return ExpectedWorkload(
         Workload(
-            sequences=sequences,
-            padded_tokens=rows * seq,
+            sequences=max(1, rows // spec.mbs) if packed else rows,
+            padded_tokens=round(real) if packed else rows * seq,
             real_tokens=round(real),
-            sum_seq_len_squared=round(sequences * mean_sq),
+            sum_seq_len_squared=round(rows * mean_sq),
             vision_patches=round(sample_images * patches),
             sum_patches_squared=round(sample_images * patches_sq),
+            samples=rows if packed else 0,
         ),
-        source + ("; packed rows" if data.pack_sequences else f"; rows padded to {seq}"),
+        source + ("; samples packed per micro-batch" if packed else f"; rows padded to {seq}"),
     )

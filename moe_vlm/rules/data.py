@@ -15,6 +15,8 @@ from moe_vlm.rules.catalogue import (
 from moe_vlm.schema import (
     DataKind,
     Engine,
+    Packing,
+    TokenDispatcher,
 )
 from moe_vlm.spec import RunSpec
 
@@ -49,20 +51,15 @@ def _synthetic_ranges(spec: RunSpec) -> Iterator[Violation]:
 
 @rule("A003", Level.error, "in-batch packing needs MBS >= 2 (MB ConfigContainer)")
 def _packing_mbs(spec: RunSpec) -> Iterator[Violation]:
-    # Bridge packs the sequences of one micro-batch together (enable_in_batch_packing): with one
-    # sequence per micro-batch there is nothing to pack, and ConfigContainer.validate rejects it.
-    # Only Energon's config carries the field (data=real); A008 rejects packing on this engine anyway.
-    if (
-        spec.engine == Engine.megatron
-        and spec.data.kind is DataKind.real
-        and spec.data.pack_sequences
-        and spec.mbs < 2
-    ):
+    # Bridge packs the sequences of one micro-batch together (enable_in_batch_packing), and
+    # ConfigContainer.validate rejects it with one sequence per micro-batch (training/config.py:
+    # 1480-1485) whatever the dataset: Energon's config and ours both carry the field.
+    if spec.engine == Engine.megatron and spec.data.packing is Packing.in_batch and spec.mbs < 2:
         yield Violation(
-            ("data.pack_sequences", "mbs"),
-            f"data.pack_sequences=true packs the sequences of one micro-batch; mbs={spec.mbs} has nothing "
-            "to pack.",
-            "set mbs=2 or more, or data.pack_sequences=false.",
+            ("data.packing", "mbs"),
+            f"data.packing=in_batch packs the samples of one micro-batch; mbs={spec.mbs} has nothing to pack "
+            "and Bridge's ConfigContainer.validate refuses it.",
+            "set mbs=2 or more, or data.packing=none.",
         )
 
 
@@ -141,20 +138,62 @@ def _largest_sample_fits(spec: RunSpec) -> Iterator[Violation]:
         )
 
 
-@rule("A008", Level.error, "the Megatron engine does not pack sequences")
-def _no_packing_on_megatron(spec: RunSpec) -> Iterator[Violation]:
-    # Qwen3-VL defers packing to its step (defer_in_batch_packing_to_step), so the collate packs
-    # nothing (data/builders/energon.py:203, data/datasets/direct_sft.py:91) and the step builds one
-    # cu_seqlens segment per padded row (models/qwen_vl/qwen3_vl_step.py:192-197): rows never hold
-    # two samples and no padding is saved, yet the batch turns THD with variable_seq_lengths.
-    if spec.engine == Engine.megatron and spec.data.pack_sequences:
+@rule("A008", Level.warning, "Megatron in-batch packing runs vlm_step, not the Qwen3-VL step")
+def _packing_changes_the_step(spec: RunSpec) -> Iterator[Violation]:
+    # qwen3_vl_step refuses a batch the collate packed (models/qwen_vl/qwen3_vl_step.py:61-65) and
+    # its own packing gives every padded row one segment (:192-197), saving nothing; Bridge's generic
+    # vlm_step consumes collate-time packing (training/vlm_step.py:129-131, 262-297). So packing
+    # also changes the forward step (bridge_fields.forward_step_path): say so beside the figure.
+    if spec.engine == Engine.megatron and spec.data.packing is Packing.in_batch:
         yield Violation(
-            ("data.pack_sequences",),
-            "data.pack_sequences=true never packs on the Megatron engine: Bridge's Qwen3-VL step keeps one "
-            "sample per row (models/qwen_vl/qwen3_vl_step.py:192-197) and only switches the batch to "
-            "variable-length THD, which changes the workload without saving padding.",
-            "set data.pack_sequences=false (engine=torch packs for real).",
+            ("data.packing",),
+            "data.packing=in_batch runs Bridge's vlm_step.forward_step (qwen3_vl_step refuses collate-time "
+            "packing, models/qwen_vl/qwen3_vl_step.py:61-65): a packed vs padded comparison also compares "
+            "the two forward steps.",
+            "compare at equal effective tokens; keep data.packing=none to stay on the Qwen3-VL step.",
         )
+
+
+@rule("A010", Level.error, "the allgather dispatcher does not take variable sequence lengths (MLM)")
+def _packing_allgather(spec: RunSpec) -> Iterator[Violation]:
+    # Megatron Core refuses variable_seq_lengths with the allgather dispatcher (core/transformer/
+    # transformer_config.py:2644-2649), which in-batch packing sets (our table; Bridge itself sets it
+    # with PP > 1 only AFTER that check, bridge/models/transformer_config.py:183-189, so nothing
+    # stops it there): every packed micro-batch has its own length.
+    if (
+        spec.engine == Engine.megatron
+        and spec.data.packing is Packing.in_batch
+        and spec.dispatcher.token_dispatcher is TokenDispatcher.allgather
+    ):
+        yield Violation(
+            ("data.packing", "dispatcher"),
+            "data.packing=in_batch gives every micro-batch its own length, and Megatron Core's allgather "
+            "dispatcher does not support variable sequence lengths (transformer_config.py:2644-2649).",
+            "use dispatcher=alltoall (or deepep/hybridep), or data.packing=none.",
+        )
+
+
+@rule("A011", Level.warning, "in-batch packing pads each sample to the CP/SP multiple")
+def _packing_alignment(spec: RunSpec) -> Iterator[Violation]:
+    # Bridge hands the collate lcm(2 x CP, TP with SP) (training/config.py:1213-1218, 1236-1239) and
+    # the packing collate pads EVERY sample to it (data/packing/in_batch.py:172-175, 196-205): the
+    # padding packing removed comes back, up to multiple - 1 positions per sample.
+    multiple = packing_multiple(spec)
+    if spec.engine == Engine.megatron and spec.data.packing is Packing.in_batch and multiple > 1:
+        yield Violation(
+            ("data.packing", "cp", "tp"),
+            f"with cp={spec.layout.cp}, tp={spec.layout.tp}, sequence parallel={spec.sequence_parallel}, "
+            f"Bridge pads each packed sample to a multiple of {multiple} (up to {multiple - 1} padded positions "
+            "per sample, counted as padding in the record).",
+            "expected with CP/SP; lower cp or tp if short samples make the padding large.",
+        )
+
+
+def packing_multiple(spec: RunSpec) -> int:
+    """The per-sample alignment of in-batch packing: lcm(2 x CP if CP > 1, TP if SP and TP > 1)
+    (megatron/bridge/training/config.py:1213-1218)."""
+    cp, tp = spec.layout.cp, spec.layout.tp
+    return math.lcm(2 * cp if cp > 1 else 1, tp if spec.sequence_parallel and tp > 1 else 1)
 
 
 @rule("A009", Level.warning, "Megatron data loading runs outside the timed step")

@@ -15,6 +15,7 @@ from moe_vlm.rules.catalogue import (
 from moe_vlm.schema import (
     CudaGraphImpl,
     Engine,
+    Packing,
     RecomputeGranularity,
     TokenDispatcher,
 )
@@ -140,13 +141,17 @@ def _graph_attn_mrope(spec: RunSpec) -> Iterator[Violation]:
         )
 
 
-@rule("G010", Level.error, "CUDA graphs need fixed sequence lengths (Qwen3-VL, Energon packing)")
+@rule("G010", Level.error, "CUDA graphs need fixed sequence lengths (Qwen3-VL, in-batch packing)")
 def _graph_variable_lengths(spec: RunSpec) -> Iterator[Violation]:
-    if _uses_graphs(spec) and spec.data.pack_sequences:
+    # In-batch packing sets variable_seq_lengths (our table; Bridge with PP > 1, models/
+    # transformer_config.py:188-189) and Qwen3VLModel asserts it off under language-model graphs
+    # (models/qwen_vl/modelling_qwen3_vl/model.py:388-392).
+    if _uses_graphs(spec) and spec.data.packing is Packing.in_batch:
         yield Violation(
-            ("data.pack_sequences", "cuda_graph"),
-            "packed (variable-length) sequences disallow CUDA graphs (Qwen3-VL variable_seq_lengths, Energon packing).",
-            "set data.pack_sequences=false or cuda_graph=none.",
+            ("data.packing", "cuda_graph"),
+            "packed (variable-length) micro-batches disallow CUDA graphs: Qwen3VLModel requires "
+            "variable_seq_lengths=False with graphs (modelling_qwen3_vl/model.py:388-392).",
+            "set data.packing=none or cuda_graph=none.",
         )
 
 

@@ -29,7 +29,7 @@ import torch
 
 from moe_vlm.data import build_batches
 from moe_vlm.engines.megatron.config import apply_overrides, check_overrides
-from moe_vlm.rules import errors, validate
+from moe_vlm.rules import validate
 from moe_vlm.spec import RunSpec
 from tests.conftest import REPO, make_spec
 from tests.megatron.conftest import REPORT, RecipeCache, model_parallel_rank, needs_stack
@@ -195,7 +195,7 @@ def test_seeded_datasets_hold_no_samples(recipes: RecipeCache) -> None:
     )
 
 
-# --- packing: what Bridge's Qwen3-VL path does with in-batch packing (rule A008) ----------------
+# --- packing: what Bridge's Qwen3-VL step does with in-batch packing (rule A008) ----------------
 
 
 @pytest.fixture(scope="module")
@@ -239,7 +239,8 @@ def test_bridge_s_qwen3_vl_path_never_packs(one_rank: Any) -> None:
         tokens, tokens.clone(), mask.float(), mask, torch.arange(8).expand(2, -1), one_rank
     )
     assert params.cu_seqlens_q.tolist() == [0, 8, 16] and params.qkv_format == "thd"
-    assert "A008" in {f.code for f in errors(validate(make_spec(*BASE, "data.pack_sequences=true", "mbs=2")))}
+    # Hence data.packing=in_batch runs vlm_step (tests/megatron/test_packing.py), and A008 says so.
+    assert "A008" in {f.code for f in validate(make_spec(*BASE, "data.packing=in_batch", "mbs=2"))}
 
 
 # --- Energon (data=real): the image processor's runs per sample --------------------------------

@@ -449,7 +449,7 @@ def test_qwen35_graphs_fail_only_with_variable_sequence_lengths(recipes: RecipeC
     # contact reference (M6) read the recipe as a reason to reject Qwen3.5 + TE graphs outright:
     # the library does not; with fixed lengths the same check passes, as below.
     fixed = make_spec(*B35, "parallelism=3d", "cuda_graph=te_moe")
-    packed = make_spec(*B35, "parallelism=3d", "cuda_graph=te_moe", "data.pack_sequences=true", "mbs=2")
+    packed = make_spec(*B35, "parallelism=3d", "cuda_graph=te_moe", "data.packing=in_batch", "mbs=2")
     for spec in (fixed, packed):
         cfg = recipes.config(spec)
         apply_overrides(cfg, spec)
@@ -461,7 +461,7 @@ def test_qwen35_graphs_fail_only_with_variable_sequence_lengths(recipes: RecipeC
             with pytest.raises(AssertionError, match="requires fixed sequence lengths"):
                 exposes_decoder_for_graphs(cfg.model)
             assert "G010" in codes(
-                *B35, "parallelism=3d", "cuda_graph=te_moe", "data.pack_sequences=true", "mbs=2"
+                *B35, "parallelism=3d", "cuda_graph=te_moe", "data.packing=in_batch", "mbs=2"
             )
 
 

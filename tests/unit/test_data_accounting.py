@@ -14,6 +14,7 @@ from moe_vlm.data.errors import TokenizerMismatch
 from moe_vlm.data.sequence import EncodedSample, RawSample, SampleEncoder, collate
 from moe_vlm.data.tokenizer import ByteTokenizer
 from moe_vlm.data.vision import ImagePreprocessor, image_tokens_for
+from moe_vlm.schema import Packing
 from moe_vlm.spec import RunSpec
 from tests.conftest import make_spec
 
@@ -177,27 +178,35 @@ def test_padding_one_sample_per_row(tiny: RunSpec) -> None:
     encoder = SampleEncoder(
         ByteTokenizer(tiny.model), ImagePreprocessor(tiny.model, tiny.data), seq_length=100
     )
-    batches = list(collate(iter(samples), encoder, mbs=2, pack=False, pad_token_id=PAD, data_kind="mock"))
+    batches = list(
+        collate(iter(samples), encoder, mbs=2, packing=Packing.none, pad_token_id=PAD, data_kind="mock")
+    )
     assert [b.stats.samples for b in batches] == [2, 2]
     first = batches[0].stats
     assert (first.padded_tokens, first.real_tokens) == (200, 70)  # 2 rows x 100; 30 + 40 real
     assert first.sum_seq_len_squared == 30**2 + 40**2
 
 
-def test_packing_shares_rows_and_masks_the_boundary(tiny: RunSpec) -> None:
+def test_in_batch_packing_puts_the_micro_batch_in_one_unpadded_row(tiny: RunSpec) -> None:
     samples = [RawSample(f"s{i}", [], [65] * n) for i, n in enumerate((30, 40, 50, 60, 10))]
     encoder = SampleEncoder(
         ByteTokenizer(tiny.model), ImagePreprocessor(tiny.model, tiny.data), seq_length=100
     )
-    batch = next(collate(iter(samples), encoder, mbs=2, pack=True, pad_token_id=PAD, data_kind="mock"))
-    # Row 0: 30 + 40 = 70 (adding 50 would pass 100); row 1: 50 (adding 60 would pass 100).
-    assert batch.sample_keys == ["s0", "s1", "s2"]
-    assert batch.stats.sequences == 2 and batch.stats.samples == 3
-    assert batch.stats.real_tokens == 120 and batch.stats.padded_tokens == 200
+    stream = collate(
+        iter(samples), encoder, mbs=2, packing=Packing.in_batch, pad_token_id=PAD, data_kind="mock"
+    )
+    batch, second = next(stream), next(stream)
+    # The micro-batch's two samples, one after the other, nothing padded: [1, 30 + 40].
+    assert batch.sample_keys == ["s0", "s1"] and second.sample_keys == ["s2", "s3"]
+    assert tuple(batch.input_ids.shape) == (1, 70) and batch.cu_seqlens is not None
+    assert batch.cu_seqlens.tolist() == [0, 30, 70]
+    assert batch.stats.sequences == 1 and batch.stats.samples == 2
+    assert batch.stats.real_tokens == batch.stats.padded_tokens == 70
     assert batch.labels[0, 30] == IGNORE_INDEX  # the second packed sample is not predicted from the first
-    # 120 real tokens, less the masked boundary label and each row's first label (rows 0 and 1).
-    assert batch.stats.loss_tokens == 120 - 1 - 2
-    assert batch.stats.sum_seq_len_squared == 70**2 + 50**2  # the torch engine attends over the whole row
+    # 70 real tokens, less each sample's first label: the same loss tokens as two padded rows.
+    assert batch.stats.loss_tokens == 70 - 2
+    assert batch.stats.sum_seq_len_squared == 30**2 + 40**2  # attention confined to each sample
+    assert "attention_mask" not in batch.model_inputs()  # positions confine attention (torch_model)
 
 
 def test_long_text_is_shortened_never_the_image(tiny: RunSpec) -> None:
@@ -224,7 +233,9 @@ def test_images_that_do_not_fit_are_skipped_with_a_warning(
     ]
     with caplog.at_level(logging.WARNING):
         batch = next(
-            collate(iter(samples), encoder, mbs=1, pack=False, pad_token_id=PAD, data_kind="synthetic")
+            collate(
+                iter(samples), encoder, mbs=1, packing=Packing.none, pad_token_id=PAD, data_kind="synthetic"
+            )
         )
     assert batch.sample_keys == ["fine"] and batch.stats.skipped_samples == 2
     assert "too-big" in caplog.text and "no room for text" in caplog.text

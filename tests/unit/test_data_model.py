@@ -12,6 +12,7 @@ from transformers import Qwen3VLMoeForConditionalGeneration
 
 from moe_vlm.data import build_batches
 from moe_vlm.engines.hf_config import transformers_config
+from moe_vlm.engines.torch_model import packed_position_ids
 from moe_vlm.spec import RunSpec
 from tests.conftest import REPO, make_spec
 
@@ -26,7 +27,10 @@ def model() -> Qwen3VLMoeForConditionalGeneration:
 def _train_step(model: Qwen3VLMoeForConditionalGeneration, spec: RunSpec) -> float:
     batch = next(build_batches(spec, rank=0, world_size=1))
     model.zero_grad(set_to_none=True)
-    loss = model(**batch.model_inputs()).loss
+    inputs = batch.model_inputs()
+    if batch.packed:
+        inputs["position_ids"] = packed_position_ids(model, batch)
+    loss = model(**inputs).loss
     loss.backward()
     if batch.stats.images:
         # The vision tower really ran: its patch embedding received gradient.
@@ -43,7 +47,7 @@ def test_tiny_model_takes_a_realistic_synthetic_batch(model: Qwen3VLMoeForCondit
 @pytest.mark.slow
 def test_tiny_model_takes_mock_and_packed_batches(model: Qwen3VLMoeForConditionalGeneration) -> None:
     assert torch.isfinite(torch.tensor(_train_step(model, make_spec("data=mock", "seq_length=512", "mbs=2"))))
-    packed = make_spec("data=synthetic", "data.max_long_side_px=480", "data.pack_sequences=true", "mbs=2")
+    packed = make_spec("data=synthetic", "data.max_long_side_px=480", "data.packing=in_batch", "mbs=2")
     assert torch.isfinite(torch.tensor(_train_step(model, packed)))
 
 

@@ -95,7 +95,7 @@ def test_expected_shapes_of_our_data_kinds() -> None:
     synthetic = expected_shape(spec(*RECIPE_30B))
     assert not isinstance(synthetic, str) and synthetic.images == 1.5 and 0 < synthetic.real_tokens < 4096
     assert isinstance(expected_shape(spec(*RECIPE_30B, "data=real", "data.path=/nowhere")), str)
-    assert isinstance(expected_basis(spec(*RECIPE_30B, "data.pack_sequences=true")), str)
+    assert isinstance(expected_basis(spec(*RECIPE_30B, "data.packing=in_batch")), str)
 
 
 @pytest.mark.parametrize("ratio", [1.0, 0.75, 1.333, 0.5625, 1.778])

@@ -17,7 +17,7 @@ import torch
 
 from moe_vlm import data
 from moe_vlm.engines import torch_engine
-from moe_vlm.schema import VisionFreezeConfig
+from moe_vlm.schema import Packing, VisionFreezeConfig
 from moe_vlm.spec import RunSpec
 from tests.knob_reading import TORCH_BASE, TORCH_DATA_BASE, Level, TorchChecker, cached_spec, observe
 
@@ -43,7 +43,7 @@ def _freeze_nothing(real: Callable[..., Any]) -> Callable[..., Any]:
 
 def _never_pack(real: Callable[..., Any]) -> Callable[..., Any]:
     def batches(spec: RunSpec, rank: int, world_size: int) -> Any:
-        unpacked = dataclasses.replace(spec, data=dataclasses.replace(spec.data, pack_sequences=False))
+        unpacked = dataclasses.replace(spec, data=dataclasses.replace(spec.data, packing=Packing.none))
         return real(unpacked, rank, world_size)
 
     return batches
@@ -53,7 +53,7 @@ def _never_pack(real: Callable[..., Any]) -> Callable[..., Any]:
 MUTATIONS: dict[str, tuple[Any, str, Callable[[Any], Any]]] = {
     "lr": (torch.optim, "AdamW", _adamw_without_lr),
     "vision_freeze.vision": (torch_engine, "apply_freeze", _freeze_nothing),
-    "data.pack_sequences": (data, "build_batches", _never_pack),
+    "data.packing": (data, "build_batches", _never_pack),
 }
 
 

@@ -63,7 +63,8 @@ def test_a_step_line_round_trips_with_batch_stats_names_and_the_tokens_block(tmp
     # On disk: the token counts under "tokens"; BatchStats counts no line carries stay out.
     assert written["tokens"] == {"padded": 256, "real": 200, "text": 150, "image": 50, "loss": 140}
     assert set(written["tokens"]) == set(TOKEN_KINDS)
-    assert not {"padded_tokens", "samples", "vision_marker_tokens", "extra"} & set(written)
+    assert not {"padded_tokens", "vision_marker_tokens", "extra"} & set(written)
+    assert written["samples"] == line.samples  # packed rows hold several (data.packing=in_batch)
     with StepWriter(tmp_path / STEPS_JSONL) as writer:
         writer.write(line)
         writer.write(written)  # a JSON line is written as it is
@@ -125,7 +126,7 @@ def test_the_megatron_counts_are_batch_stats_and_make_the_same_line() -> None:
     assert (line.micro_batches, line.data_wait_s) == (2, 0.25)
     carried = {f.name for f in fields(StepRecord)}
     shared = [f.name for f in fields(BatchStats) if f.name in carried]
-    assert len(shared) == 11  # all but samples, vision_marker_tokens, truncated_text_tokens
+    assert len(shared) == 12  # all but vision_marker_tokens, truncated_text_tokens
     assert {name: getattr(line, name) for name in shared} == {
         name: getattr(counts(), name) for name in shared
     }

@@ -80,7 +80,7 @@ CASES: dict[str, tuple[list[str], list[str]]] = {
     "G007": ([*MEG, TE, "recompute=full"], [*MEG, "cuda_graph=full_iteration", "recompute=full"]),
     "G008": ([*MEG, TE, "recompute=selective", "recompute.modules=[moe]"], [*MEG, TE, "recompute=selective"]),
     "G009": ([*MEG, "cuda_graph=te_attn_moe"], [*MEG, TE]),
-    "G010": ([*MEG, TE, "data.pack_sequences=true"], [*MEG, TE]),
+    "G010": ([*MEG, TE, "data.packing=in_batch", "mbs=2"], [*MEG, TE]),
     "G011": ([*MEG, "cuda_graph.scope=[attn]"], MEG),
     "G012": ([*MEG, "cuda_graph=full_iteration"], [*MEG, "parallelism=3d", TE]),
     # The whole MoE layer captured: the allgather dispatcher syncs with the host; alltoall with
@@ -193,10 +193,7 @@ CASES: dict[str, tuple[list[str], list[str]]] = {
     ),
     "A001": (["data=real"], ["data=real", "data.path=/tmp/shards"]),
     "A002": (["data.min_images=3", "data.max_images=1"], []),
-    "A003": (
-        [*MEG, "data=real", "data.path=/tmp/shards", "data.pack_sequences=true"],
-        [*MEG, "data=real", "data.path=/tmp/shards", "data.pack_sequences=true", "mbs=2"],
-    ),
+    "A003": ([*MEG, "data.packing=in_batch"], [*MEG, "data.packing=in_batch", "mbs=2"]),
     "A004": (["data=mock"], ["data=synthetic"]),
     # A005's quiet case on a real directory is in tests/unit/test_data_real.py (it needs a built dataset).
     "A005": (["data=real", "data.path=/nonexistent/moe_vlm"], ["data=synthetic", "data.path=/nonexistent"]),
@@ -204,7 +201,16 @@ CASES: dict[str, tuple[list[str], list[str]]] = {
     "A006": (["data=synthetic", "seq_length=32"], ["data=synthetic", "seq_length=64"]),
     # 2 images x (980 + 2) + 1 = 1965 tokens at max_pixels=1003520.
     "A007": (["data=synthetic", "seq_length=1024"], ["data=synthetic", "seq_length=2048"]),
-    "A008": ([*MEG, "data.pack_sequences=true", "mbs=2"], ["data.pack_sequences=true", "mbs=2"]),
+    "A008": ([*MEG, "data.packing=in_batch", "mbs=2"], ["data.packing=in_batch", "mbs=2"]),
+    "A010": (
+        [*MEG, "data.packing=in_batch", "mbs=2", "dispatcher=allgather"],
+        [*MEG, "data.packing=in_batch", "mbs=2", "dispatcher=alltoall"],
+    ),
+    # SP is on with TP 2 (the Qwen3-VL provider forces it): each sample padded to a multiple of 2.
+    "A011": (
+        [*MEG, "parallelism=3d", "tp=2", "data.packing=in_batch", "mbs=2"],
+        [*MEG, "parallelism=3d", "data.packing=in_batch", "mbs=2"],
+    ),
     "A009": ([*MEG, "data.num_workers=0"], [*MEG, "data.num_workers=2"]),
     "W001": ([*MEG, "parallelism=3d", "ep=4", "etp=2"], [*MEG, "parallelism=3d", "ep=8"]),
     "W002": ([*MEG, "nodes=2", "ep=16"], [*MEG, "nodes=2"]),

@@ -169,3 +169,36 @@ def test_a_sweep_mixing_flagged_and_even_runs_counts_and_lists_only_the_flagged(
     listed = [line for line in section.splitlines() if line.startswith("- run ")]
     assert len(listed) == 1 and listed[0].startswith("- run slow: ") and "nan" not in section
     assert "exclude=gb200-b`" in section  # the one flagged node, no "nan" host
+
+
+def test_a_slow_rank_s_extra_time_is_attributed_with_what_it_processed() -> None:
+    # Rank 6 of the fixture, 0.5 s slow: here 0.30 s of it waiting for data and 0.15 s more decoder,
+    # on a step that gave it 6 images and 5,000 real tokens where the other ranks got 2 and 3,000
+    # (packing and real data make a rank's share vary).
+    spec, _, steps = job()
+    for record in steps:
+        if record["rank"] == 6 and not record["warmup"]:
+            record["data_wait_s"] = 0.32
+            record["components_s"]["decoder"] = 1.35
+        record["images"] = 6 if record["rank"] == 6 else 2
+        record["tokens"] = dict(record["tokens"], real=5000 if record["rank"] == 6 else 3000)
+        record["samples"] = 9 if record["rank"] == 6 else 4
+    grouped = by_step(steps)
+    per_rank = stragglers.rank_medians([grouped[n] for n in steady_window(grouped, spec.warmup_steps).steps])
+    assert per_rank[6]["median_load"] == {"images": 6.0, "real_tokens": 5000.0, "samples": 9.0}
+    flag = next(
+        f
+        for f in stragglers.find(per_rank).flags
+        if f.who == "rank 6 (gb200-b)" and f.metric == "step_time_s"
+    )
+    assert flag.attribution is not None
+    assert flag.attribution.extra_s == pytest.approx(0.5)
+    # Its vision encoder is its node's (0.65 s), above the job's 0.525 s: attributed too, last.
+    assert flag.attribution.parts_s == pytest.approx(
+        {"data_wait_s": 0.30, "decoder": 0.15, "vision_encoder": 0.125}
+    )
+    assert list(flag.attribution.parts_s) == ["data_wait_s", "decoder", "vision_encoder"]
+    assert (
+        "extra 0.500 s: data wait +0.300 s, decoder +0.150 s, vision encoder +0.125 s; processed 6 images "
+        "(job 2), 5,000 tokens (job 3,000), 9 samples (job 4) per step"
+    ) in flag.text()

@@ -26,6 +26,7 @@ from typing import Any, Literal
 
 import torch
 from megatron.bridge.data.base import DatasetBuildContext, DatasetProvider
+from megatron.bridge.data.packing.in_batch import build_mcore_thd_sequence_batch_from_rows
 from megatron.bridge.training.utils.visual_inputs import GenericVisualInputs
 
 from moe_vlm.data import indexed_samples
@@ -65,6 +66,10 @@ class MoeVlmDatasetConfig(DatasetProvider):
     pad_token_id: int
     vocab_size: int
     dataloader_type: Literal["single"] | None = "single"
+    # data.packing=in_batch. ConfigContainer.validate reads the first (training/config.py:1150) and
+    # writes the CP/SP alignment into the second (:1236-1239), as for its own dataset configs.
+    enable_in_batch_packing: bool = False
+    in_batch_packing_pad_to_multiple_of: int = 1
 
     def data_config(self) -> DataConfig:
         return DataConfig(
@@ -85,7 +90,8 @@ class MoeVlmDatasetConfig(DatasetProvider):
 
 
 def dataset_config(spec: RunSpec) -> MoeVlmDatasetConfig:
-    """The config THE table's class row puts at cfg.dataset for data=mock and data=synthetic."""
+    """The config THE table's class row puts at cfg.dataset for data=mock and data=synthetic (the
+    table's data.packing row sets enable_in_batch_packing)."""
     return MoeVlmDatasetConfig(
         kind=spec.data.kind.value,
         seq_length=spec.seq_length,
@@ -105,6 +111,8 @@ class SeededSamples(torch.utils.data.Dataset[tuple[EncodedSample, int]]):
         self.kind = config.kind
         self.seq_length = config.seq_length
         self.pad_token_id = config.pad_token_id
+        self.packing = config.enable_in_batch_packing
+        self.pad_to_multiple_of = config.in_batch_packing_pad_to_multiple_of
         self.source = indexed_samples(
             config.model_config(), config.data_config(), config.random_seed, config.seq_length
         )
@@ -118,10 +126,49 @@ class SeededSamples(torch.utils.data.Dataset[tuple[EncodedSample, int]]):
         return self.source.encoded(index)
 
     def collate_fn(self, items: list[tuple[EncodedSample, int]]) -> dict[str, Any]:
-        """One sample per row, padded to seq_length: the torch engine's batch, in Bridge's form."""
-        batch = assemble([[sample] for sample, _ in items], self.seq_length, self.pad_token_id, self.kind)
-        batch.stats.skipped_samples = sum(skipped for _, skipped in items)
+        """One sample per row, padded to seq_length: the torch engine's batch, in Bridge's form; with
+        in-batch packing, the micro-batch packed by Bridge's own packing collate (packed_bridge_batch)."""
+        samples = [sample for sample, _ in items]
+        skipped = sum(skipped for _, skipped in items)
+        if self.packing:
+            return packed_bridge_batch(samples, self.seq_length, self.pad_to_multiple_of, skipped)
+        batch = assemble([[sample] for sample in samples], self.seq_length, self.pad_token_id, self.kind)
+        batch.stats.skipped_samples = skipped
         return bridge_batch(batch)
+
+
+def packed_bridge_batch(
+    samples: list[EncodedSample], seq_length: int, pad_to_multiple_of: int, skipped: int
+) -> dict[str, Any]:
+    """The micro-batch as ONE THD row, built by the function Bridge's Qwen-VL collate packs with
+    (models/qwen_vl/data/collate_fn.py:224-230 -> data/packing/in_batch.py:89-215): per sample its ids,
+    positions from 0, labels shifted left (Bridge's convention, collate_fn.py:196-201) and the loss
+    mask; the images in sample order, as the torch engine's packed batch holds them."""
+    rows = []
+    for sample in samples:
+        labels = torch.cat([sample.labels[1:], torch.tensor([IGNORE_INDEX])])
+        rows.append(
+            {
+                "input_ids": sample.input_ids,
+                "position_ids": torch.arange(sample.length),
+                "labels": labels,
+                "loss_mask": (labels != IGNORE_INDEX).float(),
+            }
+        )
+    packed = build_mcore_thd_sequence_batch_from_rows(
+        rows,
+        sequence_length=seq_length,
+        pad_token_id=0,  # Bridge's Qwen-VL collate aligns with 0 too (collate_fn.py:227)
+        ignore_index=IGNORE_INDEX,
+        pad_to_multiple_of=pad_to_multiple_of,
+    )
+    pixels = [s.pixel_values for s in samples if s.pixel_values is not None]
+    grids = [s.image_grid_thw for s in samples if s.image_grid_thw is not None]
+    packed["visual_inputs"] = GenericVisualInputs(
+        pixel_values=torch.cat(pixels) if pixels else None, image_grid_thw=torch.cat(grids) if grids else None
+    )
+    packed["skipped_samples"] = torch.tensor(skipped)
+    return packed
 
 
 def bridge_batch(batch: Batch) -> dict[str, Any]:

@@ -7,6 +7,7 @@ memory counters."""
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import socket
 import time
 from dataclasses import dataclass, field
@@ -16,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from moe_vlm import profiling
 from moe_vlm.data.batch import BatchStats
 from moe_vlm.files import STEPS_JSONL
+from moe_vlm.knobs.bridge_fields import forward_step_path
 from moe_vlm.memory.estimate import GIB
 from moe_vlm.metrics import MemoryKind
 from moe_vlm.record import StepRecord, StepWriter
@@ -32,8 +34,8 @@ if TYPE_CHECKING:
 class StepStats(BatchStats):
     """What one rank fed the model during one optimizer step, summed over micro-batches: the torch
     engine's BatchStats counts, as far as Bridge's batch shows them (skipped_samples: draws our
-    seeded data replaced, engines/megatron/data.py; samples, vision markers and truncation are
-    not in the batch and stay 0)."""
+    seeded data replaced, engines/megatron/data.py; vision markers and truncation are not in the
+    batch and stay 0)."""
 
     micro_batches: int = 0
     # Host seconds the training loop spent in next(data_iterator): the loader's queue was empty,
@@ -50,6 +52,15 @@ class StepStats(BatchStats):
         self.micro_batches += 1
         self.sequences += int(tokens.shape[0])
         self.padded_tokens += int(tokens.numel())
+        cu_seqlens = batch.get("cu_seqlens_q")
+        if cu_seqlens is not None:
+            # data.packing=in_batch: one THD row; cu_seqlens_q holds the samples' unpadded bounds
+            # and cu_seqlens_q_padded (CP/SP alignment) the physical ones (data/packing/in_batch.py:
+            # 196-205), so what the alignment added stays padding.
+            lengths = (cu_seqlens[1:] - cu_seqlens[:-1]).long()
+            self._add_counts(batch, int(lengths.sum()), int((lengths**2).sum()), tokens, image_token_id)
+            self.samples += int(lengths.numel())
+            return
         # Bridge's collate pads with the tokenizer's pad id; an attention mask, when the batch
         # carries one, is the better witness.
         attention = batch.get("attention_mask")
@@ -58,9 +69,21 @@ class StepStats(BatchStats):
         else:
             real_mask = tokens != pad_token_id
         real_per_sequence = real_mask.sum(dim=-1)
-        real, image = int(real_per_sequence.sum()), int((tokens == image_token_id).sum())
+        self.samples += int(tokens.shape[0])
+        self._add_counts(
+            batch,
+            int(real_per_sequence.sum()),
+            int((real_per_sequence.long() ** 2).sum()),
+            tokens,
+            image_token_id,
+        )
+
+    def _add_counts(
+        self, batch: dict[str, Any], real: int, sum_squares: int, tokens: Any, image_token_id: int
+    ) -> None:
+        image = int((tokens == image_token_id).sum())
         self.real_tokens += real
-        self.sum_seq_len_squared += int((real_per_sequence.long() ** 2).sum())
+        self.sum_seq_len_squared += sum_squares
         self.image_tokens += image
         self.text_tokens += real - image  # vision markers included, as the torch engine counts them
         loss_mask = batch.get("loss_mask")
@@ -588,8 +611,10 @@ def counted(data_iterator: Any, recorder: StepRecorder) -> Any:
 
 
 def counting_forward_step(recorder: StepRecorder) -> Any:
-    """Bridge's Qwen3-VL forward step, fed through an iterator that counts each micro-batch."""
-    from megatron.bridge.models.qwen_vl.qwen3_vl_step import forward_step
+    """Bridge's forward step for this run (bridge_fields.forward_step_path: Qwen3-VL's, or vlm_step
+    with data.packing=in_batch), fed through an iterator that counts each micro-batch."""
+    module, function = forward_step_path(recorder.spec).split(":")
+    forward_step = getattr(importlib.import_module(module), function)
 
     def qwen3_vl_forward_step(
         state: Any, data_iterator: Any, model: Any, return_schedule_plan: bool = False

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from moe_vlm.arch import profile
-from moe_vlm.knobs.bridge_fields import select_recipe
+from moe_vlm.knobs.bridge_fields import forward_step_path, select_recipe
 from moe_vlm.knobs.telemetry_fields import tensorboard_dir
 from moe_vlm.schema import DataKind, ExperimentLogger, FlexBackend, TokenDispatcher
 
@@ -105,13 +105,18 @@ PRETRAIN = StackModule(
     "the training loop",
     INSTALL_HINT,
 )
-FORWARD_STEP = StackModule(
-    "Qwen3-VL forward step",
-    ("megatron.bridge.models.qwen_vl.qwen3_vl_step:forward_step",),
-    "megatron-bridge",
-    "the forward step the engine wraps",
-    INSTALL_HINT,
-)
+
+
+def forward_step_module(path: str) -> StackModule:
+    return StackModule(
+        "forward step",
+        (path,),
+        "megatron-bridge",
+        "the forward step the engine wraps (data.packing=in_batch: vlm_step)",
+        INSTALL_HINT,
+    )
+
+
 PROCESSOR = StackModule(
     "HF processor",
     ("transformers:AutoProcessor", "transformers:Qwen3VLProcessor"),
@@ -179,7 +184,7 @@ MLFLOW = StackModule(
 
 def required(spec: RunSpec) -> list[StackModule]:
     """Every module a run with these options imports, in import order (no import here)."""
-    modules = [*LIBRARY, RESILIENCY, PRETRAIN, FORWARD_STEP]
+    modules = [*LIBRARY, RESILIENCY, PRETRAIN, forward_step_module(forward_step_path(spec))]
     recipe = select_recipe(spec)
     if recipe is not None:
         modules.append(
