@@ -513,3 +513,15 @@ def register() -> None:
 
 
 register()
+
+
+def upgrade_recorded(config: dict[str, Any]) -> dict[str, Any]:
+    """A recorded (run.json) config in today's schema, where a renamed knob maps one to one:
+    `data.pack_sequences: false` (before data.packing) is `data.packing: none`. Its `true` filled
+    rows across samples with attention crossing them, which no option reproduces: it is kept, so
+    the config does not build and its readers say why."""
+    data = config.get("data")
+    if isinstance(data, dict) and data.get("pack_sequences") is False and "packing" not in data:
+        data = {k: v for k, v in data.items() if k != "pack_sequences"} | {"packing": Packing.none.value}
+        return {**config, "data": data}
+    return config

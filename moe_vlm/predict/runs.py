@@ -16,7 +16,7 @@ from moe_vlm.metrics import by_step, steady_window, workload_of
 from moe_vlm.predict.calibration import Sample, stack_of
 from moe_vlm.predict.terms import loads
 from moe_vlm.record import RunRecord, RunStatus, read_steps
-from moe_vlm.schema import TrainConfig
+from moe_vlm.schema import TrainConfig, upgrade_recorded
 from moe_vlm.shape import RecordError
 from moe_vlm.spec import RunSpec
 
@@ -41,7 +41,7 @@ class RecordedRun:
 
 def spec_of(record: RunRecord) -> RunSpec:
     """The run's RunSpec, rebuilt from its resolved config."""
-    merged = OmegaConf.merge(OmegaConf.structured(TrainConfig), record.config)
+    merged = OmegaConf.merge(OmegaConf.structured(TrainConfig), upgrade_recorded(dict(record.config)))
     return RunSpec.from_config(merged)  # type: ignore[arg-type]
 
 

@@ -38,7 +38,7 @@ from moe_vlm.record import REQUEUED, RUNNING, Failure, RunRecord, RunStatus, rea
 from moe_vlm.runtime import dist_env, points
 from moe_vlm.runtime.heartbeat import gone, read_heartbeat
 from moe_vlm.safety import scrub_text
-from moe_vlm.schema import TrainConfig
+from moe_vlm.schema import TrainConfig, upgrade_recorded
 from moe_vlm.spec import RunSpec
 
 LOG_TAIL_LINES = 30
@@ -273,7 +273,9 @@ def requeue_count() -> int:
 def spec_of(config: dict[str, Any]) -> Any:
     """The RunSpec of a recorded config (None when it no longer builds: a record beats none)."""
     try:
-        return RunSpec.from_config(OmegaConf.merge(OmegaConf.structured(TrainConfig), config))  # type: ignore[arg-type]
+        return RunSpec.from_config(
+            OmegaConf.merge(OmegaConf.structured(TrainConfig), upgrade_recorded(config))
+        )  # type: ignore[arg-type]
     except Exception:
         return None
 
