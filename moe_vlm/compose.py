@@ -54,6 +54,7 @@ from omegaconf.nodes import AnyNode, EnumNode, StringNode, ValueNode
 from moe_vlm.errors import BadInput
 from moe_vlm.launch.safety import check_credentials, check_override_text
 from moe_vlm.names import ascii_fold, lookalike_error
+from moe_vlm.recipes import unknown_message
 from moe_vlm.schema import TrainConfig, dry_run_mode
 from moe_vlm.spec import RunSpec
 
@@ -525,6 +526,8 @@ def explain(exc: Exception, overrides: list[str]) -> str:
         missing = exc.missing_cfg_file or ""
         group, _, option = missing.rpartition("/")
         options = ", ".join(exc.options or []) or "(none)"
+        if group == "recipe":  # 36 long names: the closest few say more than all of them
+            return unknown_message(option)
         if group:
             return (
                 f"{group}={option}: no such option. Allowed: {options}. "

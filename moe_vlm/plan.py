@@ -13,6 +13,7 @@ from moe_vlm.engines.hf_config import is_local_checkpoint
 from moe_vlm.memory import MemoryEstimate, estimate
 from moe_vlm.metrics import peak_of, precision_peak_of
 from moe_vlm.precision import profile as precision_profile
+from moe_vlm.recipes import plan_lines as recipe_lines
 from moe_vlm.record import choices
 from moe_vlm.rules import Finding, Level
 from moe_vlm.schema import Engine
@@ -284,7 +285,8 @@ def render(
         f"engine={spec.engine} (requested {spec.engine_requested}) nodes={spec.layout.nodes} mbs={spec.mbs} "
         f"gbs={spec.gbs} seq_length={spec.seq_length} train_iters={spec.train_iters} seed={spec.seed}",
     ]
-    out = ["== moe_vlm plan ==", "", "-- knobs --", *knobs, "", "-- layout --", *layout_lines(spec), ""]
+    out = ["== moe_vlm plan ==", "", "-- knobs --", *knobs, *recipe_lines(spec), ""]
+    out += ["-- layout --", *layout_lines(spec), ""]
     out += [*memory_lines(spec, memory), ""]
     errors = [f for f in findings if f.is_error]
     out.append(f"-- findings: {len(errors)} error(s), {len(findings) - len(errors)} warning(s) --")

@@ -441,9 +441,12 @@ class Failure:
 
 
 def _config_groups() -> tuple[str, ...]:
-    """The config groups: TrainConfig's fields that hold a group's dataclass (model, parallelism, ...)."""
+    """The config groups every run chooses: TrainConfig's fields that hold a group's dataclass (model,
+    parallelism, ...); not `recipe`, which is optional (null) and names a set of the others' choices."""
     hints = get_type_hints(TrainConfig)
-    return tuple(f.name for f in dataclass_fields(TrainConfig) if is_dataclass(hints[f.name]))
+    return tuple(
+        f.name for f in dataclass_fields(TrainConfig) if is_dataclass(hints[f.name]) and f.name != "recipe"
+    )
 
 
 GROUPS = _config_groups()
@@ -754,7 +757,8 @@ class RunRecord:
 
     def overrides(self) -> list[str]:
         """Overrides that rebuild this run from its config (when its .hydra/overrides.yaml is gone)."""
-        out = []
+        recipe = _dig(self.config, ("recipe", "name"))
+        out = [f"recipe={recipe}"] if recipe not in (None, "none") else []  # the rest override it
         for group in GROUPS:
             value = _dig(self.config, (group, identity_field(group)))
             if value is not None:

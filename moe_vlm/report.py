@@ -42,6 +42,7 @@ from moe_vlm.errors import EXIT_FAILED, EXIT_INVALID, BadInput
 from moe_vlm.launch.failures import settle_running
 from moe_vlm.metrics import TimeBasis
 from moe_vlm.record import KNOBS, RUN_JSON, RecordError, RunRecord, write_atomic
+from moe_vlm.schema import MOCK_KINDS
 
 EXIT_OK = 0
 EXIT_REGRESSED = EXIT_FAILED  # the work "failed": --baseline found a regression
@@ -187,7 +188,8 @@ def varying_knobs(table: pd.DataFrame) -> list[str]:
 
 
 def is_mock(table: pd.DataFrame) -> pd.Series:
-    return table["data"].astype(str) == "mock"
+    """Mock data of either kind (image-free, or Bridge's noise-image perf workload): ranked apart."""
+    return table["data"].astype(str).isin({kind.value for kind in MOCK_KINDS})
 
 
 def is_forced_balance(table: pd.DataFrame) -> pd.Series:
@@ -587,7 +589,10 @@ def build_report(
         "nominal = GBS x seq_length. TFLOP/s/GPU and MFU use our model FLOPs (real tokens, frozen-aware).",
     ]
     made: list[plots.Plot] = []
-    mock_title = "## MOCK data (image-free): NOT a VLM performance proxy, not ranked with synthetic/real"
+    mock_title = (
+        "## MOCK data (image-free, or bridge_mock: Bridge's noise-image perf workload): NOT a VLM "
+        "performance proxy, not ranked with synthetic/real"
+    )
     forced_title = (
         "## FORCED-BALANCE routing (random router logits, MCore: benchmark only): NOT a measure of "
         "real routing, not ranked with real-routing runs"

@@ -47,8 +47,15 @@ class Arch(StrEnum):
 
 class DataKind(Enum):
     mock = "mock"  # image-free token batches: NOT a performance proxy for a VLM
+    # Bridge's perf-recipe workload (MockVLMSFTDatasetConfig): one 256x256 noise image, "Describe
+    # this image.", 10-29 random words, padded to seq_length. Mock: never ranked with real data.
+    bridge_mock = "bridge_mock"
     synthetic = "synthetic"  # realistic image payloads generated from the seed
     real = "real"  # image-text WebDataset shards on disk (Energon layout)
+
+
+# Data that is no performance proxy for a VLM on real images: labelled mock, never ranked with the rest.
+MOCK_KINDS = (DataKind.mock, DataKind.bridge_mock)
 
 
 class TokenDispatcher(Enum):
@@ -415,6 +422,21 @@ class LoggerConfig:
     tracking_uri: str | None = None
 
 
+# --- a Bridge perf recipe reproduced ----------------------------------------------------------
+
+
+@dataclass
+class RecipeConfig:
+    """The Bridge perf recipe a run reproduces (`recipe=<name>`; conf/recipe/ is generated from the
+    installed library by scripts/gen_recipes.py). Knobs given on the command line override it."""
+
+    name: str = "none"  # the recipe function without `_config`; none = no recipe selected
+    module: str = ""  # where the function lives (megatron.bridge.perf_recipes.qwen_vl.<gpu>.<family>)
+    # Every knob the recipe sets, dotted key -> value as the option writes it (group choices as
+    # `<group>.name`): the plan lists each one a run differs in (moe_vlm/recipes.py).
+    knobs: dict[str, Any] = field(default_factory=dict)
+
+
 class DryRun(Enum):
     """dry_run=false runs; true plans (a sweep of more than a few points prints one line per point
     and writes each plan to its directory); full prints every plan in full."""
@@ -456,6 +478,7 @@ class TrainConfig:
     overlap: OverlapConfig = MISSING
     offload: OffloadConfig = MISSING
     gc: GcConfig = MISSING
+    recipe: RecipeConfig = field(default_factory=RecipeConfig)  # recipe=<name> fills it; none by default
     engine: Engine = Engine.auto
     # false | true | full (DryRun): a bool before `full` existed, so typed Any; dry_run_mode checks it.
     dry_run: Any = False

@@ -9,7 +9,7 @@ one definition.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from enum import Enum
 from typing import Any
 
@@ -33,6 +33,7 @@ from moe_vlm.schema import (
     ParallelismFamily,
     PrecisionConfig,
     ProfilingConfig,
+    RecipeConfig,
     RecomputeConfig,
     RouterConfig,
     TrainConfig,
@@ -166,6 +167,8 @@ class RunSpec:
     seed: int
     lr: float
     layout: Layout
+    # The Bridge perf recipe this run reproduces (recipe=<name>); name "none" when there is none.
+    recipe: RecipeConfig = field(default_factory=RecipeConfig)
 
     @property
     def accumulation_steps(self) -> int:
@@ -352,6 +355,7 @@ def build_spec(train: TrainConfig) -> RunSpec:
         seed=train.seed,
         lr=train.lr,
         layout=layout,
+        recipe=train.recipe,
     )
 
 
