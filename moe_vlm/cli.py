@@ -14,7 +14,10 @@ SUBCOMMANDS = {
         "per-point state of a sweep (queued/running/completed/failed/rejected)",
     ),
     "advise": ("moe_vlm.advise", "what to run first, or what to try next after a sweep"),
-    "recipes": ("moe_vlm.recipes", "the Bridge perf recipes recipe=<name> reproduces (layout, GPUs, published figure)"),
+    "recipes": (
+        "moe_vlm.recipes",
+        "the Bridge perf recipes recipe=<name> reproduces (layout, GPUs, published figure)",
+    ),
 }
 
 

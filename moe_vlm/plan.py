@@ -285,7 +285,14 @@ def render(
         f"engine={spec.engine} (requested {spec.engine_requested}) nodes={spec.layout.nodes} mbs={spec.mbs} "
         f"gbs={spec.gbs} seq_length={spec.seq_length} train_iters={spec.train_iters} seed={spec.seed}",
     ]
-    out = ["== moe_vlm plan ==", "", "-- knobs --", *knobs, *recipe_lines(spec), ""]
+    out = [
+        "== moe_vlm plan ==",
+        "",
+        "-- knobs --",
+        *knobs,
+        *recipe_lines(spec, [f.code for f in findings if f.is_error]),
+        "",
+    ]
     out += ["-- layout --", *layout_lines(spec), ""]
     out += [*memory_lines(spec, memory), ""]
     errors = [f for f in findings if f.is_error]

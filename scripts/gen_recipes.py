@@ -36,12 +36,14 @@ def render(derived: Derived) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="compare with conf/recipe/ instead of writing")
+    parser.add_argument("names", nargs="*", help="only these recipes (default: every one in scope)")
     args = parser.parse_args()
     warnings.simplefilter("ignore")
     drifted: list[str] = []
     recipes = library_recipes()
+    chosen = [r for r in recipes if not args.names or r.name in args.names]
     with tempfile.TemporaryDirectory() as workdir:
-        for recipe in recipes:
+        for recipe in chosen:
             text = render(derive(recipe, Path(workdir)))
             path = RECIPE_DIR / f"{recipe.name}.yaml"
             if args.check:
@@ -51,7 +53,7 @@ def main() -> int:
                 path.write_text(text)
             print(f"{'checked' if args.check else 'wrote'} {path.name}", flush=True)
     names = {r.name for r in recipes}
-    stale = sorted(p.stem for p in RECIPE_DIR.glob("*.yaml") if p.stem not in names)
+    stale = [] if args.names else sorted(p.stem for p in RECIPE_DIR.glob("*.yaml") if p.stem not in names)
     if args.check and (drifted or stale):
         print(f"drifted: {drifted}; options without a library function: {stale}", file=sys.stderr)
         return 1

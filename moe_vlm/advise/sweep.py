@@ -28,7 +28,7 @@ from moe_vlm.record import RUN_JSON, Failure, RecordError, RunRecord
 from moe_vlm.rules import errors
 from moe_vlm.rules.guide import etp_replaceable_by_ep
 from moe_vlm.rules.memory import describe_fit
-from moe_vlm.schema import MOCK_KINDS, DataKind, RecomputeGranularity
+from moe_vlm.schema import MOCK_KINDS, RecomputeGranularity
 from moe_vlm.spec import RunSpec
 
 # A component whose share of the step is at least this "dominates" it.
@@ -356,12 +356,7 @@ def suggest_etp(records: list[SweepRun]) -> list[Suggestion]:
 def suggest_mbs(records: list[SweepRun]) -> list[Suggestion]:
     groups: dict[tuple[str, ...], list[SweepRun]] = {}
     for r in records:
-        if (
-            r.status != "completed"
-            or r.data_kind in MOCK_DATA
-            or r.spec is None
-            or r.throughput is None
-        ):
+        if r.status != "completed" or r.data_kind in MOCK_DATA or r.spec is None or r.throughput is None:
             continue
         key = tuple(sorted(o for o in r.overrides if override_key(o) not in ("mbs", "gbs")))
         groups.setdefault(key, []).append(r)

@@ -29,7 +29,9 @@ def test_every_library_recipe_in_scope_has_an_option() -> None:
     from moe_vlm.engines.megatron.vendor_recipes import library_recipes
 
     library = {r.name for r in library_recipes()}
-    assert len(library) == 36, sorted(library)  # 22 Qwen3-VL + 14 Qwen3.5-35B, five GPUs, megatron-bridge 0.6.2
+    assert len(library) == 36, sorted(
+        library
+    )  # 22 Qwen3-VL + 14 Qwen3.5-35B, five GPUs, megatron-bridge 0.6.2
     missing, stale = sorted(library - set(NAMES)), sorted(set(NAMES) - library)
     assert not missing, f"no recipe= option for {missing}: rerun scripts/gen_recipes.py"
     assert not stale, f"recipe= options without a library function: {stale}: rerun scripts/gen_recipes.py"
@@ -50,10 +52,14 @@ def test_recipe_option_equals_its_function(name: str, workdir: Path) -> None:
     spec = make_spec(f"recipe={name}", "dry_run=true")
     differences = compare(spec, workdir)
     unexplained = {f: d for f, d in differences.items() if not deliberate(f, *d)}
-    assert not unexplained, f"recipe={name} drifted from its function (rerun scripts/gen_recipes.py): {unexplained}"
+    assert not unexplained, (
+        f"recipe={name} drifted from its function (rerun scripts/gen_recipes.py): {unexplained}"
+    )
     assert "checkpoint.load" in differences  # the comparison sees the deliberate ones: it can fail
     if name == NAMES[-1]:
-        REPORT.append(f"recipe= options: {len(NAMES)} equal to their Bridge function but the deliberate differences")
+        REPORT.append(
+            f"recipe= options: {len(NAMES)} equal to their Bridge function but the deliberate differences"
+        )
 
 
 def test_an_option_that_drifts_is_caught(workdir: Path) -> None:
@@ -103,19 +109,21 @@ def test_h100_qwen3_vl_recipes_fail_at_model_build(name: str, workdir: Path) -> 
     without it (qwen3_vl_provider.py:322-331), so the language model's layers are laid out with
     vp_stage=None, and MCore's layer offset, given the recipe's own runtime-updated config, asserts.
     """
-    from megatron.bridge.models.qwen_vl.qwen3_vl_provider import Qwen3VLMoEModelProvider
     from megatron.bridge.models.qwen_vl.modelling_qwen3_vl.model import Qwen3VLModel
+    from megatron.bridge.models.qwen_vl.qwen3_vl_provider import Qwen3VLMoEModelProvider
     from megatron.core.transformer.transformer_layer import get_transformer_layer_offset
 
+    from moe_vlm.compose import compose_config
     from moe_vlm.engines.megatron.effective import runtime_update
     from moe_vlm.engines.megatron.vendor_recipes import build_recipe, library_recipes
-    from moe_vlm.compose import compose_config
 
     (recipe,) = [r for r in library_recipes() if r.name == name]
     conf = compose_config([f"recipe={name}"])
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        update = runtime_update(build_recipe(recipe, conf, workdir), make_spec(f"recipe={name}"), planned=True)
+        update = runtime_update(
+            build_recipe(recipe, conf, workdir), make_spec(f"recipe={name}"), planned=True
+        )
     assert update.error is None, update.error  # Bridge's own pre-flight accepts it
     model = update.config.model
     assert isinstance(model, Qwen3VLMoEModelProvider)
