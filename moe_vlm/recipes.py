@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import OmegaConf
 
 from moe_vlm.record import identity_field
 from moe_vlm.spec import RunSpec
@@ -131,11 +131,9 @@ def _option_leaves(group: str, option: str) -> dict[str, Any]:
     path = CONF_DIR / group / f"{option}.yaml"
     if not path.exists():
         return {}
-    loaded = OmegaConf.load(path)
-    assert isinstance(loaded, DictConfig)
-    return {
-        f"{group}.{k}": v for k, v in OmegaConf.to_container(loaded).items() if k not in ("defaults", "name")
-    }  # type: ignore[union-attr]
+    loaded = OmegaConf.to_container(OmegaConf.load(path))
+    assert isinstance(loaded, dict)
+    return {f"{group}.{k!s}": v for k, v in loaded.items() if k not in ("defaults", "name")}
 
 
 @dataclass(frozen=True)
@@ -197,7 +195,7 @@ def plan_lines(spec: RunSpec, errors: list[str] | None = None) -> list[str]:
 def _load(name: str) -> dict[str, Any]:
     loaded = OmegaConf.to_container(OmegaConf.load(RECIPE_DIR / f"{name}.yaml"))
     assert isinstance(loaded, dict)
-    return loaded
+    return {str(k): v for k, v in loaded.items()}
 
 
 def listing() -> list[str]:

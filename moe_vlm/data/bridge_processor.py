@@ -95,15 +95,13 @@ def _tokenizer_json(words: list[str]) -> str:
 def build_processor(model: ModelConfig, words: list[str]) -> object:
     """A Qwen3VLProcessor for `model` with the tokenizer above (not yet saved)."""
     from tokenizers import Tokenizer
-    from transformers import Qwen2TokenizerFast, Qwen2VLImageProcessorFast, Qwen3VLProcessor
+    from transformers import Qwen2Tokenizer, Qwen2VLImageProcessor, Qwen3VLProcessor
     from transformers.models.qwen3_vl.video_processing_qwen3_vl import Qwen3VLVideoProcessor
 
-    tokenizer = Qwen2TokenizerFast(
+    tokenizer = Qwen2Tokenizer(
         tokenizer_object=Tokenizer.from_str(_tokenizer_json(words)),
         eos_token="<|im_end|>",
         pad_token="<|endoftext|>",
-        unk_token=None,
-        bos_token=None,
     )
     sizes = {
         "patch_size": model.vision_patch_size,
@@ -113,7 +111,7 @@ def build_processor(model: ModelConfig, words: list[str]) -> object:
         "image_std": [0.5, 0.5, 0.5],
     }
     return Qwen3VLProcessor(
-        image_processor=Qwen2VLImageProcessorFast(**sizes),
+        image_processor=Qwen2VLImageProcessor(**sizes),
         tokenizer=tokenizer,
         video_processor=Qwen3VLVideoProcessor(**sizes),
         chat_template=CHAT_TEMPLATE,

@@ -123,7 +123,8 @@ class VendorRecipe:
         return f"{self.name}_config"
 
     def build(self) -> Callable[[], Any]:
-        return getattr(importlib.import_module(self.module), self.function)  # type: ignore[no-any-return]
+        function: Callable[[], Any] = getattr(importlib.import_module(self.module), self.function)
+        return function
 
 
 def library_recipes() -> list[VendorRecipe]:
