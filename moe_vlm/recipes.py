@@ -45,14 +45,14 @@ def option_names() -> list[str]:
 
 
 def closest(name: str, n: int = 3) -> list[str]:
-    """The option names nearest `name` (spelling), best first."""
-    names = option_names()
-    found = difflib.get_close_matches(name, names, n=n, cutoff=0.5)
-    if found:
-        return found
-    # A partial name (qwen3_vl_30b_a3b_gb200): the options sharing the most of its parts.
+    """The option names nearest `name`, best first: most parts in common (qwen3_vl_30b_gb200 shares
+    model, size and GPU with the 8-GPU GB200 recipes), then spelling."""
     parts = set(name.split("_"))
-    return sorted(names, key=lambda o: (-len(parts & set(o.split("_"))), o))[:n]
+
+    def score(option: str) -> tuple[int, float]:
+        return len(parts & set(option.split("_"))), difflib.SequenceMatcher(None, name, option).ratio()
+
+    return sorted(option_names(), key=score, reverse=True)[:n]
 
 
 def unknown_message(name: str) -> str:
