@@ -135,3 +135,43 @@ def test_h100_qwen3_vl_recipes_fail_at_model_build(name: str, workdir: Path) -> 
     with pytest.raises(AssertionError, match="vp_stage must be provided"):
         get_transformer_layer_offset(model, None, pp_rank=0)
     get_transformer_layer_offset(model, 0, pp_rank=0)  # with the stage, the same config lays out fine
+
+
+# shared/reference/vendor-workload.md's BF16 table (TP/PP/VP/EP, MBS/GBS), as the library has it. One
+# row there is wrong: Qwen3.5-35B on 16 H100 is PP 2 with VP 12 (perf_recipes/qwen_vl/h100/
+# qwen35_vl.py sets virtual_pipeline_model_parallel_size = 12), not "1/2/-/8".
+LIBRARY_LAYOUTS = {  # name: (TP, PP, VP, EP, MBS, GBS)
+    "qwen3_vl_30b_a3b_pretrain_8gpu_gb200_bf16": (1, 1, None, 8, 4, 512),
+    "qwen3_vl_30b_a3b_pretrain_8gpu_gb300_bf16": (1, 1, None, 8, 8, 512),
+    "qwen3_vl_30b_a3b_pretrain_8gpu_b200_bf16": (1, 1, None, 8, 1, 512),
+    "qwen3_vl_30b_a3b_pretrain_16gpu_h100_bf16": (1, 2, 12, 8, 1, 512),
+    "qwen3_vl_235b_a22b_pretrain_64gpu_gb200_bf16": (1, 8, None, 8, 2, 1024),
+    "qwen3_vl_235b_a22b_pretrain_64gpu_gb300_bf16": (1, 1, None, 64, 1, 1024),
+    "qwen3_vl_235b_a22b_pretrain_64gpu_b200_bf16": (1, 8, None, 8, 1, 1024),
+    "qwen3_vl_235b_a22b_pretrain_256gpu_h100_bf16": (2, 8, 4, 32, 1, 1024),
+    "qwen35_vl_35b_a3b_pretrain_8gpu_gb200_bf16": (1, 1, None, 8, 4, 512),
+    "qwen35_vl_35b_a3b_pretrain_8gpu_gb300_bf16": (1, 1, None, 8, 8, 512),
+    "qwen35_vl_35b_a3b_pretrain_8gpu_b200_bf16": (1, 1, None, 8, 1, 512),
+    "qwen35_vl_35b_a3b_pretrain_8gpu_b300_bf16": (1, 1, None, 8, 8, 512),
+    "qwen35_vl_35b_a3b_pretrain_16gpu_h100_bf16": (1, 2, 12, 8, 1, 512),  # the reference says VP "-"
+}
+
+
+@needs_stack
+def test_the_reference_tables_layouts_against_the_library(workdir: Path) -> None:
+    from moe_vlm.compose import compose_config
+    from moe_vlm.engines.megatron.vendor_recipes import build_recipe, library_recipes
+
+    by_name = {r.name: r for r in library_recipes()}
+    for name, layout in LIBRARY_LAYOUTS.items():
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            cfg = build_recipe(by_name[name], compose_config([f"recipe={name}"]), workdir)
+        m, t = cfg.model, cfg.train
+        found = (m.tensor_model_parallel_size, m.pipeline_model_parallel_size,
+                 m.virtual_pipeline_model_parallel_size, m.expert_model_parallel_size,
+                 t.micro_batch_size, t.global_batch_size)  # fmt: skip
+        assert found == layout, name
+        spec = make_spec(f"recipe={name}")  # and the option carries it
+        assert (spec.layout.tp, spec.layout.pp, spec.layout.vp if spec.layout.vp > 1 else None, spec.layout.ep,
+                spec.mbs, spec.gbs) == layout, name  # fmt: skip

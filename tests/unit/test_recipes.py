@@ -39,7 +39,9 @@ def test_a_recipe_sets_every_knob_it_names() -> None:
     assert (spec.model.name, spec.cluster.name, spec.layout.world_size) == ("qwen3_vl_30b_a3b", "gb200", 8)
     assert (spec.mbs, spec.gbs, spec.seq_length, spec.layout.ep, spec.train_iters) == (4, 512, 4096, 8, 50)
     assert spec.dispatcher.name == "hybridep" and spec.router.force_load_balancing
-    assert spec.freeze.language and spec.freeze.vision and not spec.freeze.projector  # only the projector trains
+    assert (
+        spec.freeze.language and spec.freeze.vision and not spec.freeze.projector
+    )  # only the projector trains
     assert spec.cuda_graph.scope == ["moe_router", "moe_preprocess"]  # after _finalize_qwen3_vl
     assert spec.data.kind is DataKind.bridge_mock
     assert changes(spec) == []
@@ -141,3 +143,11 @@ def test_bridge_mock_is_labelled_mock_and_ranked_apart() -> None:
     fired = [f.code for f in validate(make_spec("data=bridge_mock"))]
     quiet = [f.code for f in validate(make_spec("data=synthetic"))]
     assert "A004" in fired and "A004" not in quiet
+
+
+def test_every_deliberate_difference_is_documented() -> None:
+    from moe_vlm.engines.megatron.vendor_recipes import DELIBERATE
+
+    doc = (REPO / "docs" / "megatron.md").read_text()
+    section = doc[doc.index("## Reproducing a vendor recipe") : doc.index("## The effective configuration")]
+    assert [field for field in DELIBERATE if f"`{field}`" not in section] == []
