@@ -74,16 +74,20 @@ def test_an_option_that_drifts_is_caught(workdir: Path) -> None:
 
 # --- rules against recipes -------------------------------------------------------------------------
 
-REJECTED = {  # recipe -> the rule codes that reject it as written (memory aside: vendornum's part)
-    "qwen3_vl_30b_a3b_pretrain_16gpu_h100_bf16": {"L014", "D008"},
-    "qwen3_vl_30b_a3b_pretrain_16gpu_h100_fp8cs": {"L014", "D008"},
-    "qwen3_vl_235b_a22b_pretrain_256gpu_h100_bf16": {"L014", "D008"},
-    "qwen3_vl_235b_a22b_pretrain_256gpu_h100_fp8cs": {"L014", "D008"},
+# Every in-scope recipe our rules reject as written (memory aside: the vendornum part of issue 21):
+# the six H100 recipes, each for reasons the library's own code confirms below.
+REJECTED = {
+    "qwen35_vl_35b_a3b_pretrain_16gpu_h100_bf16": {"L004", "D008"},
+    "qwen35_vl_35b_a3b_pretrain_16gpu_h100_fp8cs": {"L004", "D008"},
+    "qwen3_vl_30b_a3b_pretrain_16gpu_h100_bf16": {"L013", "L014", "D008"},
+    "qwen3_vl_30b_a3b_pretrain_16gpu_h100_fp8cs": {"L013", "L014", "D008"},
+    "qwen3_vl_235b_a22b_pretrain_256gpu_h100_bf16": {"L004", "L013", "L014", "D008"},
+    "qwen3_vl_235b_a22b_pretrain_256gpu_h100_fp8cs": {"L004", "L013", "L014", "D008"},
 }
 MEMORY_CODES = {"M001", "M002", "M003"}
 
 
-def test_rules_reject_exactly_the_recipes_the_library_fails() -> None:
+def test_rules_reject_exactly_these_recipes() -> None:
     rejected = {}
     for name in NAMES:
         found = {f.code for f in validate(make_spec(f"recipe={name}")) if f.is_error} - MEMORY_CODES
@@ -100,17 +104,22 @@ def _call_keywords(function: Any, callee: str) -> set[str]:
 
 
 @needs_stack
-@pytest.mark.parametrize("name", sorted(n for n, codes in REJECTED.items() if "L014" in codes))
-def test_h100_qwen3_vl_recipes_fail_at_model_build(name: str, workdir: Path) -> None:
-    """L014's verdict: the vendor's own H100 Qwen3-VL recipe cannot build its model.
+@pytest.mark.parametrize("name", sorted(REJECTED))
+def test_the_library_fails_each_rejected_recipe(name: str, workdir: Path) -> None:
+    """The verdict on each rule that rejects a vendor recipe: the library's own code, given the
+    recipe's own ConfigContainer after Bridge's runtime update (which accepts every one of them),
+    fails at model build (L004, L013, L014) or at step 1 (D008).
 
-    Bridge builds each virtual stage with provider.provide(..., vp_stage=i)
+    L014: Bridge builds each virtual stage with provider.provide(..., vp_stage=i)
     (models/model_provider.py:729-740); Qwen3VLMoEModelProvider.provide constructs Qwen3VLModel
-    without it (qwen3_vl_provider.py:322-331), so the language model's layers are laid out with
-    vp_stage=None, and MCore's layer offset, given the recipe's own runtime-updated config, asserts.
+    without it (qwen3_vl_provider.py:322-331), so the layers are laid out with vp_stage=None and
+    MCore's layer offset asserts. L004: MCore asserts each stage's layers divide by VP
+    (core/transformer/transformer_block.py:96-170). L013: Qwen3VLModel asserts its first chunk holds
+    every deepstack level (modelling_qwen3_vl/model.py:358-364). D008: the EP-overlap schedule needs
+    build_schedule_plan, which Qwen3VLModel lacks (tests/megatron/test_first_contact.py).
     """
     from megatron.bridge.models.qwen_vl.modelling_qwen3_vl.model import Qwen3VLModel
-    from megatron.bridge.models.qwen_vl.qwen3_vl_provider import Qwen3VLMoEModelProvider
+    from megatron.core.transformer.transformer_block import get_num_layers_to_build
     from megatron.core.transformer.transformer_layer import get_transformer_layer_offset
 
     from moe_vlm.compose import compose_config
@@ -118,23 +127,36 @@ def test_h100_qwen3_vl_recipes_fail_at_model_build(name: str, workdir: Path) -> 
     from moe_vlm.engines.megatron.vendor_recipes import build_recipe, library_recipes
 
     (recipe,) = [r for r in library_recipes() if r.name == name]
-    conf = compose_config([f"recipe={name}"])
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        update = runtime_update(
-            build_recipe(recipe, conf, workdir), make_spec(f"recipe={name}"), planned=True
-        )
+        cfg = build_recipe(recipe, compose_config([f"recipe={name}"]), workdir)
+        update = runtime_update(cfg, make_spec(f"recipe={name}"), planned=True)
     assert update.error is None, update.error  # Bridge's own pre-flight accepts it
-    model = update.config.model
-    assert isinstance(model, Qwen3VLMoEModelProvider)
-    assert model.pipeline_model_parallel_size > 1 and (model.virtual_pipeline_model_parallel_size or 1) > 1
-    # The provider receives vp_stage and drops it; the model takes it and passes it on (model.py:355).
-    assert "vp_stage" in inspect.signature(Qwen3VLMoEModelProvider.provide).parameters
-    assert "vp_stage" not in _call_keywords(Qwen3VLMoEModelProvider.provide, "Qwen3VLModel")
-    assert "vp_stage" in inspect.signature(Qwen3VLModel.__init__).parameters
-    with pytest.raises(AssertionError, match="vp_stage must be provided"):
-        get_transformer_layer_offset(model, None, pp_rank=0)
-    get_transformer_layer_offset(model, 0, pp_rank=0)  # with the stage, the same config lays out fine
+    model, codes = update.config.model, REJECTED[name]
+    vp = model.virtual_pipeline_model_parallel_size
+    if "L004" in codes:
+        with pytest.raises(AssertionError):
+            get_num_layers_to_build(model, vp_stage=0, pp_rank=0)
+    if "L014" in codes:
+        provider = type(model)
+        assert model.pipeline_model_parallel_size > 1 and (vp or 1) > 1
+        assert "vp_stage" in inspect.signature(provider.provide).parameters  # it receives it,
+        assert "vp_stage" not in _call_keywords(provider.provide, "Qwen3VLModel")  # drops it,
+        assert "vp_stage" in inspect.signature(Qwen3VLModel.__init__).parameters  # though the model takes it
+        with pytest.raises(AssertionError, match="vp_stage must be provided"):
+            get_transformer_layer_offset(model, None, pp_rank=0)
+    if "L013" in codes:
+        deepstack = len(model.vision_config.deepstack_visual_indexes)
+        if "L004" not in codes:
+            assert get_num_layers_to_build(model, vp_stage=0, pp_rank=0) < deepstack
+        else:  # the even split the rule assumes: layers per stage and chunk
+            assert model.num_layers // model.pipeline_model_parallel_size // vp < deepstack
+        assert "deepstack_visual_embeds should on the first pp-stage" in inspect.getsource(
+            Qwen3VLModel.__init__
+        )
+    if "D008" in codes:
+        assert update.config.comm_overlap.overlap_moe_expert_parallel_comm is True
+        assert not hasattr(Qwen3VLModel, "build_schedule_plan")
 
 
 # shared/reference/vendor-workload.md's BF16 table (TP/PP/VP/EP, MBS/GBS), as the library has it. One

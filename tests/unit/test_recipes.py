@@ -114,6 +114,7 @@ def test_record_rebuilds_a_recipe_run_from_its_config() -> None:
 def test_bridge_mock_samples_have_the_vendor_shapes() -> None:
     from moe_vlm.data import indexed_samples
     from moe_vlm.data.bridge_mock import BRIDGE_MOCK
+    from moe_vlm.data.sequence import EncodedSample
 
     spec = make_spec("model=tiny_moe_vlm", "data=bridge_mock", "seq_length=4096")
     tiny = indexed_samples(spec.model, spec.data, spec.seed, spec.seq_length)
@@ -121,6 +122,7 @@ def test_bridge_mock_samples_have_the_vendor_shapes() -> None:
     source = indexed_samples(full.model, full.data, full.seed, full.seq_length)
     for index in range(3):
         encoded = source.encoder.encode(source.draw(index, 0))
+        assert isinstance(encoded, EncodedSample) and encoded.image_grid_thw is not None
         assert encoded.image_grid_thw.tolist() == [[1, 28, 28]]  # 784 patches, as Bridge's collate makes
         assert int((encoded.input_ids == full.model.image_token_id).sum()) == 196
         assert encoded.length == BRIDGE_MOCK.real_tokens(index)
