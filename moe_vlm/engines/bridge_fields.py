@@ -688,7 +688,7 @@ class RecipeKind(StrEnum):
     perf = "perf"  # this cluster's own perf recipe for the model
     stand_in = "stand-in"  # another GPU's perf recipe of the model (this cluster has none)
     template = "template"  # a perf recipe of the architecture's template model (the model has none)
-    named = "recipe="  # the perf recipe function recipe=<name> names, whatever the cluster
+    named = "vendor"  # the perf recipe function recipe=<name> names, whatever the cluster
 
 
 @dataclass(frozen=True)
