@@ -29,9 +29,18 @@ from typing import Any
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from moe_vlm.compose import CONF_DIR, compose_config
-from moe_vlm.engines.bridge_fields import FIELD_MAP, RECIPE_NAME, FieldMap
 from moe_vlm.engines.hf_config import hf_model_dir
-from moe_vlm.engines.megatron.config import offline_hf
+from moe_vlm.engines.megatron.config import (
+    apply_overrides,
+    build_config,
+    get_field,
+    normalise,
+    offline_hf,
+    recipe_function,
+)
+from moe_vlm.engines.megatron.effective import ABSENT, leaves, plain, runtime_update
+from moe_vlm.knobs.bridge_fields import FIELD_MAP, RECIPE_NAME, FieldMap, select_recipe
+from moe_vlm.knobs.keep import KEEP
 from moe_vlm.schema import TrainConfig
 from moe_vlm.spec import RunSpec, build_spec
 
@@ -253,7 +262,6 @@ def _spec(conf: DictConfig) -> RunSpec:
 
 
 def _scalar_candidates(cfg: Any, rows: list[FieldMap]) -> list[Any]:
-    from moe_vlm.engines.megatron.config import get_field, normalise
 
     values: list[Any] = []
     for row in rows:
@@ -267,8 +275,6 @@ def _scalar_candidates(cfg: Any, rows: list[FieldMap]) -> list[Any]:
 
 def _rows_hold(cfg: Any, conf: DictConfig, rows: list[FieldMap]) -> bool:
     """Every row of `rows` gives, for `conf`, the value its field holds in the recipe's `cfg`."""
-    from moe_vlm.engines.bridge_fields import KEEP
-    from moe_vlm.engines.megatron.config import get_field, normalise
 
     spec = _spec(conf)
     for row in rows:
@@ -306,14 +312,11 @@ class _Judge:
     Bridge's runtime update: the number of fields that differ, deliberate ones aside."""
 
     def __init__(self, cfg: Any, conf: DictConfig) -> None:
-        from moe_vlm.engines.megatron.effective import runtime_update
 
         self.cfg = cfg
         self.theirs = _flat(runtime_update(cfg, _spec(conf), planned=True))
 
     def differences(self, conf: DictConfig) -> dict[str, tuple[Any, Any]]:
-        from moe_vlm.engines.megatron.config import apply_overrides
-        from moe_vlm.engines.megatron.effective import ABSENT, runtime_update
 
         spec = _spec(conf)
         ours_cfg = copy.deepcopy(self.cfg)
@@ -418,7 +421,6 @@ def deliberate(name: str, theirs: Any, ours: Any) -> str | None:
 
 
 def _flat(update: Any) -> dict[str, Any]:
-    from moe_vlm.engines.megatron.effective import leaves, plain
 
     cfg = update.config
     out: dict[str, Any] = {f"env_vars.{k}": plain(v) for k, v in sorted(update.env.items())}
@@ -444,9 +446,6 @@ def compare(spec: RunSpec, workdir: Path) -> dict[str, tuple[Any, Any]]:
     """What `recipe=<name>` plans, against the function itself: the engine's ConfigContainer for `spec`
     (build_config: the function, then THE table) and the function's own, both after Bridge's runtime
     update as one rank of the job: field -> (library, ours), for every field that differs."""
-    from moe_vlm.engines.bridge_fields import select_recipe
-    from moe_vlm.engines.megatron.config import build_config, recipe_function
-    from moe_vlm.engines.megatron.effective import ABSENT, runtime_update
 
     recipe = select_recipe(spec)
     assert recipe is not None and spec.recipe.name != "none", "compare needs recipe=<name>"

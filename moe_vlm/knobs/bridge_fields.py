@@ -19,9 +19,9 @@ from typing import Any
 
 from moe_vlm.arch import PROFILES
 from moe_vlm.data.workers import data_workers
-from moe_vlm.engines.hf_config import is_local_checkpoint
-from moe_vlm.engines.telemetry_fields import ROWS as TELEMETRY_ROWS
-from moe_vlm.engines.telemetry_fields import in_run_dir
+from moe_vlm.knobs.keep import KEEP
+from moe_vlm.knobs.telemetry_fields import ROWS as TELEMETRY_ROWS
+from moe_vlm.knobs.telemetry_fields import in_run_dir
 from moe_vlm.precision import profile as precision_profile
 from moe_vlm.schema import (
     SYNTHETIC_DRAW_FIELDS,
@@ -38,16 +38,6 @@ from moe_vlm.schema import (
 )
 from moe_vlm.sharding import dp_outer
 from moe_vlm.spec import RunSpec, hybridep_topology
-
-
-class _Keep:
-    """Sentinel: leave the recipe's value (printed as such by the plan)."""
-
-    def __repr__(self) -> str:
-        return "(recipe's)"
-
-
-KEEP: Any = _Keep()
 
 # HybridEP topology variables (Bridge's perf_recipes.environment.HYBRID_EP_ENV_NAMES): the engine
 # replaces the recipe's set with ours, and drops them for other dispatchers.
@@ -221,7 +211,9 @@ def _if_bridge_data(value: Callable[[RunSpec], Any]) -> Callable[[RunSpec], Any]
 def _mock_processor_path(spec: RunSpec) -> Any:
     if not _bridge_mock(spec):
         return KEEP
-    return spec.model.hf_model_id if is_local_checkpoint(spec.model) else in_run_dir(BRIDGE_PROCESSOR_DIR)
+    # Always the offline-built one, even beside a local checkpoint: its tokenizer gives the mock's
+    # words Qwen's token counts, and the run needs nothing from the hub or the checkpoint.
+    return in_run_dir(BRIDGE_PROCESSOR_DIR)
 
 
 def _seeded_row(group: str, name: str) -> FieldMap:
@@ -646,12 +638,12 @@ FIELD_MAP: tuple[FieldMap, ...] = (
         "data",
         "dataset.hf_processor_path",
         _mock_processor_path,
-        "bridge_mock: a local checkpoint dir as is; else the Qwen3-VL processor the run builds offline "
-        "in its directory (data/bridge_processor.py); the recipes name a hub id",
+        "bridge_mock: the Qwen3-VL processor the run builds offline in its directory "
+        "(data/bridge_processor.py); the recipes name a hub id",
     ),
     FieldMap("logger", "logger.log_interval", lambda s: 1, "per-step records"),
     FieldMap("logger", "logger.log_throughput", lambda s: True, "Bridge's own TFLOP/s kept beside ours"),
-    # Profiling and experiment logging: engines/telemetry_fields.py.
+    # Profiling and experiment logging: knobs/telemetry_fields.py.
     *(FieldMap(*row) for row in TELEMETRY_ROWS),
     FieldMap("train_iters", "checkpoint.save", lambda s: None, "benchmark runs write no checkpoints"),
     FieldMap(
