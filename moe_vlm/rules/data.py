@@ -78,8 +78,8 @@ def _mock_data(spec: RunSpec) -> Iterator[Violation]:
         yield Violation(
             ("data",),
             "data=bridge_mock is Bridge's perf-recipe workload: one 256x256 noise image and a few dozen text "
-            "tokens per sample, padded to seq_length (about 232 real of 4,096 positions); it reproduces the "
-            "vendor's number, and is labelled mock and never ranked with real results.",
+            f"tokens per sample (222-241 real tokens), padded to seq_length={spec.seq_length}; it reproduces "
+            "the vendor's number, and is labelled mock and never ranked with real results.",
             "switch to data=synthetic or data=real (and router=real) before drawing throughput conclusions.",
         )
 
