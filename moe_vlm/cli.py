@@ -15,6 +15,10 @@ SUBCOMMANDS = {
     ),
     "advise": ("moe_vlm.advise", "what to run first, or what to try next after a sweep"),
     "calibrate": ("moe_vlm.calibrate_cli", "fit the step-time prediction on recorded runs"),
+    "recipes": (
+        "moe_vlm.recipes",
+        "the Bridge perf recipes recipe=<name> reproduces (layout, GPUs, published figure)",
+    ),
 }
 
 

@@ -14,9 +14,12 @@ from moe_vlm.spec import RunSpec
 
 
 def _config_groups() -> tuple[str, ...]:
-    """The config groups: TrainConfig's fields that hold a group's dataclass (model, parallelism, ...)."""
+    """The config groups every run chooses: TrainConfig's fields that hold a group's dataclass (model,
+    parallelism, ...); not `recipe`, which is optional (null) and names a set of the others' choices."""
     hints = get_type_hints(TrainConfig)
-    return tuple(f.name for f in dataclass_fields(TrainConfig) if is_dataclass(hints[f.name]))
+    return tuple(
+        f.name for f in dataclass_fields(TrainConfig) if is_dataclass(hints[f.name]) and f.name != "recipe"
+    )
 
 
 GROUPS = _config_groups()

@@ -46,6 +46,17 @@ def lookalike(typed: str, candidates: Sequence[str]) -> str | None:
     return close[0] if close else None
 
 
+def closest(typed: str, candidates: Sequence[str], n: int = 3) -> list[str]:
+    """The `n` candidates nearest `typed`, best first: most `_`-separated parts in common
+    (qwen3_vl_30b_gb200 shares model, size and GPU with the 8-GPU GB200 recipes), then spelling."""
+    parts = set(typed.split("_"))
+
+    def score(candidate: str) -> tuple[int, float]:
+        return len(parts & set(candidate.split("_"))), difflib.SequenceMatcher(None, typed, candidate).ratio()
+
+    return sorted(candidates, key=score, reverse=True)[:n]
+
+
 def lookalike_error(
     what: str, typed: str, candidates: Sequence[str], fixed: str, kind: str = "option"
 ) -> str | None:

@@ -21,6 +21,7 @@ from moe_vlm.memory.micro_batch import micro_batch_shape
 from moe_vlm.metrics import peak_of, precision_peak_of
 from moe_vlm.precision import profile as precision_profile
 from moe_vlm.predict import Prediction, predict
+from moe_vlm.recipes import plan_lines as recipe_lines
 from moe_vlm.rules import Finding, Level
 from moe_vlm.schema import Engine
 from moe_vlm.spec import RunSpec
@@ -358,7 +359,15 @@ def render(
         f"engine={spec.engine} (requested {spec.engine_requested}) nodes={spec.layout.nodes} mbs={spec.mbs} "
         f"gbs={spec.gbs} seq_length={spec.seq_length} train_iters={spec.train_iters} seed={spec.seed}",
     ]
-    out = ["== moe_vlm plan ==", "", "-- knobs --", *knobs, "", "-- layout --", *layout_lines(spec), ""]
+    out = [
+        "== moe_vlm plan ==",
+        "",
+        "-- knobs --",
+        *knobs,
+        *recipe_lines(spec, [f.code for f in findings if f.is_error]),
+        "",
+    ]
+    out += ["-- layout --", *layout_lines(spec), ""]
     out += [*memory_lines(spec, got.memory), ""]
     out += [*prediction_lines(spec, got.prediction), ""]
     out += [*basis_lines(spec, got.basis), ""]

@@ -37,7 +37,7 @@ from moe_vlm.compose import (
     parse_override,
 )
 from moe_vlm.errors import BadInput
-from moe_vlm.names import ascii_fold, lookalike_error
+from moe_vlm.names import ascii_fold, closest, lookalike_error
 from moe_vlm.safety import check_credentials, check_override_text
 from moe_vlm.schema import dry_run_mode
 
@@ -87,6 +87,12 @@ def explain(exc: Exception, overrides: list[str]) -> str:
         missing = exc.missing_cfg_file or ""
         group, _, option = missing.rpartition("/")
         options = ", ".join(exc.options or []) or "(none)"
+        if group == "recipe":  # 36 long names: the closest few say more than all of them
+            near = ", ".join(closest(option, exc.options or []))
+            return (
+                f"recipe={option}: no such Bridge perf recipe. Closest: {near}. Fix: recipe=<one of them>; "
+                f"`moe-vlm recipes` lists all {len(exc.options or [])}."
+            )
         if group:
             return (
                 f"{group}={option}: no such option. Allowed: {options}. "

@@ -594,7 +594,8 @@ class RunRecord:
 
     def overrides(self) -> list[str]:
         """Overrides that rebuild this run from its config (when its .hydra/overrides.yaml is gone)."""
-        out = []
+        recipe = _dig(self.config, ("recipe", "name"))
+        out = [f"recipe={recipe}"] if recipe not in (None, "none") else []  # the rest override it
         for group in GROUPS:
             value = _dig(self.config, (group, identity_field(group)))
             if value is not None:

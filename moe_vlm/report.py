@@ -84,7 +84,10 @@ def build_report(
         "nominal = GBS x seq_length. TFLOP/s/GPU and MFU use our model FLOPs (real tokens, frozen-aware).",
     ]
     made: list[plots.Plot] = []
-    mock_title = "## MOCK data (image-free): NOT a VLM performance proxy, not ranked with synthetic/real"
+    mock_title = (
+        "## MOCK data (image-free, or bridge_mock: Bridge's noise-image perf workload): NOT a VLM "
+        "performance proxy, not ranked with synthetic/real"
+    )
     forced_title = (
         "## FORCED-BALANCE routing (random router logits, MCore: benchmark only): NOT a measure of "
         "real routing, not ranked with real-routing runs"

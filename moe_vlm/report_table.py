@@ -18,6 +18,7 @@ from moe_vlm.metrics import by_step, steady_window
 from moe_vlm.predict import report_section as prediction_report
 from moe_vlm.record import RecordError, RunRecord, read_steps
 from moe_vlm.runtime.failures import settle_running
+from moe_vlm.schema import MOCK_KINDS
 
 PATH_HINT = (
     f"pass run directories, sweep directories, {RUN_JSON} files or globs of them "
@@ -160,7 +161,8 @@ def varying_knobs(table: pd.DataFrame) -> list[str]:
 
 
 def is_mock(table: pd.DataFrame) -> pd.Series:
-    return table["data"].astype(str) == "mock"
+    """Mock data of either kind (image-free, or Bridge's noise-image perf workload): ranked apart."""
+    return table["data"].astype(str).isin({kind.value for kind in MOCK_KINDS})
 
 
 def is_forced_balance(table: pd.DataFrame) -> pd.Series:

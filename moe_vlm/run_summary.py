@@ -37,6 +37,10 @@ def _labels(spec: RunSpec) -> str:
     labels = []
     if spec.data.kind is DataKind.mock:
         labels.append("MOCK: image-free, not a VLM performance proxy, never ranked with real data")
+    if spec.data.kind is DataKind.bridge_mock:
+        labels.append(
+            "MOCK: Bridge's perf-recipe workload (one noise image, mostly padding), never ranked with real data"
+        )
     if spec.router.force_load_balancing:
         labels.append("FORCED BALANCE routing: benchmark only, ranked apart")
     return f"{spec.data.kind.value}" + (f" ({'; '.join(labels)})" if labels else "")

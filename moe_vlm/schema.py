@@ -49,6 +49,9 @@ class Arch(StrEnum):
 
 class DataKind(Enum):
     mock = "mock"  # image-free token batches: NOT a performance proxy for a VLM
+    # Bridge's perf-recipe workload (MockVLMSFTDatasetConfig): one 256x256 noise image, "Describe
+    # this image.", 10-29 random words, padded to seq_length. Mock: never ranked with real data.
+    bridge_mock = "bridge_mock"
     synthetic = "synthetic"  # realistic image payloads generated from the seed
     real = "real"  # image-text WebDataset shards on disk (Energon layout)
 
@@ -60,6 +63,10 @@ class Packing(StrEnum):
     # the micro-batch's samples concatenated unpadded into one row, attention confined to each sample
     # (torch: per-sample mask and positions; Megatron: Bridge's collate-time THD packing + vlm_step)
     in_batch = "in_batch"
+
+
+# Data that is no performance proxy for a VLM on real images: labelled mock, never ranked with the rest.
+MOCK_KINDS = (DataKind.mock, DataKind.bridge_mock)
 
 
 class TokenDispatcher(Enum):
@@ -426,6 +433,21 @@ class LoggerConfig:
     tracking_uri: str | None = None
 
 
+# --- a Bridge perf recipe reproduced ----------------------------------------------------------
+
+
+@dataclass
+class RecipeConfig:
+    """The Bridge perf recipe a run reproduces (`recipe=<name>`; conf/recipe/ is generated from the
+    installed library by scripts/gen_recipes.py). Knobs given on the command line override it."""
+
+    name: str = "none"  # the recipe function without `_config`; none = no recipe selected
+    module: str = ""  # where the function lives (megatron.bridge.perf_recipes.qwen_vl.<gpu>.<family>)
+    # Every knob the recipe sets, dotted key -> value as the option writes it (group choices as
+    # `<group>.name`): the plan lists each one a run differs in (moe_vlm/recipes.py).
+    knobs: dict[str, Any] = field(default_factory=dict)
+
+
 class DryRun(Enum):
     """dry_run=false runs; true plans (a sweep of more than a few points prints one line per point
     and writes each plan to its directory); full prints every plan in full."""
@@ -489,6 +511,7 @@ class TrainConfig(RunKnobs):
     offload: OffloadConfig = MISSING
     gc: GcConfig = MISSING
     # The knobs the spec resolves (RunKnobs above are carried as they are).
+    recipe: RecipeConfig = field(default_factory=RecipeConfig)  # recipe=<name> fills it; none by default
     engine: Engine = knob(
         Engine.auto, "auto | torch | megatron (auto: megatron on GPU clusters, torch on cluster=local)"
     )

@@ -9,7 +9,7 @@ one definition.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from enum import Enum
 from typing import Any
 
@@ -33,6 +33,7 @@ from moe_vlm.schema import (
     ParallelismFamily,
     PrecisionConfig,
     ProfilingConfig,
+    RecipeConfig,
     RecomputeConfig,
     RouterConfig,
     RunKnobs,
@@ -168,6 +169,8 @@ class RunSpec(RunKnobs):
     gbs_is_default: bool
     seq_length: int
     layout: Layout
+    # The Bridge perf recipe this run reproduces (recipe=<name>); name "none" when there is none.
+    recipe: RecipeConfig = field(default_factory=RecipeConfig)
 
     @property
     def accumulation_steps(self) -> int:
@@ -350,6 +353,7 @@ def build_spec(train: TrainConfig) -> RunSpec:
         seq_length=train.seq_length if train.seq_length is not None else model.default_seq_length,
         layout=layout,
         **{f.name: getattr(train, f.name) for f in fields(RunKnobs)},
+        recipe=train.recipe,
     )
 
 

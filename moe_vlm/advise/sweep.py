@@ -29,13 +29,15 @@ from moe_vlm.rules import errors
 from moe_vlm.rules.guide import etp_replaceable_by_ep
 from moe_vlm.rules.memory import describe_fit
 from moe_vlm.runtime.points import read_json
-from moe_vlm.schema import DataKind, RecomputeGranularity
+from moe_vlm.schema import MOCK_KINDS, RecomputeGranularity
 from moe_vlm.spec import RunSpec
 
 # A component whose share of the step is at least this "dominates" it.
 VISION_DOMINATES_SHARE = 0.40
 # Throughput counts as still rising with MBS when the largest MBS beats the previous one by this.
 MBS_RISING_MARGIN = 0.03
+
+MOCK_DATA = frozenset(k.value for k in MOCK_KINDS)  # labelled mock: never evidence about real images
 
 
 @dataclass(frozen=True)
@@ -195,7 +197,7 @@ def _validated(overrides: list[str]) -> tuple[RunSpec, MemoryEstimate] | None:
 
 
 def suggest_mock(records: list[SweepRun]) -> list[Suggestion]:
-    mocks = [r for r in records if r.status == "completed" and r.data_kind == DataKind.mock.value]
+    mocks = [r for r in records if r.status == "completed" and r.data_kind in MOCK_DATA]
     if not mocks:
         return []
     best = max(mocks, key=lambda r: r.throughput or 0.0)
@@ -245,7 +247,7 @@ def suggest_vision(records: list[SweepRun]) -> list[Suggestion]:
         r
         for r in records
         if r.status == "completed"
-        and r.data_kind != DataKind.mock.value
+        and r.data_kind not in MOCK_DATA
         and float((r.summary.get("components") or {}).get("vision_encoder") or 0.0) >= VISION_DOMINATES_SHARE
     ]
     if not dominated:
@@ -285,7 +287,7 @@ def suggest_selective(records: list[SweepRun]) -> list[Suggestion]:
         r
         for r in records
         if r.status == "completed"
-        and r.data_kind != DataKind.mock.value
+        and r.data_kind not in MOCK_DATA
         and r.spec is not None
         and r.spec.recompute.granularity is RecomputeGranularity.full
         and isinstance(r.summary.get("peak_memory_gib"), int | float)
@@ -355,12 +357,7 @@ def suggest_etp(records: list[SweepRun]) -> list[Suggestion]:
 def suggest_mbs(records: list[SweepRun]) -> list[Suggestion]:
     groups: dict[tuple[str, ...], list[SweepRun]] = {}
     for r in records:
-        if (
-            r.status != "completed"
-            or r.data_kind == DataKind.mock.value
-            or r.spec is None
-            or r.throughput is None
-        ):
+        if r.status != "completed" or r.data_kind in MOCK_DATA or r.spec is None or r.throughput is None:
             continue
         key = tuple(sorted(o for o in r.overrides if override_key(o) not in ("mbs", "gbs")))
         groups.setdefault(key, []).append(r)
@@ -479,7 +476,7 @@ def noise_lines(records: list[SweepRun]) -> list[str]:
                 for r in records
                 if r.status == "completed"
                 and r.throughput_band() is not None
-                and (r.data_kind == DataKind.mock.value) == mock
+                and (r.data_kind in MOCK_DATA) == mock
             ),
             key=lambda r: r.throughput or 0.0,
             reverse=True,

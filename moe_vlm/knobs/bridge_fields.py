@@ -11,6 +11,7 @@ the recipe's value; ``None`` sets the field to None (Bridge's "off" / "engine de
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
@@ -20,6 +21,7 @@ from moe_vlm.arch import PROFILES
 from moe_vlm.data.workers import data_workers
 from moe_vlm.knobs.keep import KEEP
 from moe_vlm.knobs.telemetry_fields import ROWS as TELEMETRY_ROWS
+from moe_vlm.knobs.telemetry_fields import in_run_dir
 from moe_vlm.precision import profile as precision_profile
 from moe_vlm.schema import (
     SYNTHETIC_DRAW_FIELDS,
@@ -189,12 +191,43 @@ SEEDED_MODEL_FIELDS = (
 )
 
 
+# data=bridge_mock: Bridge's own mock VLM dataset, exactly as the perf recipes configure it
+# (recipes/qwen_vl/*/qwen3_vl.py *_pretrain_mock_config; data/builders/mock_vlm_sft.py:43-59).
+BRIDGE_MOCK_DATASET = "MockVLMSFTDatasetConfig"
+# Where a run builds the Qwen3-VL processor that dataset loads (AutoProcessor.from_pretrained,
+# mock_vlm_sft.py:154-160) when model.hf_model_id is a hub id: offline, nothing can be downloaded.
+BRIDGE_PROCESSOR_DIR = "hf_processor"
+
+
 def _dataset_kind(spec: RunSpec) -> str:
+    if _bridge_mock(spec):
+        return BRIDGE_MOCK_DATASET
     return "EnergonDatasetConfig" if _real(spec) else SEEDED_DATASET
 
 
+def _seeded(spec: RunSpec) -> bool:
+    return spec.data.kind in (DataKind.mock, DataKind.synthetic)
+
+
+def _bridge_mock(spec: RunSpec) -> bool:
+    return spec.data.kind is DataKind.bridge_mock
+
+
 def _if_seeded(value: Callable[[RunSpec], Any]) -> Callable[[RunSpec], Any]:
-    return lambda s: KEEP if _real(s) else value(s)
+    return lambda s: value(s) if _seeded(s) else KEEP
+
+
+def _if_bridge_data(value: Callable[[RunSpec], Any]) -> Callable[[RunSpec], Any]:
+    """Rows of the fields Bridge's own datasets share (Energon, and the mock VLM one)."""
+    return lambda s: value(s) if _real(s) or _bridge_mock(s) else KEEP
+
+
+def _mock_processor_path(spec: RunSpec) -> Any:
+    if not _bridge_mock(spec):
+        return KEEP
+    # Always the offline-built one, even beside a local checkpoint: its tokenizer gives the mock's
+    # words Qwen's token counts, and the run needs nothing from the hub or the checkpoint.
+    return in_run_dir(BRIDGE_PROCESSOR_DIR)
 
 
 def _seeded_row(group: str, name: str) -> FieldMap:
@@ -599,8 +632,9 @@ FIELD_MAP: tuple[FieldMap, ...] = (
     FieldMap(
         "data.num_workers",
         "dataset.num_workers",
-        lambda s: data_workers(s).count,
-        "null: from the CPUs per rank, here (plan) or on each rank (run); data/workers.py",
+        lambda s: KEEP if _bridge_mock(s) and s.data.num_workers is None else data_workers(s).count,
+        "null: from the CPUs per rank, here (plan) or on each rank (run); data/workers.py "
+        "(bridge_mock: the recipe's)",
     ),
     FieldMap(
         "data.packing",
@@ -612,14 +646,21 @@ FIELD_MAP: tuple[FieldMap, ...] = (
     FieldMap(
         "data.packing",
         "dataset.defer_in_batch_packing_to_step",
-        _if_real(lambda s: False),
+        _if_bridge_data(lambda s: False),
         "vlm_step refuses deferred packing (training/vlm_step.py:219-222)",
     ),
     FieldMap(
         "data.packing",
         "dataset.pad_to_max_length",
-        _if_real(lambda s: s.data.packing is Packing.none or s.layout.pp > 1 or s.layout.ep > 1),
+        _if_bridge_data(lambda s: s.data.packing is Packing.none or s.layout.pp > 1 or s.layout.ep > 1),
         "Bridge forces padding when PP > 1 or EP > 1; the packing collate ignores it",
+    ),
+    FieldMap(
+        "data",
+        "dataset.hf_processor_path",
+        _mock_processor_path,
+        "bridge_mock: the Qwen3-VL processor the run builds offline in its directory "
+        "(data/bridge_processor.py); the recipes name a hub id",
     ),
     FieldMap("logger", "logger.log_interval", lambda s: 1, "per-step records"),
     FieldMap("logger", "logger.log_throughput", lambda s: True, "Bridge's own TFLOP/s kept beside ours"),
@@ -660,6 +701,7 @@ class RecipeKind(StrEnum):
     perf = "perf"  # this cluster's own perf recipe for the model
     stand_in = "stand-in"  # another GPU's perf recipe of the model (this cluster has none)
     template = "template"  # a perf recipe of the architecture's template model (the model has none)
+    named = "vendor"  # the perf recipe function recipe=<name> names, whatever the cluster
 
 
 @dataclass(frozen=True)
@@ -705,14 +747,50 @@ def _perf_recipe(model: str, cluster: ClusterConfig) -> tuple[str, int]:
     return gpu, own[gpu]
 
 
+# A perf recipe function's name without `_config` (what recipe=<name> takes), e.g.
+# qwen3_vl_30b_a3b_pretrain_8gpu_gb200_bf16: model, GPU count, GPU, precision.
+RECIPE_NAME = re.compile(
+    r"^(?P<model>[a-z0-9_]+?)_pretrain_(?P<gpus>\d+)gpu_(?P<gpu>[a-z0-9]+)_(?P<precision>bf16|fp8cs|fp8mx|nvfp4)$"
+)
+
+
+def _named_recipe(spec: RunSpec) -> Recipe | None:
+    """recipe=<name>: that function itself (its precision, its tuning), whatever knobs override it."""
+    match = RECIPE_NAME.match(spec.recipe.name)
+    if match is None or not spec.recipe.module:
+        return None
+    model, gpu = match["model"], match["gpu"]
+    family = spec.recipe.module.rpartition(".")[2]
+    changed = [
+        what
+        for what, ours in (("model", spec.model.name), ("cluster", spec.cluster.name))
+        if ours != {"model": model, "cluster": gpu}[what]
+    ]
+    note = f"recipe={spec.recipe.name}: the vendor's function itself, tuned for {match['gpus']}x{gpu.upper()}"
+    if changed:
+        note += f" (this run changes its {' and '.join(changed)})"
+    return Recipe(
+        spec.recipe.module,
+        f"{spec.recipe.name}_config",
+        RecipeKind.named,
+        f"{model} perf (perf_recipes/qwen_vl/<gpu>/{family}.py, {match['precision']})",
+        model,
+        gpu,
+        note,
+    )
+
+
 def select_recipe(spec: RunSpec, gpu: str | None = None) -> Recipe | None:
-    """The Bridge perf recipe our overrides start from: the model's family on every cluster.
+    """The Bridge perf recipe our overrides start from: recipe=<name>'s function when given, else the
+    model's family on every cluster.
 
     `gpu`: that GPU's perf recipe of the family instead (family_recipes compares them)."""
     model, cluster = spec.model.name, spec.cluster
     arch = PROFILES.get(spec.model.arch)
     if arch is None:
         return None
+    if gpu is None and spec.recipe.name != "none":
+        return _named_recipe(spec)
     base = model if model in _PERF_GPUS else arch.bridge_template_model
     chosen = gpu is None
     gpu, gpus = _perf_recipe(base, cluster) if gpu is None else (gpu, _PERF_GPUS[base][gpu])
@@ -742,5 +820,5 @@ def family_recipes(spec: RunSpec) -> list[Recipe]:
     own = select_recipe(spec)
     if own is None:
         return []
-    others = [select_recipe(spec, gpu) for gpu in _PERF_GPUS[own.model] if gpu != own.gpu]
+    others = [select_recipe(spec, gpu) for gpu in _PERF_GPUS.get(own.model, {}) if gpu != own.gpu]
     return [own, *(r for r in others if r is not None)]

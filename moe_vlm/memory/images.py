@@ -12,6 +12,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
+from moe_vlm.data.bridge_mock import BRIDGE_MOCK
 from moe_vlm.data.energon import IMAGE_PARTS, iter_samples, read_meta
 from moe_vlm.memory.estimate import REAL_DATA_SAMPLES_READ
 from moe_vlm.schema import DataKind
@@ -92,6 +93,16 @@ def image_budget(spec: RunSpec) -> ImageBudget:
     row_cap = merge * max(spec.seq_length - 1, 0)
     if data.kind is DataKind.mock:
         return ImageBudget(0, 0, 0, "mock data: no images")
+    if data.kind is DataKind.bridge_mock:
+        width, height = BRIDGE_MOCK.image_size
+        per_image = patches_for_image(spec, height, width)
+        per_row = min(per_image, row_cap)
+        return ImageBudget(
+            spec.mbs * per_row,
+            spec.mbs,
+            per_image,
+            f"bridge_mock: one {width}x{height} image/sample -> {per_image} patches",
+        )
     if data.kind is DataKind.synthetic:
         per_image = _synthetic_largest_image(spec)
         images = data.max_images

@@ -71,6 +71,14 @@ def _mock_data(spec: RunSpec) -> Iterator[Violation]:
             f"{MOCK_SPEEDUP_NOTE}; its throughput is labelled mock and never ranked with real results.",
             "use data=synthetic or data=real before drawing throughput conclusions.",
         )
+    elif spec.data.kind is DataKind.bridge_mock:
+        yield Violation(
+            ("data",),
+            "data=bridge_mock is Bridge's perf-recipe workload: one 256x256 noise image and a few dozen text "
+            f"tokens per sample (222-241 real tokens), padded to seq_length={spec.seq_length}; it reproduces "
+            "the vendor's number, and is labelled mock and never ranked with real results.",
+            "switch to data=synthetic or data=real (and router=real) before drawing throughput conclusions.",
+        )
 
 
 @rule("A005", Level.error, "real data path is an Energon-prepared WebDataset")

@@ -12,6 +12,7 @@ from moe_vlm.memory import (
     estimate,
     fits_after,
 )
+from moe_vlm.recipes import changes
 from moe_vlm.rules.catalogue import (
     Level,
     Violation,
@@ -90,12 +91,18 @@ def _vendor_runs_it(spec: RunSpec, found: MemoryEstimate, recipe: str) -> Violat
     )
 
 
+def _recipe_as_written(spec: RunSpec) -> str | None:
+    """The recipe a run reproduces unchanged (the vendor runs it as written), else None."""
+    recipe = vendor_recipe(spec)
+    return recipe if recipe is not None and not changes(spec) else None
+
+
 @rule("M001", Level.error, "predicted peak memory fits the GPU")
 def _memory_fits(spec: RunSpec) -> Iterator[Violation]:
     # Rejected only past the estimate's stated uncertainty; closer misses are M003 warnings, and so is
     # any miss on a Bridge perf recipe run as written (the vendor runs it).
     found = estimate_or_none(spec)
-    if found is None or found.capacity_gib is None or vendor_recipe(spec) is not None:
+    if found is None or found.capacity_gib is None or _recipe_as_written(spec) is not None:
         return
     if _over_capacity(found) > GPU_ESTIMATE_UNCERTAINTY:
         hedge = f", more than the estimate's {GPU_ESTIMATE_UNCERTAINTY:.0%} uncertainty"
@@ -111,7 +118,7 @@ def _memory_probably_over(spec: RunSpec) -> Iterator[Violation]:
     found = estimate_or_none(spec)
     if found is None or found.capacity_gib is None:
         return
-    over, recipe = _over_capacity(found), vendor_recipe(spec)
+    over, recipe = _over_capacity(found), _recipe_as_written(spec)
     if recipe is not None and over > 0:
         yield _vendor_runs_it(spec, found, recipe)
     elif 0 < over <= GPU_ESTIMATE_UNCERTAINTY:

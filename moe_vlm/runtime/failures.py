@@ -273,9 +273,8 @@ def requeue_count() -> int:
 def spec_of(config: dict[str, Any]) -> Any:
     """The RunSpec of a recorded config (None when it no longer builds: a record beats none)."""
     try:
-        return RunSpec.from_config(
-            OmegaConf.merge(OmegaConf.structured(TrainConfig), upgrade_recorded(config))
-        )  # type: ignore[arg-type]
+        merged = OmegaConf.merge(OmegaConf.structured(TrainConfig), upgrade_recorded(config))
+        return RunSpec.from_config(merged)  # type: ignore[arg-type]
     except Exception:
         return None
 

@@ -130,7 +130,7 @@ for number, overrides in enumerate(cases):
         "setup_vocab": outcome(lambda: setup_vocab(cfg)),
         "dataset": type(cfg.dataset).__name__,
         "processor": getattr(encoder, "hf_processor_path", None),
-        "check": outcome(lambda: _check_processor(cfg)),
+        "check": outcome(lambda: _check_processor(cfg, workdir)),
         "energon": outcome(lambda: build_energon_task_encoder(cfg.dataset)) if encoder else None,
     })
 out.write_text(json.dumps({"offline": constants.is_offline_mode(), "attempts": ATTEMPTS, "results": results}))

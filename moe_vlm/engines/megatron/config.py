@@ -17,6 +17,7 @@ from moe_vlm.engines.hf_config import hf_model_dir
 from moe_vlm.engines.megatron.stack import PINNED, versions
 from moe_vlm.errors import EngineUnavailable
 from moe_vlm.knobs.bridge_fields import (
+    BRIDGE_MOCK_DATASET,
     HYBRID_EP_ENV_NAMES,
     KEEP,
     SEEDED_DATASET,
@@ -187,6 +188,20 @@ def _config_object(cfg: Any, path: str, class_name: str, spec: RunSpec) -> Any:
         from moe_vlm.engines.megatron.data import dataset_config
 
         return dataset_config(spec)
+    if class_name == BRIDGE_MOCK_DATASET:
+        # As the recipes' *_pretrain_mock_config build it (recipes/qwen_vl/h100/qwen3_vl.py:117-127);
+        # a perf recipe already holds one, so this is for a recipe that does not.
+        return builders.MockVLMSFTDatasetConfig(
+            seq_length=spec.seq_length,
+            hf_processor_path=processor,
+            prompt="Describe this image.",
+            num_workers=1,
+            dataloader_type="single",
+            data_sharding=True,
+            pin_memory=True,
+            persistent_workers=False,
+            pad_to_max_length=True,
+        )
     if class_name == "QwenVLEnergonTaskEncoderConfig":
         return builders.QwenVLEnergonTaskEncoderConfig(hf_processor_path=processor)
     raise ValueError(f"{path}: config class {class_name!r} is not one the engine builds")

@@ -12,12 +12,15 @@ from typing import Any
 
 from moe_vlm import profiling
 from moe_vlm.compose import quote_override_value
+from moe_vlm.data.bridge_processor import write_processor
 from moe_vlm.engines.megatron.config import BuiltConfig, build_config, check_overrides, place_in_run_dir
 from moe_vlm.engines.megatron.effective import EFFECTIVE_JSON, Effective, effective_config
 from moe_vlm.engines.megatron.recording import StepRecorder, counting_forward_step
 from moe_vlm.engines.megatron.stack import stack_problem, versions
 from moe_vlm.errors import EngineUnavailable
 from moe_vlm.files import STEPS_JSONL, write_json_atomic
+from moe_vlm.knobs.bridge_fields import BRIDGE_PROCESSOR_DIR
+from moe_vlm.knobs.telemetry_fields import RUN_DIR, in_run_dir
 from moe_vlm.metrics import summarize
 from moe_vlm.predict.model import record_section
 from moe_vlm.provenance import REPO_ROOT
@@ -87,7 +90,7 @@ def _distributed_env(spec: RunSpec) -> bool:
     return True
 
 
-def _check_processor(cfg: Any) -> None:
+def _check_processor(cfg: Any, run_dir: Path) -> None:
     """Fail before the job starts when the data pipeline's Qwen processor is not on this machine.
 
     It loads offline (moe_vlm/__init__.py): from a local directory, or a hub id from the HF cache.
@@ -96,6 +99,7 @@ def _check_processor(cfg: Any) -> None:
     path = getattr(cfg.dataset, "hf_processor_path", None) or getattr(task_encoder, "hf_processor_path", None)
     if not path:
         return
+    path = str(path).replace(RUN_DIR, str(run_dir))
     from transformers import AutoProcessor
 
     try:
@@ -140,7 +144,10 @@ def launch(spec: RunSpec, config: dict[str, Any], run_dir: Path) -> None:
     from megatron.bridge.training.pretrain import pretrain
 
     built = build_config(spec, run_dir)
-    _check_processor(built.cfg)
+    if in_run_dir(BRIDGE_PROCESSOR_DIR) == getattr(built.cfg.dataset, "hf_processor_path", None):
+        # data=bridge_mock without a local checkpoint: Bridge's mock loads this offline processor.
+        write_processor(spec.model, run_dir / BRIDGE_PROCESSOR_DIR)
+    _check_processor(built.cfg, run_dir)
     problems = check_overrides(built.cfg, spec)
     if problems:
         raise EngineUnavailable("the Bridge config does not hold the table's values: " + "; ".join(problems))

@@ -158,6 +158,15 @@ FLA = StackModule(
     "the version megatron-core pins)",
 )
 
+# data=bridge_mock: Bridge's Qwen-VL collate stops without it (models/qwen_vl/data/collate_fn.py:111-112).
+QWEN_VL_UTILS = StackModule(
+    "qwen-vl-utils",
+    ("qwen_vl_utils:process_vision_info",),
+    "qwen-vl-utils",
+    "data=bridge_mock: Bridge's Qwen-VL collate resizes the mock's images with it (collate_fn.py:139-140)",
+    "`pip install qwen-vl-utils`, or data=synthetic",
+)
+
 # Experiment trackers Bridge imports when the logger group turns one on.
 TENSORBOARD = StackModule(
     "TensorBoard",
@@ -200,6 +209,8 @@ def required(spec: RunSpec) -> list[StackModule]:
     modules.append(PROCESSOR)
     if spec.data.kind == DataKind.real:
         modules.append(ENERGON)
+    if spec.data.kind == DataKind.bridge_mock:
+        modules.append(QWEN_VL_UTILS)
     if spec.dispatcher.token_dispatcher == TokenDispatcher.flex:
         if spec.dispatcher.backend == FlexBackend.deepep:
             modules.append(DEEP_EP)
