@@ -34,6 +34,7 @@ from moe_vlm.launch.halving import (
     measure,
     plan_text,
     rung_steps,
+    spec_rank_class,
 )
 from moe_vlm.launch.status import PointStatus, collect
 from moe_vlm.record import RunRecord
@@ -77,7 +78,12 @@ def settings_of(raw: Any) -> HalvingSettings:
 
 def plan_point(point: PlannedPoint) -> PlanPoint:
     spec = point.spec
-    return PlanPoint(spec.train_iters, spec.warmup_steps, spec.layout.nodes)
+    return PlanPoint(
+        spec.train_iters,
+        spec.warmup_steps,
+        spec.layout.nodes,
+        str(spec_rank_class(spec.data.kind.value, bool(spec.router.force_load_balancing))),
+    )
 
 
 def plan_of(dry: Sequence[PlannedPoint], settings: HalvingSettings) -> str:
@@ -188,7 +194,7 @@ def run_rung(
     wait(set(rung.runs.values()), sweep_dir, settings.poll_s, rung.rung + 1)
     last = rung.rung == settings.rungs - 1
     rung.verdicts = decide(
-        [measure(base, sweep_dir / run_id) for base, run_id in rung.runs.items()], settings.eta, last
+        [measure(base, sweep_dir / run_id) for base, run_id in rung.runs.items()], settings, last
     )
     for base, verdict in rung.verdicts.items():
         record_verdict(sweep_dir / rung.runs[base], base, rung, settings, verdict)
@@ -277,6 +283,7 @@ def summary(state: HalvingState) -> str:
             f"moe_vlm: halving used {used:,.0f} node-s; the full grid ~{grid:,.0f} node-s "
             f"({extrapolated} point(s) extrapolated from their last rung): {used / grid:.0%} of it"
         )
+    lines += [f"moe_vlm: halving: {line}" for line in state.overflows()]
     if not all(r.decided for r in state.rungs) or len(state.rungs) < state.settings.rungs:
         lines.append("moe_vlm: the search stopped early (no point left to promote)")
     return "\n".join(lines) or "moe_vlm: halving: nothing decided"
