@@ -32,6 +32,7 @@ from moe_vlm.launch.halving import (
     Verdict,
     decide,
     measure,
+    node_steps,
     plan_text,
     rung_steps,
     spec_rank_class,
@@ -105,11 +106,14 @@ def start_state(
     """The search in this sweep directory: the one recorded, when it is this search (same settings
     and points, no force), else a new one (runs already finished with the same length are
     reused all the same: they have the same identity)."""
+    planned = {p.point_id: plan_point(p) for p in valid}
     fresh = HalvingState(
         settings,
         {p.point_id: p.label() for p in valid},
-        {p.point_id: p.spec.layout.nodes for p in valid},
-        {p.point_id: p.spec.train_iters for p in valid},
+        {p: plan.nodes for p, plan in planned.items()},
+        {p: plan.train_iters for p, plan in planned.items()},
+        warmup_steps={p: plan.warmup_steps for p, plan in planned.items()},
+        rank_classes={p: plan.rank_class for p, plan in planned.items()},
     )
     state = HalvingState.read(sweep_dir)
     if state is None:
@@ -120,6 +124,7 @@ def start_state(
         )
         return fresh
     state.settings = settings  # poll_s may differ
+    state.warmup_steps, state.rank_classes = fresh.warmup_steps, fresh.rank_classes  # same points
     decided = sum(r.decided for r in state.rungs)
     if decided:
         print(f"moe_vlm: halving: resuming after {decided} decided rung(s) of {settings.rungs}")
@@ -278,6 +283,11 @@ def summary(state: HalvingState) -> str:
             f"moe_vlm: halving best ({cls}): {state.points.get(point, point)}: "
             f"{_tokens(verdict.tokens_per_s_per_gpu)} effective tokens/s/GPU"
         )
+    bound = node_steps(state.settings, state.plan_points())
+    lines.append(
+        f"moe_vlm: halving ran {state.node_steps()} node-steps of the plan's at most {bound.worst}; "
+        f"the grid {bound.grid} ({state.node_steps() / max(bound.grid, 1):.0%} of it)"
+    )
     if grid > 0:
         lines.append(
             f"moe_vlm: halving used {used:,.0f} node-s; the full grid ~{grid:,.0f} node-s "

@@ -560,6 +560,8 @@ class HalvingState:
     train_iters: dict[str, int] = field(default_factory=dict)  # grid point id -> its full length
     rungs: list[RungState] = field(default_factory=list)
     version: int = STATE_VERSION
+    warmup_steps: dict[str, int] = field(default_factory=dict)  # grid point id -> its warm-up
+    rank_classes: dict[str, str] = field(default_factory=dict)  # grid point id -> its RankClass
 
     def rung(self, index: int) -> RungState:
         while len(self.rungs) <= index:
@@ -573,6 +575,8 @@ class HalvingState:
             "points": self.points,
             "nodes": self.nodes,
             "train_iters": self.train_iters,
+            "warmup_steps": self.warmup_steps,
+            "rank_classes": self.rank_classes,
             "rungs": [r.to_json() for r in self.rungs],
         }
 
@@ -585,6 +589,8 @@ class HalvingState:
             train_iters={str(k): int(v) for k, v in (raw.get("train_iters") or {}).items()},
             rungs=[RungState.from_json(r) for r in raw.get("rungs") or []],
             version=int(raw.get("version") or STATE_VERSION),
+            warmup_steps={str(k): int(v) for k, v in (raw.get("warmup_steps") or {}).items()},
+            rank_classes={str(k): str(v) for k, v in (raw.get("rank_classes") or {}).items()},
         )
 
     def write(self, sweep_dir: Path) -> None:
@@ -599,6 +605,22 @@ class HalvingState:
             return None
 
     # --- what the report and the driver's summary say
+
+    def plan_points(self) -> list[PlanPoint]:
+        """The search's points as its rung plan saw them (the plan's bound on its node-steps)."""
+        return [
+            PlanPoint(
+                self.train_iters.get(p, 0),
+                self.warmup_steps.get(p, 0),
+                self.nodes.get(p, 1),
+                self.rank_classes.get(p, str(RankClass.ranked)),
+            )
+            for p in self.points
+        ]
+
+    def node_steps(self) -> int:
+        """Node-steps the search ran: every run of every rung, nodes x its train_iters."""
+        return sum(self.nodes.get(p, 1) * steps for rung in self.rungs for p, steps in rung.steps.items())
 
     def used_node_seconds(self) -> float:
         return sum(v.node_seconds or 0.0 for rung in self.rungs for v in rung.verdicts.values())
