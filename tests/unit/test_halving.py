@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from moe_vlm import halving_report
 from moe_vlm.errors import BadInput
 from moe_vlm.launch.halving import (
     STATE_JSON,
@@ -261,3 +262,21 @@ def test_a_bad_search_is_one_line_and_exit_2(tmp_path: Path) -> None:
     assert done.returncode == 2
     assert done.stderr.strip().splitlines()[-1].startswith("moe_vlm: error: hydra.sweeper.search=random")
     assert not (tmp_path / "sweep").exists()
+
+
+def test_the_report_s_ladder_says_where_ties_overflowed_the_cap(tmp_path: Path) -> None:
+    runs = [run("p11", 300.0)] + [run(f"p{i}", 150.0 + i, spread=0.1) for i in range(3, 11)]
+    runs += [run(f"p{i}", 50.0 + i) for i in range(3)]
+    state = HalvingState(settings(eta=6, tie_factor=1.5), {r.point: f"mbs=1 seed={r.point}" for r in runs})
+    first = state.rung(0)
+    first.runs, first.steps = {r.point: r.point for r in runs}, {r.point: 11 for r in runs}
+    first.verdicts, first.decided = decide(runs, state.settings, last=False), True
+    second = state.rung(1)
+    second.runs, second.steps = {"p11": "p11"}, {"p11": 80}
+    second.verdicts, second.decided = decide([run("p11", 310.0)], state.settings, last=True), True
+    state.write(tmp_path)
+    text = "\n".join(halving_report.section([str(tmp_path / "p11")]))
+    assert "## Halving search" in text and "up to 1.5x the top 1/eta" in text
+    assert "| seed=p11 | 300.0 (#1/12) promoted | 310.0 (#1/1) final |" in text, text
+    assert "- ties over the cap: rung 1 (ranked): 9 point(s) tied at the top 2's cut" in text, text
+    assert "- best (ranked): seed=p11" in text
