@@ -46,7 +46,7 @@ def train(sweep_dir: Path, *overrides: str) -> subprocess.CompletedProcess[str]:
     [
         # Hydra's basic launcher (the default), two rank classes of two points each.
         ([], ["data=mock,synthetic", "mbs=1,2"]),
-        (["hydra/launcher=local"], ["data=mock", "mbs=1,2,4"]),
+        (["hydra/launcher=local"], ["data=mock", "mbs=1,2"]),
     ],
     ids=["basic", "local"],
 )
