@@ -667,9 +667,8 @@ class HalvingState:
                 )
                 out.append(
                     f"rung {rung.rung + 1} ({cls}): {first.tied} point(s) tied at the top {first.keep}'s cut, more "
-                    f"than the cap of {first.cap} (tie_factor x 1/eta); {how} ({promoted} promoted). More "
-                    "steady steps (hydra.sweeper.halving.first_steps) narrow the ranges; a larger tie_factor "
-                    "lets more ties on"
+                    f"than the cap of {first.cap} (tie_factor x 1/eta); {how} ({promoted} promoted). A larger "
+                    "hydra.sweeper.halving.tie_factor lets more ties go on, at more cost"
                 )
         return out
 
