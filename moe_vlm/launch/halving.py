@@ -502,8 +502,9 @@ def decide(measured: Iterable[Measured], settings: HalvingSettings, last: bool) 
                 (last_kept.low, last_kept.high)
                 if last_kept.low is not None and last_kept.high is not None
                 else None,
-                cap=cap,
-                tied=decided.tied,
+                # The last rung promotes nothing: no cap, no tie to report.
+                cap=0 if last else cap,
+                tied=0 if last else decided.tied,
                 split=decided.split and not last,
             )
     for run in runs:

@@ -170,8 +170,10 @@ def test_a_failed_point_is_stopped_with_its_class_and_the_rung_is_decided_on_the
 
 
 def test_the_last_rung_is_final() -> None:
-    verdicts = decide([run("a", 20.0), run("b", 10.0)], settings(eta=2), last=True)
+    verdicts = decide([run(f"p{i}", 20.0 + i, spread=0.5) for i in range(5)], settings(eta=2), last=True)
     assert {v.decision for v in verdicts.values()} == {Decision.final}
+    # It promotes nothing: no cap to overflow, whatever the ties.
+    assert {(v.cap, v.tied, v.split) for v in verdicts.values()} == {(0, 0, False)}
 
 
 def test_the_state_file_round_trips_and_estimates_the_grid(tmp_path: Path) -> None:
