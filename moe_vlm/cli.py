@@ -8,7 +8,7 @@ import sys
 from moe_vlm.errors import EXIT_INVALID
 
 SUBCOMMANDS = {
-    "report": ("moe_vlm.report", "turn run and sweep directories into ranked tables and plots"),
+    "report": ("moe_vlm.report_cli", "turn run and sweep directories into ranked tables and plots"),
     "status": (
         "moe_vlm.launch.status",
         "per-point state of a sweep (queued/running/completed/failed/rejected)",

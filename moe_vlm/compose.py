@@ -52,8 +52,8 @@ from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationE
 from omegaconf.nodes import AnyNode, EnumNode, StringNode, ValueNode
 
 from moe_vlm.errors import BadInput
-from moe_vlm.launch.safety import check_credentials, check_override_text
 from moe_vlm.names import ascii_fold, lookalike_error
+from moe_vlm.safety import check_credentials, check_override_text
 from moe_vlm.schema import TrainConfig, dry_run_mode
 from moe_vlm.spec import RunSpec
 
@@ -106,6 +106,11 @@ def compose_config(overrides: Sequence[str], hydra_node: bool = False) -> DictCo
 def override_key(override: str) -> str:
     """`+a.b=1` -> `a.b`: the key an override sets, adds (+) or deletes (~)."""
     return override.split("=", 1)[0].lstrip("+~")
+
+
+def quote_override_value(value: str) -> str:
+    """A value as one quoted Hydra override string (a path or id stays a string, never a float)."""
+    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
 def set_overrides(overrides: list[str], *changes: str) -> list[str]:

@@ -12,3 +12,11 @@ EXIT_INVALID = 2  # bad input: nothing was run
 
 class BadInput(Exception):
     """A user error, reported as a single line with exit status EXIT_INVALID."""
+
+
+class EngineUnavailable(RuntimeError):
+    """The engine cannot run here (missing library or hardware); the message says why."""
+
+
+class RunFailed(RuntimeError):
+    """Training started and failed; the run's run.json already records why (status failed)."""

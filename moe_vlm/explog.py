@@ -2,12 +2,12 @@
 
 Rank 0 gathers every rank's step record (moe_vlm/engines/torch_engine.py); the logger turns each
 step into one point per metric (``step_metrics``) and, at the end, the steady-window summary.
-The Megatron engine logs through Bridge's own LoggerConfig (moe_vlm/engines/bridge_fields.py)
+The Megatron engine logs through Bridge's own LoggerConfig (moe_vlm/knobs/bridge_fields.py)
 with the same run name and the same TensorBoard directory inside the run directory.
 
 Keys come from the environment (WANDB_API_KEY, MLFLOW_TRACKING_USERNAME / _PASSWORD / _TOKEN),
 read by the trackers themselves: nothing here reads them, and the configuration each tracker
-stores is scrubbed of every secret value first (moe_vlm/launch/safety.py).
+stores is scrubbed of every secret value first (moe_vlm/safety.py).
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from moe_vlm.launch.safety import scrub
 from moe_vlm.profiling import TENSORBOARD_DIR
+from moe_vlm.safety import scrub
 from moe_vlm.schema import ExperimentLogger
 
 if TYPE_CHECKING:

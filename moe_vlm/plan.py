@@ -8,8 +8,11 @@ import textwrap
 from typing import TYPE_CHECKING, Any
 
 from moe_vlm.data.workers import data_workers
-from moe_vlm.engines.bridge_fields import RESOLVED_FIELDS, bridge_overrides, select_recipe
 from moe_vlm.engines.hf_config import is_local_checkpoint
+from moe_vlm.engines.megatron.library_checks import Check
+from moe_vlm.engines.megatron.plan_cache import library_checks, stack_probe
+from moe_vlm.engines.megatron.plan_cache import planned_effective as cached
+from moe_vlm.knobs.bridge_fields import RESOLVED_FIELDS, bridge_overrides, select_recipe
 from moe_vlm.memory import MemoryEstimate, estimate
 from moe_vlm.metrics import peak_of, precision_peak_of
 from moe_vlm.precision import profile as precision_profile
@@ -93,7 +96,7 @@ def megatron_lines(spec: RunSpec) -> list[str]:
         f"recipe family  {recipe.family}: the same on every cluster of this model",
         f"hf config      {source}",
         "forward step   megatron.bridge.models.qwen_vl.qwen3_vl_step.forward_step, one process per GPU",
-        f"fields         {len(overrides)} rows of moe_vlm/engines/bridge_fields.py (knob -> field = value; "
+        f"fields         {len(overrides)} rows of moe_vlm/knobs/bridge_fields.py (knob -> field = value; "
         "(recipe's) = left as the recipe set it):",
     ]
     for o in overrides:
@@ -105,8 +108,6 @@ def megatron_lines(spec: RunSpec) -> list[str]:
 def stack_lines(spec: RunSpec) -> list[str]:
     """Every module this run imports, tried here (seconds: it loads Megatron; cached after, see
     moe_vlm/engines/megatron/plan_cache.py); engine=megatron only."""
-    from moe_vlm.engines.megatron.plan_cache import stack_probe
-
     probes, entry = stack_probe(spec)
     missing = [p for p in probes if not p.ok]
     verdict = (
@@ -127,8 +128,6 @@ def planned_effective(spec: RunSpec) -> tuple[Planned, Entry] | str:
     """This point's effective configuration on its recipe family (seconds the first time, from the
     plan cache after) and where it came from, or why it was not built."""
     try:
-        from moe_vlm.engines.megatron.plan_cache import planned_effective as cached
-
         return cached(spec)
     except Exception as exc:  # no stack here, or a recipe this Bridge lacks: the plan says so and goes on
         return f"{type(exc).__name__}: {exc}"
@@ -145,9 +144,6 @@ def library_findings(spec: RunSpec) -> list[Finding]:
     an error per refusal, a warning when they could not run here; [] off the Megatron engine."""
     if spec.engine != Engine.megatron:
         return []
-    from moe_vlm.engines.megatron.library_checks import Check
-    from moe_vlm.engines.megatron.plan_cache import library_checks
-
     try:
         found, _entry = library_checks(spec)
     except Exception as exc:  # a recipe this Bridge lacks: the checks did not run, and the plan says so

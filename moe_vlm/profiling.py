@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from moe_vlm import noise
+from moe_vlm.errors import EngineUnavailable
 from moe_vlm.schema import Engine, Profiler
 
 if TYPE_CHECKING:
@@ -219,8 +220,6 @@ class StepProfiler:
         self._torch: Any = None
         self._nvtx: Any = None
         if self.tool in (Profiler.nsys, Profiler.memory) and device.type != "cuda":
-            from moe_vlm.engines import EngineUnavailable
-
             raise EngineUnavailable(
                 f"profiling={self.tool.value} records CUDA activity and rank {rank} runs on the CPU "
                 "(rule T003 rejects this on cluster profiles without GPUs). Fix: run on GPUs, or "
@@ -228,8 +227,6 @@ class StepProfiler:
             )
         problem = nsys_problem(spec, rank, os.environ) if self.tool is Profiler.nsys else None
         if problem:
-            from moe_vlm.engines import EngineUnavailable
-
             raise EngineUnavailable(problem)
         if self.tool is Profiler.memory:
             self._start_memory_history()

@@ -5,15 +5,15 @@ half-written record; steps.jsonl is appended and flushed line by line, so a kill
 leaves every completed step readable.
 
 A run writes run.json with `status: running` when it starts (host, PID, start time) and
-beats heartbeat.json while it runs (moe_vlm/heartbeat.py), until the engine replaces run.json
+beats heartbeat.json while it runs (moe_vlm/runtime/heartbeat.py), until the engine replaces run.json
 with the final record (completed or failed). A `running` record whose process is gone was
 killed without a word: SIGKILL, the OOM killer, a lost node outside Slurm. `moe-vlm status`
-and `report` show it as failed, class killed (launch/failures.py:settle_running), with the
+and `report` show it as failed, class killed (runtime/failures.py:settle_running), with the
 steps it finished.
 
 One steps.jsonl line per optimizer step per data-parallel rank (rank 0 gathers and writes them
 all): a StepRecord, which both engines build from their batch counts; one run.json: a RunRecord,
-which the run, the engines, the sweeper, the launcher and launch.failures write, and report,
+which the run, the engines, the sweeper, the launcher and runtime.failures write, and report,
 advise and status read. The dataclasses below are the schema, field by field.
 """
 
@@ -32,9 +32,9 @@ from dataclasses import dataclass, field, is_dataclass, replace
 from dataclasses import fields as dataclass_fields
 from enum import Enum, StrEnum
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TextIO, cast, get_args, get_origin, get_type_hints
+from typing import TYPE_CHECKING, Any, Protocol, TextIO, cast, get_args, get_origin, get_type_hints
 
-from moe_vlm.launch.safety import scrub
+from moe_vlm.safety import scrub
 from moe_vlm.schema import TrainConfig
 from moe_vlm.shape import (
     BOOL,
@@ -57,7 +57,13 @@ from moe_vlm.spec import RunSpec
 
 if TYPE_CHECKING:
     from moe_vlm.data.batch import BatchStats
-    from moe_vlm.rules import Finding
+
+
+class Finding(Protocol):
+    """What a rejected record keeps of a rules.Finding (the rules sit above the records)."""
+
+    def to_dict(self) -> dict[str, object]: ...
+
 
 RUN_JSON = "run.json"
 STEPS_JSONL = "steps.jsonl"
@@ -416,7 +422,7 @@ def as_step(line: StepRecord | Mapping[str, Any]) -> StepRecord:
 class Failure:
     """run.json's `failure`: why a run failed (or was rejected for its input data)."""
 
-    name: str  # on disk "class": a launch.failures class (oom, nccl, ...), or "invalid" (bad data)
+    name: str  # on disk "class": a runtime.failures class (oom, nccl, ...), or "invalid" (bad data)
     message: str
     evidence: str | None = None  # the log line that decided the class
     log_tail: list[str] | None = None
@@ -610,14 +616,13 @@ class RunRecord:
         cls,
         spec: RunSpec,
         config: dict[str, Any],
-        steps: Sequence[StepRecord | Mapping[str, Any]],
+        summary: dict[str, Any],
         data_stats: dict[str, Any] | None = None,
         **sections: Any,
     ) -> RunRecord:
-        from moe_vlm.metrics import summarize  # metrics reads StepRecord from here
-
+        """A completed run; `summary` is metrics.summarize of its steps (metrics reads StepRecord from here)."""
         record = cls.new(spec, config, RunStatus.completed, **sections)
-        record.summary = summarize(steps, spec)
+        record.summary = summary
         if data_stats is not None:
             record.data["stats"] = data_stats
         return record
@@ -627,15 +632,14 @@ class RunRecord:
         cls,
         spec: RunSpec,
         config: dict[str, Any],
-        steps: Sequence[StepRecord | Mapping[str, Any]] = (),
+        summary: dict[str, Any] | None = None,
         **sections: Any,
     ) -> RunRecord:
-        """A failed run, with the steps it finished summarised. with_failure says why: classified
-        against what run.json holds by then (launch.failures.failed_record)."""
-        from moe_vlm.metrics import summarize
-
+        """A failed run, with the steps it finished summarised (`summary`, metrics.summarize; None
+        without steps). with_failure says why: classified against what run.json holds by then
+        (runtime.failures.failed_record)."""
         record = cls.new(spec, config, RunStatus.failed, **sections)
-        record.summary = summarize(steps, spec) if steps else None
+        record.summary = summary
         return record
 
     def with_failure(self, failure: Failure, launch: Mapping[str, Any] | None = None) -> RunRecord:

@@ -14,14 +14,16 @@ from typing import Any
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from moe_vlm.errors import EXIT_FAILED, EXIT_INVALID
-from moe_vlm.heartbeat import Heartbeat, write_running
-from moe_vlm.launch.failures import Diagnosis, launch_info, record_exception, write_failure
-from moe_vlm.launch.requeue import global_rank
-from moe_vlm.launch.safety import scrub, scrub_files, scrub_text
+from moe_vlm.data import DataError, check_data
+from moe_vlm.engines import launch
+from moe_vlm.errors import EXIT_FAILED, EXIT_INVALID, EngineUnavailable, RunFailed
 from moe_vlm.plan import library_findings, render
 from moe_vlm.record import RUN_JSON, RUNNING, RunRecord
 from moe_vlm.rules import errors, validate
+from moe_vlm.runtime.dist_env import global_rank
+from moe_vlm.runtime.failures import Diagnosis, launch_info, record_exception, write_failure
+from moe_vlm.runtime.heartbeat import Heartbeat, write_running
+from moe_vlm.safety import scrub, scrub_files, scrub_text
 from moe_vlm.spec import RunSpec
 
 
@@ -55,9 +57,6 @@ def run(cfg: DictConfig) -> None:
             f"moe_vlm: rejected before any work: {len(bad)} error(s) above; nothing was run.", file=sys.stderr
         )
         sys.exit(EXIT_INVALID)
-
-    from moe_vlm.data import DataError, check_data
-    from moe_vlm.engines import EngineUnavailable, RunFailed, launch
 
     try:
         check_data(spec)  # an unreadable dataset fails here, not inside every rank

@@ -15,6 +15,8 @@ from typing import Any
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
+from moe_vlm.errors import BadInput
+
 # Engine, parallelism family and architecture are StrEnums: a member equals its value, so a
 # member prints as the value users type and compares equal to it.
 
@@ -430,8 +432,6 @@ def dry_run_mode(value: Any) -> DryRun:
         return DryRun.plan if value else DryRun.off
     if isinstance(value, str) and value.lower() in {m.value for m in DryRun}:
         return DryRun(value.lower())
-    from moe_vlm.errors import BadInput
-
     raise BadInput(
         f"dry_run={value!r}: not one of false, true, full. Fix: dry_run=true (plan; one line per point "
         "in a sweep of more than 8), dry_run=full (every plan in full) or dry_run=false (run)."

@@ -227,12 +227,12 @@ RUN_SHAPE: dict[str, Any] = {
     "findings": ListOf({"code": SCALAR, "level": STR, "message": STR}),
     "failure": {"class": STR, "message": STR, "evidence": STR, "log_tail": ListOf(STR)},
     "launch": {"restarts": INT},
-    # A running record's process (moe_vlm/heartbeat.py); Bridge's effective config (report --diff).
+    # A running record's process (moe_vlm/runtime/heartbeat.py); Bridge's effective config (report --diff).
     "process": {"pid": INT, "host": STR, "started_unix_s": NUMBER, "pid_start_ticks": INT},
     "bridge": {"effective": {"sections": MapOf(DICT)}},
 }
 
-# point.json (the sweeper's, moe_vlm/launch/points.py): what `moe-vlm status` reads of it.
+# point.json (the sweeper's, moe_vlm/runtime/points.py): what `moe-vlm status` reads of it.
 _SUBMISSION = {
     "executor": STR,
     "job_id": SCALAR,

@@ -7,7 +7,7 @@ and all-reduce gradients across (megatron/core/distributed/fsdp/mcore_fsdp_adapt
 417-428); on 3D the distributed optimizer shards inside a block. Ranks are laid out
 tp-cp-ep-dp-pp, so a block spans world / (PP x dp_outer) consecutive GPUs.
 
-The launcher's `--segment` (moe_vlm/launch/slurm.segment_nodes) places a job in blocks of nodes
+The launcher's `--segment` (`launcher_segment`, rendered by moe_vlm/launch/slurm.py) places a job in blocks of nodes
 that each sit inside one NVLink domain; `segment=auto` (the GB200/GB300 presets) picks the largest
 such block. A sharding block that is one segment keeps its collectives on NVLink and leaves only the
 replicas' all-reduce to the scale-out network; `parallelism.dp_outer=0` asks for exactly that.
@@ -18,12 +18,21 @@ from __future__ import annotations
 from moe_vlm.spec import RunSpec
 
 
+def launcher_segment(spec: RunSpec, segment: str | None) -> int | None:
+    """Nodes per --segment (`segment` as hydra.launcher.segment; None: no --segment): each segment
+    must sit inside one NVLink domain, so `auto` is the largest divisor of the job's nodes that fits."""
+    if segment is None:
+        return None
+    if segment != "auto":
+        return int(segment)
+    nodes = spec.layout.nodes
+    per_domain = max(spec.cluster.nvlink_domain_gpus // max(spec.layout.ranks_per_node, 1), 1)
+    return max(n for n in range(1, nodes + 1) if nodes % n == 0 and n <= per_domain)
+
+
 def segment_nodes(spec: RunSpec, segment: str | None = "auto") -> int:
     """Nodes per launcher segment (`segment` as hydra.launcher.segment; null = the whole job)."""
-    from moe_vlm.launch.slurm import SlurmSettings
-    from moe_vlm.launch.slurm import segment_nodes as launcher_segment
-
-    nodes = launcher_segment(SlurmSettings(segment=segment), spec)
+    nodes = launcher_segment(spec, segment)
     return spec.layout.nodes if nodes is None else nodes
 
 

@@ -14,7 +14,7 @@ wait, and a component it computes without a collective. Every rank's medians sta
 `summary.per_rank` for the reading the flags do not settle.
 
 `metrics.summarize` stores `rank_medians` in run.json (`summary.per_rank`); the report calls
-`of_run` and `section`.
+`find` (report.stragglers_of_run) and `section`.
 Records written before the host was recorded have `host: None`: ranks are still compared, nodes are
 not.
 """
@@ -22,12 +22,11 @@ not.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 from statistics import median
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from moe_vlm.record import RunRecord, StepRecord
+    from moe_vlm.record import StepRecord
 
 THRESHOLD = 1.10  # a rank or node median above this many times the job's median is flagged
 MIN_EXCESS_OF_STEP = 0.01  # ... and above it by at least this share of the median step time
@@ -162,23 +161,6 @@ def find(per_rank: list[dict[str, Any]], threshold: float = THRESHOLD) -> Stragg
                 flags.append(Flag(who, host, metric, seconds, job))
     flags.sort(key=lambda f: (-f.ratio, f.who))
     return Stragglers(len(per_rank), len(hosts), flags)
-
-
-def of_run(run_file: Path, record: RunRecord) -> Stragglers | None:
-    """Slow ranks and nodes of a completed run.json: from summary.per_rank, or (a record written
-    before it existed) from the run's steps.jsonl. None for a run that did not complete."""
-    if record.status != "completed":
-        return None
-    per_rank = (record.summary or {}).get("per_rank")
-    if per_rank is None:
-        # Imported here: moe_vlm.metrics imports this module for summary.per_rank.
-        from moe_vlm.metrics import by_step, steady_window
-        from moe_vlm.record import STEPS_JSONL, read_steps
-
-        grouped = by_step(read_steps(run_file.parent / STEPS_JSONL))
-        warmup = int((record.spec or {}).get("warmup_steps") or 0)
-        per_rank = rank_medians([grouped[step] for step in steady_window(grouped, warmup).steps])
-    return find(per_rank)
 
 
 def _count(value: Any) -> int:

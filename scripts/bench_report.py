@@ -20,7 +20,7 @@ set on the composed config, RunSpec and the rule catalogue run on it (a rejected
 rejected record run.py writes, with the findings), steps.jsonl lines go through
 record.StepWriter, run.json through record.RunRecord (rejected, completed with metrics.summarize
 of the lines, failed), an OOM (peak memory: moe_vlm.memory.estimate, give or take a few percent,
-above the GPU's) through launch.failures.write_failure, and each run gets Hydra's .hydra/ files.
+above the GPU's) through runtime.failures.write_failure, and each run gets Hydra's .hydra/ files.
 
 With --copies-of RUN_DIR the sweeps are instead N copies of one recorded run (its run.json,
 steps.jsonl, point.json and .hydra/), e.g. the real CPU run in tests/fixtures/cpu_sweep: every
@@ -49,11 +49,12 @@ from unittest import mock
 from omegaconf import DictConfig, OmegaConf
 
 from moe_vlm import record as record_module
-from moe_vlm.launch.failures import classify, write_failure
 from moe_vlm.memory import estimate
+from moe_vlm.metrics import summarize
 from moe_vlm.record import STEPS_JSONL, RunRecord, StepWriter
 from moe_vlm.rules import errors, validate
 from moe_vlm.run import resolved_config
+from moe_vlm.runtime.failures import classify, write_failure
 from moe_vlm.spec import RunSpec
 
 REPO = Path(__file__).resolve().parent.parent
@@ -156,7 +157,7 @@ def write_run(run_dir: Path, cfg: DictConfig, overrides: list[str], rng: random.
         base = RunRecord.failed(spec, config, fixture=FIXTURE).to_json()
         write_failure(run_dir, classify("\n".join(tail)), tail, base)
         return "failed"
-    RunRecord.completed(spec, config, lines, fixture=FIXTURE).write(run_dir)
+    RunRecord.completed(spec, config, summarize(lines, spec), fixture=FIXTURE).write(run_dir)
     return "completed"
 
 

@@ -52,8 +52,8 @@ def make_launcher(sweep_dir: Path) -> Any:
     from hydra.types import HydraContext, RunMode
 
     import moe_vlm.schema  # noqa: F401  (registers the config schema)
-    from moe_vlm.launch.points import register_resolvers
     from moe_vlm.run import run
+    from moe_vlm.runtime.points import register_resolvers
 
     register_resolvers()
     overrides = [
@@ -83,7 +83,7 @@ def numbered_points(launcher: Any, sweep_dir: Path, count: int) -> list[tuple[in
 
 
 def job_ids(points: list[tuple[int, Any]]) -> set[str]:
-    from moe_vlm.launch.points import read_point
+    from moe_vlm.runtime.points import read_point
 
     ids = {str((read_point(job.point_dir) or {}).get("job_id") or "") for _, job in points}
     return {job_id.split("_")[0] for job_id in ids if job_id}

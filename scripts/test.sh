@@ -22,4 +22,7 @@ if [ "$(id -u)" = 0 ]; then
 else
   echo "test.sh: not root, so no local Slurm: tests marked slurm will be skipped" >&2
 fi
+# The layering (docs/layout.md): no import from a lower layer up, no import cycle, the two engines
+# apart (contracts in pyproject.toml [tool.importlinter]).
+.venv/bin/lint-imports
 .venv/bin/python -m pytest "$@"

@@ -21,7 +21,6 @@ from omegaconf import DictConfig, OmegaConf
 
 from moe_vlm.compose import override_key
 from moe_vlm.errors import EXIT_INVALID
-from moe_vlm.launch import points
 from moe_vlm.launch.halving import (
     STATE_JSON,
     Decision,
@@ -39,6 +38,7 @@ from moe_vlm.launch.halving import (
 )
 from moe_vlm.launch.status import PointStatus, collect
 from moe_vlm.record import RunRecord
+from moe_vlm.runtime import points
 from moe_vlm.spec import RunSpec
 
 IN_FLIGHT = ("queued", "running")

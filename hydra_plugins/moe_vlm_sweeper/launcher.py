@@ -40,11 +40,13 @@ from submitit.core.utils import FailedJobError, FailedSubmissionError
 
 from moe_vlm.compose import compose_sweep_point
 from moe_vlm.errors import BadInput
-from moe_vlm.heartbeat import process_started_unix_s
-from moe_vlm.launch import pack, points, requeue, slurm
-from moe_vlm.launch.failures import launch_info
-from moe_vlm.launch.safety import scrub
+from moe_vlm.launch import pack, requeue, slurm
+from moe_vlm.launch.status import collect
 from moe_vlm.record import write_json_atomic
+from moe_vlm.runtime import dist_env, points
+from moe_vlm.runtime.failures import launch_info, record_job_failure
+from moe_vlm.runtime.heartbeat import process_started_unix_s
+from moe_vlm.safety import scrub
 from moe_vlm.spec import RunSpec
 
 log = logging.getLogger(__name__)
@@ -468,8 +470,6 @@ class SubmititLauncher(BaseSubmititLauncher):
 
     def _wait(self, planned: list[PlannedJob]) -> list[JobReturn]:
         """submit_and_exit=false: poll (one Slurm call per round) until every job has ended."""
-        from moe_vlm.launch.status import collect
-
         sweep_dir = planned[0].point_dir.parent
         wanted = {job.point_dir.name for job in planned}
         while True:
@@ -508,8 +508,6 @@ class SubmititLauncher(BaseSubmititLauncher):
             try:
                 returns.append(submitted.results()[0])
             except Exception as exc:  # the point's run.json says why; keep the sweep going
-                from moe_vlm.launch.failures import record_job_failure
-
                 if points.run_status(job.point_dir) is None:
                     record_job_failure(job.point_dir, submitted.job_id)
                 returns.append(
@@ -555,7 +553,7 @@ class SubmititLauncher(BaseSubmititLauncher):
             job_dir_key=job_dir_key,
             job_subdir_key="hydra.sweep.subdir",
         )
-        if requeue.global_rank() == 0:
+        if dist_env.global_rank() == 0:
             _record_launch(point_dir, environment.job_id, self.settings.executor)
         if result.status == JobStatus.FAILED:
             # Hydra caught the exception; raise it so the task exits non-zero and srun ends the step.

@@ -39,16 +39,16 @@ from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf
 
 from hydra_plugins.moe_vlm_sweeper import halving
-from moe_vlm.compose import COMPOSE_ERRORS, compose_sweep_point, explain, override_key
+from moe_vlm.compose import COMPOSE_ERRORS, compose_sweep_point, explain, override_key, quote_override_value
 from moe_vlm.errors import EXIT_INVALID, BadInput
-from moe_vlm.launch import points
 from moe_vlm.launch.halving import Search, search_of
-from moe_vlm.launch.safety import scrub, scrub_text, secret_values
 from moe_vlm.launch.status import collect
 from moe_vlm.memory import MemoryEstimate
 from moe_vlm.plan import POINT_LINE_HEADER, memory_of, point_line, render
 from moe_vlm.record import RunRecord, git_state
 from moe_vlm.rules import Finding, errors, validate
+from moe_vlm.runtime import points
+from moe_vlm.safety import scrub, scrub_text, secret_values
 from moe_vlm.schema import DryRun, dry_run_mode
 from moe_vlm.spec import RunSpec
 
@@ -74,10 +74,6 @@ class Point:
 
     def label(self) -> str:
         return " ".join(self.overrides) or "(defaults)"
-
-
-def quote_override_value(value: str) -> str:
-    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
 class PlanningSweeper(Sweeper):

@@ -12,12 +12,12 @@ from dataclasses import dataclass, field
 from moe_vlm.advise.playbook import graph_scope, playbook_lines
 from moe_vlm.compose import compose_spec, override_key, set_overrides
 from moe_vlm.data.stats import MOCK_SPEEDUP_NOTE
-from moe_vlm.engines.support import accepts
 from moe_vlm.errors import BadInput
-from moe_vlm.launch.points import sweep_name
+from moe_vlm.knobs.support import accepts
 from moe_vlm.memory import THIN_HEADROOM_FRACTION, MemoryEstimate, estimate, memory_variants
 from moe_vlm.rules import Finding, errors, validate
 from moe_vlm.rules.catalogue import CATALOGUE
+from moe_vlm.runtime.points import sweep_name
 from moe_vlm.schema import CudaGraphImpl, DataKind, Engine, RecomputeGranularity
 from moe_vlm.spec import PipelineSplit, RunSpec
 
@@ -55,7 +55,7 @@ def _user_keys(overrides: list[str]) -> set[str]:
 
 
 def _no_graphs(spec: RunSpec) -> str | None:
-    """Why this engine runs no CUDA graphs (engines/support.py); None when it does."""
+    """Why this engine runs no CUDA graphs (knobs/support.py); None when it does."""
     if accepts(spec.engine, "cuda_graph.impl", CudaGraphImpl.transformer_engine):
         return None
     return f"the {spec.engine} engine has no CUDA graphs"

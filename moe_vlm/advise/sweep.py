@@ -22,12 +22,12 @@ from moe_vlm.advise.start import candidate, command
 from moe_vlm.compose import compose_spec, override_key, set_overrides
 from moe_vlm.data.stats import MOCK_SPEEDUP_NOTE
 from moe_vlm.errors import BadInput
-from moe_vlm.launch.points import POINT_JSON, read_json
 from moe_vlm.memory import THIN_HEADROOM_FRACTION, MemoryEstimate, estimate, fits_after
 from moe_vlm.record import RUN_JSON, Failure, RecordError, RunRecord
 from moe_vlm.rules import errors
 from moe_vlm.rules.guide import etp_replaceable_by_ep
 from moe_vlm.rules.memory import describe_fit
+from moe_vlm.runtime.points import POINT_JSON, read_json
 from moe_vlm.schema import DataKind, RecomputeGranularity
 from moe_vlm.spec import RunSpec
 

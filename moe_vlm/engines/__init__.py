@@ -5,20 +5,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from moe_vlm.errors import EngineUnavailable
 from moe_vlm.schema import Engine
 from moe_vlm.spec import RunSpec
 
 
-class EngineUnavailable(RuntimeError):
-    """The engine cannot run here (missing library or hardware); the message says why."""
-
-
-class RunFailed(RuntimeError):
-    """Training started and failed; the run's run.json already records why (status failed)."""
-
-
 def launch(spec: RunSpec, config: dict[str, Any], run_dir: Path) -> None:
     if spec.engine == Engine.torch:
+        # Imported here: torch, transformers and the data path load only for the torch engine.
         from moe_vlm.engines import torch_engine
 
         torch_engine.launch(spec, config, run_dir)

@@ -34,11 +34,10 @@ from torch.distributed.tensor import DTensor
 
 from moe_vlm import profiling
 from moe_vlm.data import Batch, BatchStats, DataStats, build_batches
-from moe_vlm.engines import EngineUnavailable, RunFailed
 from moe_vlm.engines.torch_model import apply_freeze, apply_recompute, build_model
+from moe_vlm.errors import EngineUnavailable, RunFailed
 from moe_vlm.explog import ExperimentLog, open_log, step_metrics, summary_metrics
-from moe_vlm.launch.dist_env import DistEnv
-from moe_vlm.launch.failures import LOG_TAIL_LINES, classify, launch_info, write_failure
+from moe_vlm.metrics import summarize
 from moe_vlm.profiling import StepProfiler
 from moe_vlm.record import (
     RUN_JSON,
@@ -51,6 +50,8 @@ from moe_vlm.record import (
     write_json_atomic,
 )
 from moe_vlm.run_summary import summary_lines
+from moe_vlm.runtime.dist_env import DistEnv
+from moe_vlm.runtime.failures import LOG_TAIL_LINES, classify, launch_info, write_failure
 from moe_vlm.schema import DataKind, ShardingStrategy
 from moe_vlm.spec import RunSpec
 from moe_vlm.timing import COMPONENTS, ComponentTimer, clock_for
@@ -271,12 +272,12 @@ def _record(
     steps: list[StepRecord] | None = None,
     data_stats: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """run.json: completed, or the base a failure record is classified onto (launch.failures)."""
+    """run.json: completed, or the base a failure record is classified onto (runtime.failures)."""
     steps = steps if steps is not None else read_steps(run_dir / STEPS_JSONL)
     sections = {"torch_engine": trainer.describe()} if trainer is not None else {}
     if status == RunStatus.completed:
-        return RunRecord.completed(spec, config, steps, data_stats, **sections).to_json()
-    return RunRecord.failed(spec, config, steps, **sections).to_json()
+        return RunRecord.completed(spec, config, summarize(steps, spec), data_stats, **sections).to_json()
+    return RunRecord.failed(spec, config, summarize(steps, spec) if steps else None, **sections).to_json()
 
 
 # --- the training loop ---------------------------------------------------------------------

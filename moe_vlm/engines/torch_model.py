@@ -25,7 +25,7 @@ from transformers.models.qwen3_vl_moe.modeling_qwen3_vl_moe import (
 )
 
 from moe_vlm.engines.hf_config import transformers_config
-from moe_vlm.engines.support import accepted
+from moe_vlm.knobs.support import accepted
 from moe_vlm.schema import (
     Engine,
     ModelConfig,
@@ -142,7 +142,7 @@ def apply_recompute(model: Qwen3VLMoeForConditionalGeneration, recompute: Recomp
             "mlp": lambda layer: [("mlp", layer.mlp)] if isinstance(layer.mlp, Qwen3VLMoeTextMLP) else [],
         }
         declared = set(accepted(Engine.torch, "recompute.modules") or ())
-        assert {"core_attn", *selectors} == declared, f"engines/support.py declares {sorted(declared)}"
+        assert {"core_attn", *selectors} == declared, f"knobs/support.py declares {sorted(declared)}"
         unknown = [name for name in recompute.modules if name != "core_attn" and name not in selectors]
         if unknown:
             raise ValueError(

@@ -22,6 +22,7 @@ Only the standard library is imported at module level: a missing package is the 
 
 from __future__ import annotations
 
+import importlib
 import sys
 import tempfile
 import time
@@ -43,7 +44,9 @@ class CanaryFailed(RuntimeError):
 def compose_spec(overrides: list[str]) -> RunSpec:
     import submitit  # noqa: F401  (the points run submitit's job runner)
 
-    import hydra_plugins.moe_vlm_sweeper.launcher  # noqa: F401  (what the points' jobs unpickle)
+    # What the points' jobs unpickle. Imported by name: the canary proves the job can import the
+    # plugin and uses nothing of it (the plugin sits above launch/, see docs/layout.md).
+    importlib.import_module("hydra_plugins.moe_vlm_sweeper.launcher")
     import moe_vlm.schema  # noqa: F401  (registers the config schema)
     from moe_vlm.compose import compose_config
     from moe_vlm.spec import RunSpec

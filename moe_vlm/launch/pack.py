@@ -9,7 +9,7 @@ limit is the sum of the points' limits, and each point's step is held to its own
   every point keeps its own directory, run.json, logs and failure class;
 - skips a point whose run.json already says completed, failed or rejected: after a requeue the
   job resumes at the first unfinished point and nothing runs twice;
-- after a step that failed, records why (launch/failures.py) and goes on with the next point;
+- after a step that failed, records why (runtime/failures.py) and goes on with the next point;
 - after a step whose rank 0 left a requeue marker (USR2: time limit or preemption), requeues the
   whole job from outside the container and stops; the interrupted point reruns first.
 
@@ -26,8 +26,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from moe_vlm.launch import points, slurm
+from moe_vlm.launch import slurm
 from moe_vlm.record import RUN_JSON
+from moe_vlm.runtime import dist_env, points
 
 # A finished point, as write_json_atomic lays out run.json (indent=2, so top-level keys sit at two
 # spaces). Read with grep: the batch script runs outside the container, where the job's Python
@@ -70,17 +71,17 @@ def loop(entries: Sequence[PackEntry], python: str, srun_args: Sequence[str], st
         # failure classifier reads them, not into the batch log shared by every point.
         '2>>"$moe_vlm_folder/${SLURM_JOB_ID}_0_log.err"'
     )
-    place = f"${slurm.ENV_PACK_INDEX}/${slurm.ENV_PACK_SIZE}"
+    place = f"${dist_env.ENV_PACK_INDEX}/${dist_env.ENV_PACK_SIZE}"
     lines = [
         *slurm.bash_array("moe_vlm_pack", [e.point_dir for e in entries]),
         *slurm.bash_array("moe_vlm_folders", [e.folder for e in entries]),
-        f"export {slurm.ENV_PACK_SIZE}={len(entries)}",
+        f"export {dist_env.ENV_PACK_SIZE}={len(entries)}",
         'moe_vlm_job="$SLURM_JOB_ID"',
         "moe_vlm_failed=0",
         'for moe_vlm_index in "${!moe_vlm_pack[@]}"; do',
         '  moe_vlm_point="${moe_vlm_pack[$moe_vlm_index]}"',
         '  moe_vlm_folder="${moe_vlm_folders[$moe_vlm_index]}"',
-        f"  export {slurm.ENV_PACK_INDEX}=$((moe_vlm_index + 1))",
+        f"  export {dist_env.ENV_PACK_INDEX}=$((moe_vlm_index + 1))",
         f'  if grep -Eqs {shlex.quote(FINISHED_LINE)} "$moe_vlm_point/{RUN_JSON}"; then',
         f'    echo "moe_vlm: point {place} ($moe_vlm_point) has finished; skipped" >&2',
         "    continue",

@@ -24,13 +24,9 @@ import time
 from pathlib import Path
 from types import FrameType
 
-from moe_vlm.launch import points
-from moe_vlm.launch.failures import Diagnosis, base_from_point, launch_info, requeue_count, write_failure
 from moe_vlm.launch.slurm import (
     ENV_JOB_START_S,
     ENV_MAX_REQUEUES,
-    ENV_PACK_INDEX,
-    ENV_POINT_RESTARTS,
     ENV_SIGNAL_DELAY_S,
     ENV_TIME_LIMIT_S,
     EXIT_REQUEUE,
@@ -38,6 +34,9 @@ from moe_vlm.launch.slurm import (
     REQUEUE_MARKER,
 )
 from moe_vlm.record import REQUEUED, RUN_JSON, RUNNING, write_json_atomic
+from moe_vlm.runtime import points
+from moe_vlm.runtime.dist_env import ENV_PACK_INDEX, ENV_POINT_RESTARTS, global_rank
+from moe_vlm.runtime.failures import Diagnosis, base_from_point, launch_info, requeue_count, write_failure
 
 # A USR2 this close to the expected time-limit signal counts as the time limit.
 TIME_LIMIT_SLACK_S = 60
@@ -45,10 +44,6 @@ TIME_LIMIT_SLACK_S = 60
 
 def restart_count() -> int:
     return int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
-
-
-def global_rank() -> int:
-    return int(os.environ.get("SLURM_PROCID", os.environ.get("RANK", "0")) or 0)
 
 
 def prepare_attempt(point_dir: Path) -> None:

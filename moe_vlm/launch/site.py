@@ -33,7 +33,7 @@ from typing import Any
 import yaml
 
 from moe_vlm.errors import BadInput
-from moe_vlm.launch.safety import check_credentials
+from moe_vlm.safety import check_credentials
 
 SITE_KEYS = (
     "account",

@@ -13,7 +13,6 @@ one `scontrol` call to poll every job of a sweep.
 
 from __future__ import annotations
 
-import os
 import re
 import shlex
 import shutil
@@ -24,10 +23,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from moe_vlm import profiling
+from moe_vlm import profiling, safety
 from moe_vlm.errors import BadInput
-from moe_vlm.launch import safety, site
+from moe_vlm.launch import site
 from moe_vlm.schema import Engine
+from moe_vlm.sharding import launcher_segment, segment_mismatch
 from moe_vlm.spec import RunSpec
 
 # Exit status of a rank that was asked to stop for a requeue (EX_TEMPFAIL): not a failure.
@@ -39,11 +39,6 @@ ENV_SIGNAL_DELAY_S = "MOE_VLM_SIGNAL_DELAY_S"
 ENV_MAX_REQUEUES = "MOE_VLM_MAX_REQUEUES"
 # When the allocation (or its latest requeue) started: a packed point starts long after it.
 ENV_JOB_START_S = "MOE_VLM_JOB_START_S"
-# A packed point's place in its job (1-based) and the pack's size, exported before its srun step.
-ENV_PACK_INDEX = "MOE_VLM_PACK_INDEX"
-ENV_PACK_SIZE = "MOE_VLM_PACK_SIZE"
-# How often this point was stopped by a USR2 and rerun (set in the task, see launch/requeue.py).
-ENV_POINT_RESTARTS = "MOE_VLM_POINT_RESTARTS"
 # Slurm's default MaxArraySize is 1001 (indices 0-1000): larger sweeps are split into several arrays.
 MAX_ARRAY_TASKS = 1000
 # Every job (points and canaries) runs offline: huggingface_hub and transformers read these once,
@@ -159,8 +154,6 @@ def checked(settings: SlurmSettings, spec: RunSpec) -> SlurmSettings:
             f"hydra.launcher.segment={out.segment!r}: expected auto, a node count or null. Fix: segment=auto."
         )
     if out.segment not in (None, "auto") and spec.engine == Engine.megatron:
-        from moe_vlm.sharding import segment_mismatch  # HSDP's sharding block should be one segment
-
         problem = segment_mismatch(spec, str(out.segment))
         if problem:
             raise BadInput(f"hydra.launcher.segment={out.segment} with parallelism.dp_outer: {problem}")
@@ -177,14 +170,8 @@ def checked(settings: SlurmSettings, spec: RunSpec) -> SlurmSettings:
 
 
 def segment_nodes(settings: SlurmSettings, spec: RunSpec) -> int | None:
-    """Nodes per --segment: each segment must sit inside one NVLink domain."""
-    if settings.segment is None:
-        return None
-    if settings.segment != "auto":
-        return int(settings.segment)
-    nodes = spec.layout.nodes
-    per_domain = max(spec.cluster.nvlink_domain_gpus // max(spec.layout.ranks_per_node, 1), 1)
-    return max(n for n in range(1, nodes + 1) if nodes % n == 0 and n <= per_domain)
+    """Nodes per --segment: each segment must sit inside one NVLink domain (sharding.launcher_segment)."""
+    return launcher_segment(spec, settings.segment)
 
 
 def python_command(settings: SlurmSettings) -> str:
@@ -288,15 +275,6 @@ def canary_command(python: str, overrides: Iterable[str]) -> str:
     return " ".join([python, "-u -m moe_vlm.launch.canary", *quoted])
 
 
-def job_id_from_env() -> str | None:
-    """This job's id as its point.json holds it: ARRAY_TASK for an array task (SLURM_JOB_ID is
-    then a number of its own), else SLURM_JOB_ID."""
-    env = os.environ
-    if env.get("SLURM_ARRAY_JOB_ID") and env.get("SLURM_ARRAY_TASK_ID"):
-        return f"{env['SLURM_ARRAY_JOB_ID']}_{env['SLURM_ARRAY_TASK_ID']}"
-    return env.get("SLURM_JOB_ID")
-
-
 def marker_lines() -> list[str]:
     """A requeue marker found before a point starts belongs to the attempt before this one (the
     task archives it), so the lines after srun cannot act on it again."""
@@ -348,7 +326,7 @@ def teardown(python: str) -> list[str]:
 def record_failure(python: str) -> str:
     """The line that records a failed step of `$moe_vlm_point` (exit status `$moe_vlm_rc`)."""
     return (
-        f'{python} -m moe_vlm.launch.failures --point-dir "$moe_vlm_point" --job-id "$moe_vlm_job" '
+        f'{python} -m moe_vlm.runtime.failures --point-dir "$moe_vlm_point" --job-id "$moe_vlm_job" '
         '--exit-code "$moe_vlm_rc" >&2'
     )
 

@@ -28,16 +28,17 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from moe_vlm.launch import points, slurm
+from moe_vlm.launch import slurm
 from moe_vlm.launch.canary import OK_PREFIX
-from moe_vlm.launch.failures import (
+from moe_vlm.record import RUN_JSON, RUNNING, Failure, RecordError, RunRecord, RunStatus
+from moe_vlm.runtime import points
+from moe_vlm.runtime.failures import (
     Diagnosis,
     base_from_point,
     record_job_failure,
     settle_running,
     write_failure,
 )
-from moe_vlm.record import RUN_JSON, RUNNING, Failure, RecordError, RunRecord, RunStatus
 
 STATES = ("completed", "failed", "rejected", "running", "queued", "planned", "unknown")
 FINISHED = ("completed", "failed", "rejected")

@@ -12,6 +12,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
+from moe_vlm.data.energon import IMAGE_PARTS, iter_samples, read_meta
 from moe_vlm.memory.estimate import REAL_DATA_SAMPLES_READ
 from moe_vlm.schema import DataKind
 from moe_vlm.spec import RunSpec
@@ -67,8 +68,6 @@ def _synthetic_largest_image(spec: RunSpec) -> int:
 def _real_image_sizes(path: str, samples: int) -> tuple[tuple[int, int], ...]:
     """(height, width) from the image headers of the first `samples` samples (nothing decoded)."""
     from PIL import Image
-
-    from moe_vlm.data.energon import IMAGE_PARTS, iter_samples, read_meta
 
     sizes: list[tuple[int, int]] = []
     for sample in iter_samples(read_meta(Path(path).expanduser())):

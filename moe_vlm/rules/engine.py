@@ -1,6 +1,6 @@
 """Engine support rules (E...): what an engine does not honour, rejected before anything runs.
 
-Which values each engine honours is declared once, in moe_vlm/engines/support.py; these rules
+Which values each engine honours is declared once, in moe_vlm/knobs/support.py; these rules
 read it and say what to do instead.
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from moe_vlm.arch import profile
-from moe_vlm.engines.support import TORCH_SELECTIVE_RECOMPUTE, accepts
+from moe_vlm.knobs.support import TORCH_SELECTIVE_RECOMPUTE, accepts
 from moe_vlm.rules.catalogue import (
     SELECTIVE_RECOMPUTE_MODULES,
     Level,

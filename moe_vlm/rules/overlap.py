@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from moe_vlm.engines.support import TORCH_REJECTS_UNLESS_NULL, accepts
+from moe_vlm.knobs.support import TORCH_REJECTS_UNLESS_NULL, accepts
 from moe_vlm.memory.images import image_budget
 from moe_vlm.memory.megatron import vision_graph_length
 from moe_vlm.precision import profile as precision_profile

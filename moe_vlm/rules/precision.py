@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from moe_vlm.engines.support import accepts
+from moe_vlm.knobs.support import accepts
 from moe_vlm.precision import capability_range, profile, quantized, runs_on
 from moe_vlm.rules.catalogue import Level, Violation, rule
 from moe_vlm.schema import Engine, ParallelismFamily, Precision

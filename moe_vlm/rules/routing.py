@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from moe_vlm.engines.support import TORCH_REJECTS_UNLESS_NULL, accepts
+from moe_vlm.knobs.support import TORCH_REJECTS_UNLESS_NULL, accepts
 from moe_vlm.rules.catalogue import Level, Violation, rule
 from moe_vlm.schema import (
     CrossEntropyFusion,

@@ -22,10 +22,10 @@ from pathlib import Path
 
 import pytest
 
-from moe_vlm.launch import points
 from moe_vlm.launch.canary import FAILED_PREFIX
 from moe_vlm.launch.entry import ENV_GPUS_VISIBLE
 from moe_vlm.launch.status import snapshot
+from moe_vlm.runtime import points
 from tests.integration.test_slurm_sweeps import (  # noqa: F401  (slurm is a fixture)
     PYTHON,
     REPO,

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from moe_vlm.launch import points
+from moe_vlm.runtime import points
 from tests.integration.test_slurm_sweeps import REPO, slurm  # noqa: F401  (slurm is a fixture)
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]

@@ -35,9 +35,9 @@ from typing import Any
 
 import pytest
 
-from moe_vlm.launch import points
 from moe_vlm.launch.halving import Decision, HalvingState, node_steps
 from moe_vlm.launch.status import collect, render
+from moe_vlm.runtime import points
 from tests.integration.test_slurm_packing import running_step, task_pid
 from tests.integration.test_slurm_sweeps import (  # noqa: F401  (slurm is a fixture)
     REPO,

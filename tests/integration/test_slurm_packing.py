@@ -28,8 +28,8 @@ from typing import Any
 
 import pytest
 
-from moe_vlm.launch import points
 from moe_vlm.launch.status import collect, render
+from moe_vlm.runtime import points
 from tests.integration.test_slurm_sweeps import (  # noqa: F401  (slurm is a fixture)
     REPO,
     ended,

@@ -1,7 +1,7 @@
 """Real ConfigContainers: every option of every config group and every sweep preset point.
 
 Each case builds the Bridge recipe the engine would pick (offline, from our model group), applies
-THE table (moe_vlm/engines/bridge_fields.py) and reads every mapped field back.
+THE table (moe_vlm/knobs/bridge_fields.py) and reads every mapped field back.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 import yaml
 
-from moe_vlm.engines.bridge_fields import FIELD_MAP, select_recipe
 from moe_vlm.engines.megatron.config import apply_overrides, check_overrides, get_field, set_field
+from moe_vlm.knobs.bridge_fields import FIELD_MAP, select_recipe
 from moe_vlm.spec import RunSpec
 from tests.conftest import CONF, REPO, make_spec
 from tests.megatron.conftest import REPORT, RecipeCache, needs_stack

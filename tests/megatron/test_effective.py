@@ -22,9 +22,9 @@ from typing import Any
 import pytest
 import torch
 
-from moe_vlm.engines.bridge_fields import family_recipes, select_recipe
 from moe_vlm.engines.megatron.config import apply_overrides, build_config, check_overrides
 from moe_vlm.engines.megatron.effective import Effective, differing, effective_config, plan_effective
+from moe_vlm.knobs.bridge_fields import family_recipes, select_recipe
 from moe_vlm.spec import RunSpec
 from tests.conftest import make_spec
 from tests.megatron.conftest import REPORT, RecipeCache, needs_stack
@@ -220,7 +220,7 @@ def test_the_family_comparison_builds_every_perf_recipe_of_the_model() -> None:
 @needs_stack
 def test_run_json_records_the_effective_config_and_report_diff_reads_it(tmp_path: Path) -> None:
     """run.json as the engine writes it (launch._write_run_json), for a GB200 and an H200 run."""
-    from moe_vlm import report
+    from moe_vlm import report_cli
     from moe_vlm.engines.megatron.launch import _write_run_json
     from moe_vlm.record import STEPS_JSONL, StepWriter
     from moe_vlm.run import resolved_config
@@ -251,7 +251,7 @@ def test_run_json_records_the_effective_config_and_report_diff_reads_it(tmp_path
 
     out = StringIO()
     with redirect_stdout(out):
-        assert report.main(["--diff", str(runs["a"]), str(runs["b"])]) == 0
+        assert report_cli.main(["--diff", str(runs["a"]), str(runs["b"])]) == 0
     text = out.getvalue()
     effective_part = text.split("## Bridge's effective configuration")[1]
     assert "model.moe_a2a_overlap" in effective_part and "hf_model_id" not in effective_part

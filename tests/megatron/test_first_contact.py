@@ -56,7 +56,7 @@ def graph_config(spec: RunSpec) -> Any:
     """A tiny MoE TransformerConfig with the spec's TE graph scope (what the table maps it to)."""
     from megatron.core.transformer.transformer_config import TransformerConfig
 
-    from moe_vlm.engines.bridge_fields import _graph_modules
+    from moe_vlm.knobs.bridge_fields import _graph_modules
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

@@ -27,7 +27,7 @@ from typing import Any
 import pytest
 import torch
 
-from moe_vlm.engines.bridge_fields import select_recipe
+from moe_vlm.knobs.bridge_fields import select_recipe
 from moe_vlm.rules import validate
 from tests.conftest import make_spec
 from tests.megatron.conftest import REPORT, RecipeCache, model_parallel_rank, needs_stack, runtime_updated
@@ -451,7 +451,7 @@ def test_nsys_on_one_node_is_refused_before_torchrun_starts(
 ) -> None:
     """The engine's single-node path relaunches itself with torchrun (launch.py), which runs no
     nsys: Bridge's cudaProfilerStart/Stop (training/profiling.py) would record nothing, silently."""
-    from moe_vlm.engines import EngineUnavailable
+    from moe_vlm.errors import EngineUnavailable
 
     # The module (moe_vlm.engines.megatron re-exports its `launch` function under the same name).
     megatron_launch = importlib.import_module("moe_vlm.engines.megatron.launch")

@@ -25,7 +25,7 @@ import pytest
 import torch
 
 from moe_vlm import profiling
-from moe_vlm.engines.telemetry_fields import RUN_DIR
+from moe_vlm.knobs.telemetry_fields import RUN_DIR
 from moe_vlm.module_table import DISPATCH_FUNCTIONS, PATTERNS
 from moe_vlm.spec import RunSpec
 from tests.conftest import CONF, make_spec

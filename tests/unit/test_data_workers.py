@@ -8,7 +8,7 @@ import os
 import pytest
 
 from moe_vlm.data.workers import MAX_AUTO_WORKERS, PREFETCH_PER_WORKER, data_workers
-from moe_vlm.engines.bridge_fields import bridge_overrides
+from moe_vlm.knobs.bridge_fields import bridge_overrides
 from moe_vlm.plan import layout_lines
 from moe_vlm.rules import errors, validate
 from tests.conftest import make_spec

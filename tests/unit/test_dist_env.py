@@ -6,7 +6,7 @@ import shutil
 
 import pytest
 
-from moe_vlm.launch.dist_env import DistEnv, expand_hostlist, port_for_job, slurm_hostnames, tasks_on_node
+from moe_vlm.runtime.dist_env import DistEnv, expand_hostlist, port_for_job, slurm_hostnames, tasks_on_node
 
 # What `torchrun --nnodes 1 --nproc-per-node 4` exports to its third worker.
 TORCHRUN = {

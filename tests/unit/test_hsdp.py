@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from moe_vlm.engines.bridge_fields import bridge_overrides
 from moe_vlm.errors import BadInput
+from moe_vlm.knobs.bridge_fields import bridge_overrides
 from moe_vlm.launch import slurm
 from moe_vlm.rules import validate
 from moe_vlm.sharding import block_gpus, dp_outer, segment_nodes

@@ -1,4 +1,4 @@
-"""When is a `running` record's process gone (moe_vlm/heartbeat.py:gone), and the heartbeat.
+"""When is a `running` record's process gone (moe_vlm/runtime/heartbeat.py:gone), and the heartbeat.
 
 Real processes and real /proc: a child that exited and was reaped, one that exited and was not
 (a zombie), this process under its own PID and under a PID whose start time does not match (a
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from moe_vlm.heartbeat import (
+from moe_vlm.runtime.heartbeat import (
     HEARTBEAT_JSON,
     STALE_AFTER_S,
     Heartbeat,
@@ -110,7 +110,7 @@ def test_forking_while_the_heartbeat_runs_leaves_the_child_free_to_write(tmp_pat
             pid = os.fork()
             if pid == 0:  # the child: one beat of its own, then out; SIGALRM ends a hung one
                 signal.alarm(10)
-                from moe_vlm.heartbeat import beat
+                from moe_vlm.runtime.heartbeat import beat
 
                 beat(tmp_path / "child")
                 os._exit(0)

@@ -2,7 +2,7 @@
 
 A knob an engine silently ignores is how dispatcher.fp8_dispatch and the torch engine's
 data.num_workers shipped (fixed by D004 and E010 in 00735de). This test walks every leaf of
-moe_vlm.schema.TrainConfig and, per engine, holds it to moe_vlm/engines/support.py:
+moe_vlm.schema.TrainConfig and, per engine, holds it to moe_vlm/knobs/support.py:
 
 - honoured for every value (for Megatron: a Bridge field in bridge_fields.FIELD_MAP that
   changes when the knob does, or the model's transformers config that changes when it does);
@@ -26,8 +26,8 @@ from typing import Any
 import pytest
 
 from moe_vlm.compose import compose_spec
-from moe_vlm.engines.bridge_fields import FIELD_MAP
-from moe_vlm.engines.support import (
+from moe_vlm.knobs.bridge_fields import FIELD_MAP
+from moe_vlm.knobs.support import (
     FIELD_MAP_GROUP_READS,
     MEGATRON,
     MODEL_CONFIG_KNOBS,
@@ -177,7 +177,7 @@ def assert_rejected(engine: Engine, knob: str, accepted: tuple[Any, ...] | None)
     probe = (*context, _override(knob, others[0]))
     assert _rejections(probe, knob), (
         f"{knob} is silently ignored by the {engine.value} engine: `{' '.join(probe)}` validates. "
-        "Honour it (engines/support.py, bridge_fields.FIELD_MAP) or reject it with a rule."
+        "Honour it (knobs/support.py, bridge_fields.FIELD_MAP) or reject it with a rule."
     )
 
 

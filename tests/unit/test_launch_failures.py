@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from moe_vlm.launch.failures import Diagnosis, classify, current_attempt, job_logs, write_failure
+from moe_vlm.runtime.failures import Diagnosis, classify, current_attempt, job_logs, write_failure
 
 TRACEBACK = 'Traceback (most recent call last):\n  File "x.py", line 1, in <module>\nValueError: bad\n'
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from moe_vlm import safety
 from moe_vlm.compose import BadInput
-from moe_vlm.launch import safety
 
 
 @pytest.mark.parametrize(

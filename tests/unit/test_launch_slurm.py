@@ -72,7 +72,7 @@ def test_rendered_script_has_pyxis_signal_requeue_and_quoted_paths() -> None:
     assert "#SBATCH --signal=USR2@120" in script and "#SBATCH --requeue" in script
     assert "#SBATCH --partition=batch" in script and "module load nccl" in script
     assert "moe_vlm_point='/sweeps/odd dir/abc'" in script  # quoted, never word-split
-    assert 'scontrol requeue "$SLURM_JOB_ID"' in script and "moe_vlm.launch.failures" in script
+    assert 'scontrol requeue "$SLURM_JOB_ID"' in script and "moe_vlm.runtime.failures" in script
 
 
 def test_site_values_come_from_env_then_file_and_explicit_values_win(

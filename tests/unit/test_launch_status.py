@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from moe_vlm.launch import points
 from moe_vlm.launch.status import collect, main, progress_bar, snapshot
+from moe_vlm.runtime import points
 
 
 def point(sweep: Path, name: str, run: dict | None = None, job_id: str | None = None) -> Path:

@@ -13,11 +13,11 @@ import pytest
 
 from moe_vlm import explog
 from moe_vlm.compose import preflight
-from moe_vlm.engines.bridge_fields import KEEP, bridge_overrides
-from moe_vlm.engines.telemetry_fields import RUN_DIR
 from moe_vlm.errors import BadInput
-from moe_vlm.launch.safety import SECRET_NAME
+from moe_vlm.knobs.bridge_fields import KEEP, bridge_overrides
+from moe_vlm.knobs.telemetry_fields import RUN_DIR
 from moe_vlm.record import RUN_JSON
+from moe_vlm.safety import SECRET_NAME
 from moe_vlm.schema import ExperimentLogger
 from tests.conftest import REPO, make_spec
 

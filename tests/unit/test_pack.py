@@ -13,8 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from moe_vlm.launch import failures, pack, slurm
+from moe_vlm.launch import pack, slurm
 from moe_vlm.record import write_json_atomic
+from moe_vlm.runtime import failures
 from tests.conftest import make_spec
 
 
@@ -44,7 +45,7 @@ def test_a_pack_asks_for_the_sum_of_its_points_limits_and_holds_each_step_to_its
     # No srun of submitit's own before the loop, no single-point teardown after it.
     assert script.count("srun ") == 1 and "# teardown" not in script
     assert "  /sweeps/s/p2" in script and "  /sweeps/s/.submitit/pack-x/p2" in script
-    assert 'scontrol requeue "$SLURM_JOB_ID" && exit 0' in script and "moe_vlm.launch.failures" in script
+    assert 'scontrol requeue "$SLURM_JOB_ID" && exit 0' in script and "moe_vlm.runtime.failures" in script
 
 
 @pytest.mark.parametrize(

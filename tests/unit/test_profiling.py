@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from moe_vlm import module_table, profiling
-from moe_vlm.engines import EngineUnavailable
+from moe_vlm.errors import EngineUnavailable
 from moe_vlm.launch import slurm
 from moe_vlm.module_table import (
     ATTENTION,
@@ -234,7 +234,7 @@ def test_the_trace_becomes_the_per_module_table(profiled_run: Path) -> None:
 
 @pytest.mark.slow
 def test_the_report_shows_the_table(profiled_run: Path, tmp_path: Path) -> None:
-    from moe_vlm.report import main
+    from moe_vlm.report_cli import main
 
     assert main([str(profiled_run), "--out", str(tmp_path)]) == 0
     text = (tmp_path / "report.md").read_text()

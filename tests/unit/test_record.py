@@ -20,6 +20,7 @@ import pytest
 from moe_vlm.compose import compose_spec
 from moe_vlm.data.batch import BatchStats
 from moe_vlm.engines.megatron.recording import StepStats
+from moe_vlm.metrics import summarize
 from moe_vlm.record import (
     GROUPS,
     KNOBS,
@@ -166,7 +167,9 @@ def test_a_new_record_keeps_the_layout_as_a_view_of_the_spec_and_round_trips() -
     cfg = compose_cfg(*GB200, "parallelism=3d", "tp=2", "pp=2")
     spec = RunSpec.from_config(cfg)
     steps = step_records(spec, [2.0] * spec.train_iters, sequences_per_rank=8)
-    record = RunRecord.completed(spec, resolved_config(cfg), steps, data_stats={"images": 3}, bridge={"x": 1})
+    record = RunRecord.completed(
+        spec, resolved_config(cfg), summarize(steps, spec), data_stats={"images": 3}, bridge={"x": 1}
+    )
     written = record.to_json()
     assert written["layout"] == {k: getattr(spec.layout, k) for k in written["layout"]}
     assert written["layout"]["tp"] == 2 and written["spec"]["layout"]["tp"] == 2

@@ -25,11 +25,12 @@ from typing import Any
 
 import pytest
 
-from moe_vlm import report
+from moe_vlm import report_cli
 from moe_vlm.advise import main as advise_main
-from moe_vlm.launch import points, status
-from moe_vlm.launch.points import POINT_JSON
+from moe_vlm.launch import status
 from moe_vlm.record import RUN_JSON, STEPS_JSONL, RecordError, RunRecord, read_steps
+from moe_vlm.runtime import points
+from moe_vlm.runtime.points import POINT_JSON
 from tests.conftest import REPO
 
 FIXTURE = REPO / "tests" / "fixtures" / "cpu_sweep"
@@ -235,7 +236,7 @@ def test_no_mutation_of_a_real_sweeps_records_crashes_a_command(tmp_path: Path) 
         code, err = call(advise_main, [f"sweep={sweep}"], what)
         assert code == 0, f"advise read no run on: {what}\n{err}"
         other = sweep / next(p for p in POINTS if p != target.name)
-        code, err = call(report.main, ["--diff", str(target), str(other)], what)
+        code, err = call(report_cli.main, ["--diff", str(target), str(other)], what)
         assert code == (2 if bad is not None else 0), f"--diff on: {what}\n{err}"
         assert len(err.splitlines()) <= 2, f"--diff wrote more than a line per problem on: {what}\n{err}"
 
@@ -248,7 +249,7 @@ def test_no_mutation_of_a_real_sweeps_records_crashes_a_command(tmp_path: Path) 
         if (number + 1) % REPORT_BATCH == 0:
             shutil.copytree(FIXTURE / POINTS[0], batch / "intact")
             code, err = call(
-                report.main, [str(batch), "--out", str(tmp_path / "out")], f"batch up to {number}"
+                report_cli.main, [str(batch), "--out", str(tmp_path / "out")], f"batch up to {number}"
             )
             assert code == 0, err
             skipped = sorted(line for line in err.splitlines() if line.startswith("moe-vlm report: skipped "))

@@ -17,7 +17,7 @@ import pytest
 from matplotlib.lines import Line2D
 from matplotlib.patches import Rectangle
 
-from moe_vlm import plots, report
+from moe_vlm import plots, report, report_cli
 from moe_vlm.metrics import summarize
 from moe_vlm.record import RUN_JSON, base_record, write_json_atomic
 from moe_vlm.run import resolved_config
@@ -86,7 +86,7 @@ def run_report(*argv: str) -> tuple[int, str]:
 
     buffer = StringIO()
     with redirect_stdout(buffer):
-        code = report.main(list(argv))
+        code = report_cli.main(list(argv))
     return code, buffer.getvalue()
 
 
@@ -279,7 +279,7 @@ def test_bad_input_is_one_line_exit_2(
     (tmp_path / "garbage.json").write_text("not json")
     args = [a.format(empty=tmp_path, sweep=sweep) for a in argv]
     try:
-        code = report.main(args)
+        code = report_cli.main(args)
     except SystemExit as exit_:  # argparse's own errors
         code = int(exit_.code or 0)
     captured = capsys.readouterr()

@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from moe_vlm import safety
 from moe_vlm.compose import CONF_DIR, preflight
 from moe_vlm.errors import BadInput
-from moe_vlm.launch import safety
 from moe_vlm.schema import TrainConfig
 from tests.conftest import REPO
 

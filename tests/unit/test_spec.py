@@ -8,7 +8,7 @@ import pytest
 
 from moe_vlm.advise import _pipeline_split
 from moe_vlm.arch import PROFILES
-from moe_vlm.engines.bridge_fields import bridge_overrides
+from moe_vlm.knobs.bridge_fields import bridge_overrides
 from moe_vlm.rules import validate
 from moe_vlm.schema import Arch, Engine, ParallelismFamily
 from moe_vlm.spec import PipelineSplit

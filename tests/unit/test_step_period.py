@@ -14,8 +14,8 @@ import pytest
 
 from moe_vlm.engines import torch_engine
 from moe_vlm.engines.torch_engine import Console, run_rank
-from moe_vlm.launch.dist_env import DistEnv
 from moe_vlm.record import RUN_JSON, STEPS_JSONL, read_steps
+from moe_vlm.runtime.dist_env import DistEnv
 from tests.conftest import make_spec
 
 PAUSE_S = 1.0

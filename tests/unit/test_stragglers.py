@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from moe_vlm import report, stragglers
+from moe_vlm import report_cli, stragglers
 from moe_vlm.metrics import by_step, steady_window, summarize
 from moe_vlm.record import RUN_JSON, STEPS_JSONL, base_record, write_json_atomic
 from moe_vlm.run import resolved_config
@@ -122,7 +122,7 @@ def test_report_shows_the_stragglers(tmp_path: Path, keep_per_rank: bool) -> Non
 
     out = StringIO()
     with redirect_stdout(out):
-        assert report.main([str(tmp_path), "--out", str(tmp_path / "report")]) == 0
+        assert report_cli.main([str(tmp_path), "--out", str(tmp_path / "report")]) == 0
     text = out.getvalue()
     section = text.split("## Stragglers", 1)[1]
     assert "above **1.10x** the job's median" in section
@@ -162,7 +162,7 @@ def test_a_sweep_mixing_flagged_and_even_runs_counts_and_lists_only_the_flagged(
 
     out = StringIO()
     with redirect_stdout(out):
-        assert report.main([str(tmp_path), "--out", str(tmp_path / "report")]) == 0
+        assert report_cli.main([str(tmp_path), "--out", str(tmp_path / "report")]) == 0
     section = out.getvalue().split("## Stragglers", 1)[1].split("\n## ", 1)[0]
     assert "4 completed run(s) with 2 or more ranks checked: 1 flagged." in section
     listed = [line for line in section.splitlines() if line.startswith("- run ")]

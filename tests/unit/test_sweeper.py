@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from moe_vlm.compose import compose_config
-from moe_vlm.launch import points
-from moe_vlm.launch.points import sweep_name
+from moe_vlm.runtime import points
+from moe_vlm.runtime.points import sweep_name
 
 REPO = Path(__file__).resolve().parents[2]
 SECRET = "s3cr3t-token-value-42"

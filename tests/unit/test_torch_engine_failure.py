@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 import torch.distributed as dist
 
-from moe_vlm.engines import RunFailed
 from moe_vlm.engines.torch_engine import run_rank
-from moe_vlm.launch.dist_env import DistEnv
+from moe_vlm.errors import RunFailed
 from moe_vlm.record import RUN_JSON
+from moe_vlm.runtime.dist_env import DistEnv
 from tests.conftest import make_spec
 
 

@@ -1,5 +1,5 @@
 """The real ConfigContainer: the Bridge recipe for model x cluster, built offline, with THE
-table (moe_vlm/engines/bridge_fields.py) applied and read back. Runs on CPU (tests/megatron)."""
+table (moe_vlm/knobs/bridge_fields.py) applied and read back. Runs on CPU (tests/megatron)."""
 
 from __future__ import annotations
 
@@ -13,8 +13,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from moe_vlm.engines import EngineUnavailable
-from moe_vlm.engines.bridge_fields import (
+from moe_vlm.engines.hf_config import hf_model_dir
+from moe_vlm.engines.megatron.stack import PINNED, versions
+from moe_vlm.errors import EngineUnavailable
+from moe_vlm.knobs.bridge_fields import (
     HYBRID_EP_ENV_NAMES,
     KEEP,
     SEEDED_DATASET,
@@ -23,9 +25,7 @@ from moe_vlm.engines.bridge_fields import (
     bridge_overrides,
     select_recipe,
 )
-from moe_vlm.engines.hf_config import hf_model_dir
-from moe_vlm.engines.megatron.stack import PINNED, versions
-from moe_vlm.engines.telemetry_fields import RUN_DIR
+from moe_vlm.knobs.telemetry_fields import RUN_DIR
 from moe_vlm.spec import RunSpec
 
 
@@ -71,7 +71,7 @@ def recipe_function(recipe: Recipe) -> Any:
     except AttributeError:
         raise EngineUnavailable(
             f"{recipe.name} does not exist in megatron-bridge {versions()['megatron-bridge']}; "
-            f"the recipe table in moe_vlm/engines/bridge_fields.py targets {PINNED['megatron-bridge']}."
+            f"the recipe table in moe_vlm/knobs/bridge_fields.py targets {PINNED['megatron-bridge']}."
         ) from None
 
 
@@ -134,7 +134,7 @@ def set_field(cfg: Any, path: str, value: Any) -> None:
     if not _has_field(node, name):
         raise AttributeError(
             f"{path}: {type(node).__name__} has no field {name!r} in megatron-bridge "
-            f"{versions()['megatron-bridge']} (fix the row in moe_vlm/engines/bridge_fields.py)"
+            f"{versions()['megatron-bridge']} (fix the row in moe_vlm/knobs/bridge_fields.py)"
         )
     setattr(node, name, value)
 
@@ -183,6 +183,7 @@ def _config_object(cfg: Any, path: str, class_name: str, spec: RunSpec) -> Any:
             task_encoder=builders.QwenVLEnergonTaskEncoderConfig(hf_processor_path=processor),
         )
     if class_name == SEEDED_DATASET:
+        # Imported here: torch and Megatron Bridge's dataset classes, for this recipe class only.
         from moe_vlm.engines.megatron.data import dataset_config
 
         return dataset_config(spec)

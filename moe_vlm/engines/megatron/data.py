@@ -32,7 +32,7 @@ from moe_vlm.data import indexed_samples
 from moe_vlm.data.batch import IGNORE_INDEX, Batch
 from moe_vlm.data.sequence import EncodedSample, assemble
 from moe_vlm.data.workers import data_workers
-from moe_vlm.engines.bridge_fields import SEEDED_DATA_FIELDS, SEEDED_MODEL_FIELDS
+from moe_vlm.knobs.bridge_fields import SEEDED_DATA_FIELDS, SEEDED_MODEL_FIELDS
 from moe_vlm.schema import DataConfig, DataKind, ModelConfig
 from moe_vlm.spec import RunSpec
 

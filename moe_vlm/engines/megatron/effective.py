@@ -36,8 +36,9 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from moe_vlm.engines.bridge_fields import Recipe, RecipeKind
-from moe_vlm.engines.telemetry_fields import RUN_DIR  # this run's directory in values
+from moe_vlm.engines.megatron.config import CLASS_ROWS, NAMED_ROWS, build_config, get_field
+from moe_vlm.knobs.bridge_fields import FIELD_MAP, RESOLVED_FIELDS, Recipe, RecipeKind, family_recipes
+from moe_vlm.knobs.telemetry_fields import RUN_DIR  # this run's directory in values
 from moe_vlm.spec import RunSpec
 
 # The sections the issue names first (what a performance engineer reads first), then every other
@@ -437,9 +438,6 @@ def with_vision(result: Effective, model: Any, run_dir: str | None = None) -> Ef
 def table_values(cfg: Any, run_dir: str | None = None) -> dict[str, Any]:
     """Every plain FIELD_MAP field of `cfg` (class, named-recipe and env rows aside) and the fields the
     runtime update carries them on to (RESOLVED_FIELDS), JSON-safe."""
-    from moe_vlm.engines.bridge_fields import FIELD_MAP, RESOLVED_FIELDS
-    from moe_vlm.engines.megatron.config import CLASS_ROWS, NAMED_ROWS, get_field
-
     skip = {*CLASS_ROWS, *NAMED_ROWS, "env_vars"}
     fields = [row.field for row in FIELD_MAP if row.field not in skip]
     out: dict[str, Any] = {}
@@ -523,9 +521,6 @@ class Planned:
 def plan_effective(spec: RunSpec) -> Planned:
     """Build this point's ConfigContainer on each perf recipe of its family, offline in a scratch
     directory, and run Bridge's runtime update on each as a rank on the cluster would (seconds)."""
-    from moe_vlm.engines.bridge_fields import family_recipes
-    from moe_vlm.engines.megatron.config import build_config
-
     recipes = family_recipes(spec)
     family: dict[str, Effective] = {}
     with tempfile.TemporaryDirectory() as scratch:

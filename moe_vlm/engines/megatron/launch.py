@@ -11,13 +11,16 @@ from pathlib import Path
 from typing import Any
 
 from moe_vlm import profiling
-from moe_vlm.engines import EngineUnavailable
+from moe_vlm.compose import quote_override_value
 from moe_vlm.engines.megatron.config import BuiltConfig, build_config, check_overrides, place_in_run_dir
 from moe_vlm.engines.megatron.effective import EFFECTIVE_JSON, Effective, effective_config
 from moe_vlm.engines.megatron.recording import StepRecorder, counting_forward_step
 from moe_vlm.engines.megatron.stack import stack_problem, versions
+from moe_vlm.errors import EngineUnavailable
+from moe_vlm.metrics import summarize
 from moe_vlm.record import REPO_ROOT, STEPS_JSONL, RunRecord, read_steps, write_json_atomic
 from moe_vlm.run_summary import summary_lines
+from moe_vlm.runtime.dist_env import DistEnv
 from moe_vlm.spec import RunSpec
 
 
@@ -36,8 +39,6 @@ def torchrun_command(overrides: Sequence[str], run_dir: Path, nproc_per_node: in
     every swept value, so each rank would rerun the whole sweep. The ranks write into this run's
     directory and leave its ``.hydra/`` record, written once by this process, as it is.
     """
-    from hydra_plugins.moe_vlm_sweeper.sweeper import quote_override_value
-
     return [
         sys.executable,
         "-m",
@@ -62,8 +63,6 @@ def _relaunch_with_torchrun(spec: RunSpec, run_dir: Path) -> None:
 
 def _distributed_env(spec: RunSpec) -> bool:
     """Export torch.distributed's env:// variables for this rank; False when not one rank of many."""
-    from moe_vlm.launch.dist_env import DistEnv
-
     env = DistEnv.from_environ()
     if env is None:
         if spec.layout.world_size > 1:
@@ -185,5 +184,5 @@ def _write_run_json(
             else None
         ),
     }
-    record = RunRecord.completed(spec, config, steps, bridge=bridge).write(run_dir)
+    record = RunRecord.completed(spec, config, summarize(steps, spec), bridge=bridge).write(run_dir)
     print("\n".join(summary_lines(spec, record, run_dir)), flush=True)

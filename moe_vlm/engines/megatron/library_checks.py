@@ -45,6 +45,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
+from moe_vlm.engines.megatron.config import build_config
 from moe_vlm.engines.megatron.effective import rank_environment, runtime_update
 from moe_vlm.engines.megatron.stack import stack_problem, where_raised
 from moe_vlm.spec import RunSpec
@@ -386,8 +387,6 @@ def check_point(spec: RunSpec) -> list[LibraryFinding]:
     problem = stack_problem()
     if problem is not None:
         return [LibraryFinding(Check.stack, f"the library checks did not run: {problem}")]
-    from moe_vlm.engines.megatron.config import build_config
-
     with tempfile.TemporaryDirectory() as scratch, _quiet():
         built = build_config(spec, Path(scratch))
     return check_config(built.cfg, spec)

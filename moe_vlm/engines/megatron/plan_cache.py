@@ -40,12 +40,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from moe_vlm.engines.bridge_fields import family_recipes
 from moe_vlm.engines.megatron.effective import Planned, plan_effective
 from moe_vlm.engines.megatron.library_checks import Check, LibraryFinding, check_point
 from moe_vlm.engines.megatron.stack import Probe, probe, required
-from moe_vlm.launch.safety import scrub
+from moe_vlm.knobs.bridge_fields import family_recipes
 from moe_vlm.record import write_atomic
+from moe_vlm.safety import scrub
 from moe_vlm.spec import RunSpec
 
 CACHE_ENV = "MOE_VLM_CACHE_DIR"
@@ -62,7 +62,7 @@ ENV_PREFIXES = ("NVTE_", "NCCL_", "CUDA_", "TORCH_", "PYTORCH_", "NVSHMEM_", "ME
 EFFECTIVE_ROOTS = (
     "moe_vlm.engines.megatron.effective",
     "moe_vlm.engines.megatron.config",
-    "moe_vlm.engines.bridge_fields",
+    "moe_vlm.knobs.bridge_fields",
 )
 STACK_ROOTS = ("moe_vlm.engines.megatron.stack",)
 LIBRARY_ROOTS = ("moe_vlm.engines.megatron.library_checks", *EFFECTIVE_ROOTS)

@@ -18,6 +18,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from moe_vlm.arch import profile
+from moe_vlm.knobs.bridge_fields import select_recipe
+from moe_vlm.knobs.telemetry_fields import tensorboard_dir
 from moe_vlm.schema import DataKind, ExperimentLogger, FlexBackend, TokenDispatcher
 
 if TYPE_CHECKING:
@@ -176,10 +179,6 @@ MLFLOW = StackModule(
 
 def required(spec: RunSpec) -> list[StackModule]:
     """Every module a run with these options imports, in import order (no import here)."""
-    from moe_vlm.arch import profile
-    from moe_vlm.engines.bridge_fields import select_recipe
-    from moe_vlm.engines.telemetry_fields import tensorboard_dir
-
     modules = [*LIBRARY, RESILIENCY, PRETRAIN, FORWARD_STEP]
     recipe = select_recipe(spec)
     if recipe is not None:
@@ -189,7 +188,7 @@ def required(spec: RunSpec) -> list[StackModule]:
                 (f"{recipe.module}:{recipe.function}",),
                 "megatron-bridge",
                 f"model={spec.model.name} cluster={spec.cluster.name} ({recipe.kind} recipe)",
-                f"the recipe table in moe_vlm/engines/bridge_fields.py targets megatron-bridge "
+                f"the recipe table in moe_vlm/knobs/bridge_fields.py targets megatron-bridge "
                 f"{PINNED['megatron-bridge']}; {INSTALL_HINT}",
             )
         )

@@ -28,9 +28,9 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 from moe_vlm.compose import override_key
-from moe_vlm.heartbeat import HEARTBEAT_JSON
-from moe_vlm.launch.safety import scrub
 from moe_vlm.record import RUN_JSON, STEPS_JSONL, RecordError, RunRecord, point_id, write_json_atomic
+from moe_vlm.runtime.heartbeat import HEARTBEAT_JSON
+from moe_vlm.safety import scrub
 from moe_vlm.shape import POINT_SHAPE, load_json, problem
 
 POINT_JSON = "point.json"

@@ -3,7 +3,7 @@
 Rank 0 writes run.json with `status: running` when the run starts (`write_running`: host, PID
 and its start time), then `Heartbeat` rewrites heartbeat.json every HEARTBEAT_S seconds from a
 daemon thread until the engine writes the final record. `gone` says when the process behind a
-running record is known to be dead; launch/failures.py:settle_running turns such a record into
+running record is known to be dead; runtime/failures.py:settle_running turns such a record into
 a failed one, class killed, for `moe-vlm status` (which writes it) and `report` (which does not).
 """
 

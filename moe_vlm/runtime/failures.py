@@ -15,7 +15,7 @@ Classes, most specific first (the first that matches wins):
     unknown    none of the above; the log tail says more
 
 Used in three places: the run itself on an exception (moe_vlm/run.py), the batch script after
-a failed srun step (`python -m moe_vlm.launch.failures`, see launch/slurm.py:teardown) and
+a failed srun step (`python -m moe_vlm.runtime.failures`, see launch/slurm.py:teardown) and
 `moe-vlm status` / the sweeper for jobs that ended without a record (scancel, node loss).
 """
 
@@ -32,9 +32,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from moe_vlm.heartbeat import gone, read_heartbeat
-from moe_vlm.launch import points, slurm
-from moe_vlm.launch.safety import scrub_text
+from moe_vlm.metrics import summarize
 from moe_vlm.record import (
     REQUEUED,
     RUN_JSON,
@@ -45,6 +43,11 @@ from moe_vlm.record import (
     read_steps,
     write_json_atomic,
 )
+from moe_vlm.runtime import dist_env, points
+from moe_vlm.runtime.heartbeat import gone, read_heartbeat
+from moe_vlm.safety import scrub_text
+from moe_vlm.schema import TrainConfig
+from moe_vlm.spec import RunSpec
 
 LOG_TAIL_LINES = 30
 
@@ -252,13 +255,13 @@ def launch_info() -> dict[str, Any]:
     """Where this process runs in Slurm: job (an array task as ARRAY_TASK, the id its point.json
     holds), step, restarts of this point, and its place in a pack."""
     env = os.environ
-    info: dict[str, Any] = {"slurm_job_id": slurm.job_id_from_env(), "restarts": requeue_count()}
+    info: dict[str, Any] = {"slurm_job_id": dist_env.job_id_from_env(), "restarts": requeue_count()}
     if env.get("SLURM_STEP_ID"):
         info["slurm_step_id"] = env["SLURM_STEP_ID"]
-    if env.get(slurm.ENV_PACK_INDEX):
+    if env.get(dist_env.ENV_PACK_INDEX):
         info["pack"] = {
-            "index": int(env[slurm.ENV_PACK_INDEX]),
-            "size": int(env.get(slurm.ENV_PACK_SIZE) or 0),
+            "index": int(env[dist_env.ENV_PACK_INDEX]),
+            "size": int(env.get(dist_env.ENV_PACK_SIZE) or 0),
         }
     return info
 
@@ -267,14 +270,11 @@ def requeue_count() -> int:
     """How often this point was stopped by a USR2 and rerun (launch/requeue.py sets it per point;
     outside a pack it is the job's restart count)."""
     env = os.environ
-    return int(env.get(slurm.ENV_POINT_RESTARTS) or env.get("SLURM_RESTART_COUNT") or 0)
+    return int(env.get(dist_env.ENV_POINT_RESTARTS) or env.get("SLURM_RESTART_COUNT") or 0)
 
 
 def spec_of(config: dict[str, Any]) -> Any:
     """The RunSpec of a recorded config (None when it no longer builds: a record beats none)."""
-    from moe_vlm.schema import TrainConfig
-    from moe_vlm.spec import RunSpec
-
     try:
         return RunSpec.from_config(OmegaConf.merge(OmegaConf.structured(TrainConfig), config))  # type: ignore[arg-type]
     except Exception:
@@ -296,8 +296,6 @@ def base_from_point(point_dir: Path) -> dict[str, Any]:
         base = {"schema_version": 1, "status": "failed", "point_id": point.get("point_id"), "config": config}
     steps = read_steps(point_dir / STEPS_JSONL)
     if steps and spec is not None:
-        from moe_vlm.metrics import summarize
-
         base["summary"] = summarize(steps, spec)
     return base
 
@@ -356,7 +354,7 @@ def record_job_failure(
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m moe_vlm.launch.failures",
+        prog="python -m moe_vlm.runtime.failures",
         description="record a failed Slurm step in its point's run.json",
     )
     parser.add_argument("--point-dir", type=Path, required=True)

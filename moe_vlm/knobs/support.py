@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from moe_vlm.arch import PROFILES
+from moe_vlm.knobs.bridge_fields import FIELD_MAP
 from moe_vlm.schema import (
     SYNTHETIC_DRAW_FIELDS,
     CudaGraphImpl,
@@ -323,9 +324,7 @@ SUPPORT: Mapping[Engine, Mapping[str, Support]] = {Engine.torch: TORCH, Engine.m
 
 
 def field_map_knobs() -> frozenset[str]:
-    """FIELD_MAP's knob column. Imported on demand: validation does not import the Megatron mapping."""
-    from moe_vlm.engines.bridge_fields import FIELD_MAP
-
+    """FIELD_MAP's knob column."""
     return frozenset(row.knob for row in FIELD_MAP)
 
 

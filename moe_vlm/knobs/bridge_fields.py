@@ -18,7 +18,8 @@ from typing import Any
 
 from moe_vlm.arch import PROFILES
 from moe_vlm.data.workers import data_workers
-from moe_vlm.engines.telemetry_fields import ROWS as TELEMETRY_ROWS
+from moe_vlm.knobs.keep import KEEP
+from moe_vlm.knobs.telemetry_fields import ROWS as TELEMETRY_ROWS
 from moe_vlm.precision import profile as precision_profile
 from moe_vlm.schema import (
     SYNTHETIC_DRAW_FIELDS,
@@ -35,16 +36,6 @@ from moe_vlm.schema import (
 )
 from moe_vlm.sharding import dp_outer
 from moe_vlm.spec import RunSpec, hybridep_topology
-
-
-class _Keep:
-    """Sentinel: leave the recipe's value (printed as such by the plan)."""
-
-    def __repr__(self) -> str:
-        return "(recipe's)"
-
-
-KEEP: Any = _Keep()
 
 # HybridEP topology variables (Bridge's perf_recipes.environment.HYBRID_EP_ENV_NAMES): the engine
 # replaces the recipe's set with ours, and drops them for other dispatchers.
@@ -609,7 +600,7 @@ FIELD_MAP: tuple[FieldMap, ...] = (
     ),
     FieldMap("logger", "logger.log_interval", lambda s: 1, "per-step records"),
     FieldMap("logger", "logger.log_throughput", lambda s: True, "Bridge's own TFLOP/s kept beside ours"),
-    # Profiling and experiment logging: engines/telemetry_fields.py.
+    # Profiling and experiment logging: knobs/telemetry_fields.py.
     *(FieldMap(*row) for row in TELEMETRY_ROWS),
     FieldMap("train_iters", "checkpoint.save", lambda s: None, "benchmark runs write no checkpoints"),
     FieldMap(

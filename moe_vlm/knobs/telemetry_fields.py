@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from moe_vlm import explog, profiling
+from moe_vlm.knobs.keep import KEEP
 from moe_vlm.schema import ExperimentLogger, Profiler
 
 if TYPE_CHECKING:
@@ -38,8 +39,6 @@ def tensorboard_dir(spec: RunSpec) -> str | None:
 
 
 def _keep() -> Any:
-    from moe_vlm.engines.bridge_fields import KEEP  # bridge_fields imports this module
-
     return KEEP
 
 

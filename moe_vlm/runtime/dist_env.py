@@ -22,6 +22,11 @@ from dataclasses import dataclass
 # TorchDistributedEnvironment draws from for the same purpose.
 PORT_BASE = 20000
 PORT_SPAN = 40000
+# A packed point's place in its job (1-based) and the pack's size, exported before its srun step.
+ENV_PACK_INDEX = "MOE_VLM_PACK_INDEX"
+ENV_PACK_SIZE = "MOE_VLM_PACK_SIZE"
+# How often this point was stopped by a USR2 and rerun (set in the task, see launch/requeue.py).
+ENV_POINT_RESTARTS = "MOE_VLM_POINT_RESTARTS"
 
 
 @dataclass(frozen=True)
@@ -155,3 +160,16 @@ def _expand_ranges(ranges: str) -> list[str]:
         width = len(low)
         values.extend(str(n).zfill(width) for n in range(int(low), int(high) + 1))
     return values
+
+
+def global_rank() -> int:
+    return int(os.environ.get("SLURM_PROCID", os.environ.get("RANK", "0")) or 0)
+
+
+def job_id_from_env() -> str | None:
+    """This job's id as its point.json holds it: ARRAY_TASK for an array task (SLURM_JOB_ID is
+    then a number of its own), else SLURM_JOB_ID."""
+    env = os.environ
+    if env.get("SLURM_ARRAY_JOB_ID") and env.get("SLURM_ARRAY_TASK_ID"):
+        return f"{env['SLURM_ARRAY_JOB_ID']}_{env['SLURM_ARRAY_TASK_ID']}"
+    return env.get("SLURM_JOB_ID")
