@@ -36,12 +36,10 @@ from moe_vlm.launch.halving import (
     rung_steps,
     spec_rank_class,
 )
-from moe_vlm.launch.status import PointStatus, collect
+from moe_vlm.launch.status import collect, in_flight
 from moe_vlm.record import RunRecord
 from moe_vlm.runtime import points
 from moe_vlm.spec import RunSpec
-
-IN_FLIGHT = ("queued", "running")
 
 
 class PlannedPoint(Protocol):
@@ -223,17 +221,6 @@ def wait(run_ids: set[str], sweep_dir: Path, poll_s: float, rung: int) -> None:
             )
             said = len(open_runs)
         time.sleep(poll_s)
-
-
-def in_flight(status: PointStatus) -> bool:
-    """Queued or running; or `unknown` on Slurm (the controller did not answer): a rung is
-    decided on finished runs only, never on a moment Slurm could not be asked."""
-    if status.state in IN_FLIGHT:
-        return True
-    if status.state != "unknown":
-        return False
-    submissions = (points.read_point(Path(status.point_dir)) or {}).get("submissions") or [{}]
-    return bool(submissions[-1].get("executor") == "slurm")
 
 
 def record_verdict(

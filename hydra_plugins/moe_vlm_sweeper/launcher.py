@@ -41,7 +41,7 @@ from submitit.core.utils import FailedJobError, FailedSubmissionError
 from moe_vlm.compose import compose_sweep_point
 from moe_vlm.errors import BadInput
 from moe_vlm.launch import pack, requeue, slurm
-from moe_vlm.launch.status import collect
+from moe_vlm.launch.status import collect, in_flight
 from moe_vlm.record import write_json_atomic
 from moe_vlm.runtime import dist_env, points
 from moe_vlm.runtime.failures import launch_info, record_job_failure
@@ -473,8 +473,9 @@ class SubmititLauncher(BaseSubmititLauncher):
         sweep_dir = planned[0].point_dir.parent
         wanted = {job.point_dir.name for job in planned}
         while True:
-            states = {s.point_id: s.state for s in collect(sweep_dir) if s.point_id in wanted}
-            waiting = sum(state in ("queued", "running") for state in states.values())
+            statuses = [s for s in collect(sweep_dir) if s.point_id in wanted]
+            states = {s.point_id: s.state for s in statuses}
+            waiting = sum(in_flight(s) for s in statuses)
             if not waiting:
                 break
             log.info("waiting for %d of %d job(s)", waiting, len(planned))

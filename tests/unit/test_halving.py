@@ -31,6 +31,8 @@ from moe_vlm.launch.halving import (
     rung_steps,
     search_of,
 )
+from moe_vlm.launch.status import PointStatus, in_flight
+from moe_vlm.runtime import points
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -282,3 +284,23 @@ def test_the_report_s_ladder_says_where_ties_overflowed_the_cap(tmp_path: Path) 
     assert "| seed=p11 | 300.0 (#1/12) promoted | 310.0 (#1/1) final |" in text, text
     assert "- ties over the cap: rung 1 (ranked): 9 point(s) tied at the top 2's cut" in text, text
     assert "- best (ranked): seed=p11" in text
+
+
+@pytest.mark.parametrize(
+    "state, executor, waits",
+    [
+        ("queued", "slurm", True),
+        ("running", "local", True),
+        ("unknown", "slurm", True),  # squeue did not answer: not the end of the job
+        ("unknown", "local", False),  # a local job that left no record: nothing will come
+        ("completed", "slurm", False),
+        ("failed", "slurm", False),
+    ],
+)
+def test_a_waiter_waits_through_a_moment_slurm_cannot_be_asked(
+    tmp_path: Path, state: str, executor: str, waits: bool
+) -> None:
+    points.write_point(tmp_path, {"point_id": "p"})
+    points.add_submission(tmp_path, {"job_id": "7", "executor": executor})
+    status = PointStatus("p", state, "7", 0, [], "", str(tmp_path))
+    assert in_flight(status) is waits
