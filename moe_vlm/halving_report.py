@@ -62,7 +62,8 @@ def ladder(state: HalvingState, sweep_dir: Path) -> list[str]:
         f"## Halving search: {sweep_dir.name}",
         "",
         f"eta={settings.eta} (each rung keeps the top 1/eta of each rank class, and every point whose "
-        f"p10-p90 range overlaps the last one kept), {settings.rungs} rung(s), the first with "
+        f"p10-p90 range overlaps the last one kept, up to {settings.tie_factor:g}x the top 1/eta), "
+        f"{settings.rungs} rung(s), the first with "
         f"{settings.first_steps} steady step(s) after the warm-up; figures: effective tokens/s/GPU "
         "over the rung's steady window (#place/finished in its class). The tables above hold every "
         "rung's run: its train_iters says which.",
@@ -88,6 +89,7 @@ def ladder(state: HalvingState, sweep_dir: Path) -> list[str]:
             f"point(s) stopped early, extrapolated from their last run): saved ~{grid - used:,.0f} "
             f"({1 - used / grid:.0%})."
         )
+    lines += [f"- ties over the cap: {line}." for line in state.overflows()]
     stopped = sum(
         1
         for r in state.rungs

@@ -17,8 +17,9 @@ class HalvingConf:
     """hydra.sweeper.halving.*, read by search=halving (moe_vlm/launch/halving.py)."""
 
     eta: int = 3  # keep the top 1/eta of each rung
-    first_steps: int = 4  # steady steps of the first rung, after each point's warm-up
+    first_steps: int = 10  # steady steps of the first rung, after each point's warm-up (>= 10)
     rungs: int = 3  # the last rung runs each survivor's full train_iters
+    tie_factor: float = 2.0  # ties with the cut go on too, up to tie_factor x the top 1/eta
     poll_s: float = 15.0  # seconds between looks at a running rung's jobs
 
 

@@ -31,14 +31,14 @@ from moe_vlm.launch.halving import (
     Verdict,
     decide,
     measure,
+    node_steps,
     plan_text,
     rung_steps,
+    spec_rank_class,
 )
-from moe_vlm.launch.status import PointStatus, collect
+from moe_vlm.launch.status import collect, in_flight
 from moe_vlm.runtime import points
 from moe_vlm.spec import RunSpec
-
-IN_FLIGHT = ("queued", "running")
 
 
 class PlannedPoint(Protocol):
@@ -76,7 +76,12 @@ def settings_of(raw: Any) -> HalvingSettings:
 
 def plan_point(point: PlannedPoint) -> PlanPoint:
     spec = point.spec
-    return PlanPoint(spec.train_iters, spec.warmup_steps, spec.layout.nodes)
+    return PlanPoint(
+        spec.train_iters,
+        spec.warmup_steps,
+        spec.layout.nodes,
+        str(spec_rank_class(spec.data.kind.value, bool(spec.router.force_load_balancing))),
+    )
 
 
 def plan_of(dry: Sequence[PlannedPoint], settings: HalvingSettings) -> str:
@@ -98,11 +103,14 @@ def start_state(
     """The search in this sweep directory: the one recorded, when it is this search (same settings
     and points, no force), else a new one (runs already finished with the same length are
     reused all the same: they have the same identity)."""
+    planned = {p.point_id: plan_point(p) for p in valid}
     fresh = HalvingState(
         settings,
         {p.point_id: p.label() for p in valid},
-        {p.point_id: p.spec.layout.nodes for p in valid},
-        {p.point_id: p.spec.train_iters for p in valid},
+        {p: plan.nodes for p, plan in planned.items()},
+        {p: plan.train_iters for p, plan in planned.items()},
+        warmup_steps={p: plan.warmup_steps for p, plan in planned.items()},
+        rank_classes={p: plan.rank_class for p, plan in planned.items()},
     )
     state = HalvingState.read(sweep_dir)
     if state is None:
@@ -113,6 +121,7 @@ def start_state(
         )
         return fresh
     state.settings = settings  # poll_s may differ
+    state.warmup_steps, state.rank_classes = fresh.warmup_steps, fresh.rank_classes  # same points
     decided = sum(r.decided for r in state.rungs)
     if decided:
         print(f"moe_vlm: halving: resuming after {decided} decided rung(s) of {settings.rungs}")
@@ -187,7 +196,7 @@ def run_rung(
     wait(set(rung.runs.values()), sweep_dir, settings.poll_s, rung.rung + 1)
     last = rung.rung == settings.rungs - 1
     rung.verdicts = decide(
-        [measure(base, sweep_dir / run_id) for base, run_id in rung.runs.items()], settings.eta, last
+        [measure(base, sweep_dir / run_id) for base, run_id in rung.runs.items()], settings, last
     )
     for base, verdict in rung.verdicts.items():
         record_verdict(sweep_dir / rung.runs[base], base, rung, settings, verdict)
@@ -211,17 +220,6 @@ def wait(run_ids: set[str], sweep_dir: Path, poll_s: float, rung: int) -> None:
             )
             said = len(open_runs)
         time.sleep(poll_s)
-
-
-def in_flight(status: PointStatus) -> bool:
-    """Queued or running; or `unknown` on Slurm (the controller did not answer): a rung is
-    decided on finished runs only, never on a moment Slurm could not be asked."""
-    if status.state in IN_FLIGHT:
-        return True
-    if status.state != "unknown":
-        return False
-    submissions = (points.read_point(Path(status.point_dir)) or {}).get("submissions") or [{}]
-    return bool(submissions[-1].get("executor") == "slurm")
 
 
 def record_verdict(
@@ -268,11 +266,17 @@ def summary(state: HalvingState) -> str:
             f"moe_vlm: halving best ({cls}): {state.points.get(point, point)}: "
             f"{_tokens(verdict.tokens_per_s_per_gpu)} effective tokens/s/GPU"
         )
+    bound = node_steps(state.settings, state.plan_points())
+    lines.append(
+        f"moe_vlm: halving ran {state.node_steps()} node-steps of the plan's at most {bound.worst}; "
+        f"the grid {bound.grid} ({state.node_steps() / max(bound.grid, 1):.0%} of it)"
+    )
     if grid > 0:
         lines.append(
             f"moe_vlm: halving used {used:,.0f} node-s; the full grid ~{grid:,.0f} node-s "
             f"({extrapolated} point(s) extrapolated from their last rung): {used / grid:.0%} of it"
         )
+    lines += [f"moe_vlm: halving: {line}" for line in state.overflows()]
     if not all(r.decided for r in state.rungs) or len(state.rungs) < state.settings.rungs:
         lines.append("moe_vlm: the search stopped early (no point left to promote)")
     return "\n".join(lines) or "moe_vlm: halving: nothing decided"

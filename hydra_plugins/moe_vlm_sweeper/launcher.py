@@ -43,7 +43,7 @@ from moe_vlm.compose import compose_sweep_point
 from moe_vlm.errors import BadInput
 from moe_vlm.files import RunPaths, write_atomic, write_json_atomic
 from moe_vlm.launch import pack, requeue, slurm
-from moe_vlm.launch.status import collect
+from moe_vlm.launch.status import collect, in_flight
 from moe_vlm.runtime import dist_env, points
 from moe_vlm.runtime.failures import launch_info, record_job_failure
 from moe_vlm.runtime.heartbeat import process_started_unix_s
@@ -472,8 +472,9 @@ class SubmititLauncher(BaseSubmititLauncher):
         sweep_dir = planned[0].point_dir.parent
         wanted = {job.point_dir.name for job in planned}
         while True:
-            states = {s.point_id: s.state for s in collect(sweep_dir) if s.point_id in wanted}
-            waiting = sum(state in ("queued", "running") for state in states.values())
+            statuses = [s for s in collect(sweep_dir) if s.point_id in wanted]
+            states = {s.point_id: s.state for s in statuses}
+            waiting = sum(in_flight(s) for s in statuses)
             if not waiting:
                 break
             log.info("waiting for %d of %d job(s)", waiting, len(planned))

@@ -11,8 +11,14 @@ halving.py) composes, launches and waits.
 - Ranking, as `moe-vlm report` ranks: mock-data points, forced-balance points and the rest are
   three classes, each halved among itself; a class is never ranked against another.
 - Noise: a point's throughput range is its real tokens per step over the p90 and p10 steady
-  step times. A point below the cut whose range overlaps the range of the last point kept is
+  step times (of at least MIN_FIRST_STEPS steady steps, so one slow step does not make the
+  range). A point below the cut whose range overlaps the range of the last point kept is
   promoted with it: a difference inside the points' own noise never decides.
+- Cost bound: a rung promotes at most `tie_factor` x the top 1/eta of a class, ties included,
+  so the rung plan's worst case holds whatever is measured. When the ties at the cut overflow
+  that cap, they are stopped together and only the points clear of their noise go on (a
+  cut higher up); only when even the first place's ties overflow it are the cap's points taken
+  by measured rate, and the verdicts (`split`), the summary and the report say so.
 - Faults: a point that fails or is rejected in a rung is stopped with its record untouched (its
   failure class stays); the rung is decided on the rest.
 - Cost: a run's node-seconds are its nodes times its task's wall time (the launcher records the
@@ -37,9 +43,13 @@ from moe_vlm.errors import BadInput
 from moe_vlm.files import RunPaths, write_json_atomic
 from moe_vlm.record import RunRecord, read_steps
 from moe_vlm.runtime.points import read_run
+from moe_vlm.schema import MOCK_KINDS
 
 STATE_JSON = "halving.json"
 STATE_VERSION = 1
+# The first rung's steady steps at least: the p10 and p90 of n steps interpolate between the
+# sorted steps (metrics._percentile); from 10 steps on, the slowest step weighs 10 % in p90.
+MIN_FIRST_STEPS = 10
 SEARCH_HELP = "Fix: hydra.sweeper.search=grid (every point to the end) or hydra.sweeper.search=halving"
 
 
@@ -56,6 +66,9 @@ class Decision(StrEnum):
     promoted = "promoted"  # in the top 1/eta of its class, or inside the noise of the cut
     stopped = "stopped"  # below the cut, or failed / rejected in this rung
     final = "final"  # completed the last rung: its full train_iters
+
+
+MOCK_DATA = frozenset(kind.value for kind in MOCK_KINDS)  # labelled mock: ranked apart, as in the report
 
 
 class RankClass(StrEnum):
@@ -78,29 +91,58 @@ def search_of(value: Any) -> Search:
 @dataclass(frozen=True)
 class HalvingSettings:
     """hydra.sweeper.halving.*: eta (keep the top 1/eta per rung), first_steps (steady steps of
-    the first rung), rungs (the last one is the full train_iters), poll_s (seconds between looks
-    at the rung's jobs while it runs)."""
+    the first rung), rungs (the last one is the full train_iters), tie_factor (the points tied
+    with the cut go on too, but a rung promotes at most tie_factor x the top 1/eta of a class:
+    the search's cost stays bounded by its plan), poll_s (seconds between looks at the rung's
+    jobs while it runs)."""
 
     eta: int = 3
-    first_steps: int = 4
+    first_steps: int = MIN_FIRST_STEPS
     rungs: int = 3
+    tie_factor: float = 2.0
     poll_s: float = 15.0
 
     def checked(self) -> HalvingSettings:
         checks = (
-            ("eta", self.eta, 2, "keep the top 1/eta: eta=2 halves, eta=3 keeps a third"),
-            ("first_steps", self.first_steps, 1, "steady steps of the first rung"),
-            ("rungs", self.rungs, 2, "the last rung is the full train_iters"),
+            ("eta", self.eta, 2, 3, "keep the top 1/eta: eta=2 halves, eta=3 keeps a third"),
+            (
+                "first_steps",
+                self.first_steps,
+                MIN_FIRST_STEPS,
+                MIN_FIRST_STEPS,
+                "steady steps of the first rung: over fewer, the p10-p90 range that decides a tie "
+                "is near the min-max, and one slow step ties every point",
+            ),
+            ("rungs", self.rungs, 2, 3, "the last rung is the full train_iters"),
         )
-        for name, value, low, what in checks:
+        for name, value, low, example, what in checks:
             if not isinstance(value, int) or isinstance(value, bool) or value < low:
                 raise BadInput(
                     f"hydra.sweeper.halving.{name}={value}: must be an integer >= {low} ({what}). "
-                    f"Fix: e.g. hydra.sweeper.halving.{name}={max(low, 3 if name != 'first_steps' else 4)}"
+                    f"Fix: e.g. hydra.sweeper.halving.{name}={example}"
                 )
+        if (
+            isinstance(self.tie_factor, bool)
+            or not isinstance(self.tie_factor, int | float)
+            or self.tie_factor < 1
+        ):
+            raise BadInput(
+                f"hydra.sweeper.halving.tie_factor={self.tie_factor}: must be a number >= 1 (a rung "
+                "promotes at most tie_factor x the top 1/eta of a class, ties included; 1 = no room "
+                "for ties). Fix: e.g. hydra.sweeper.halving.tie_factor=2"
+            )
         if not self.poll_s > 0:
             raise BadInput(f"hydra.sweeper.halving.poll_s={self.poll_s}: must be > 0. Fix: e.g. 15")
         return self
+
+    def keep(self, finished: int) -> int:
+        """The top 1/eta of `finished` points of a class (at least one)."""
+        return max(1, math.ceil(finished / self.eta)) if finished else 0
+
+    def cap(self, finished: int) -> int:
+        """The most points of a class a rung promotes, ties with the cut included."""
+        keep = self.keep(finished)
+        return min(finished, max(keep, math.ceil(self.tie_factor * keep - 1e-9)))
 
     @classmethod
     def of(cls, raw: Mapping[str, Any] | None) -> HalvingSettings:
@@ -109,12 +151,13 @@ class HalvingSettings:
         if unknown:
             raise BadInput(
                 f"hydra.sweeper.halving.{unknown[0]}: unknown; allowed keys are eta, first_steps, rungs, "
-                "poll_s. Fix: e.g. hydra.sweeper.halving.eta=3"
+                "tie_factor, poll_s. Fix: e.g. hydra.sweeper.halving.eta=3"
             )
         return cls(**raw).checked()
 
     def same_search(self, other: HalvingSettings) -> bool:
-        return (self.eta, self.first_steps, self.rungs) == (other.eta, other.first_steps, other.rungs)
+        mine = (self.eta, self.first_steps, self.rungs, self.tie_factor)
+        return mine == (other.eta, other.first_steps, other.rungs, other.tie_factor)
 
 
 def rung_steps(settings: HalvingSettings, rung: int, warmup_steps: int, train_iters: int) -> int:
@@ -126,36 +169,75 @@ def rung_steps(settings: HalvingSettings, rung: int, warmup_steps: int, train_it
 
 
 def survivors_planned(settings: HalvingSettings, points: int) -> list[int]:
-    """Points per rung when no tie is promoted beyond the top 1/eta."""
+    """Points per rung at most: each rung promotes at most its cap (the top 1/eta and the ties
+    with the cut, tie_factor x the top 1/eta at most), so this bound holds whatever is measured."""
     counts = [points]
     for _ in range(settings.rungs - 1):
-        counts.append(max(1, math.ceil(counts[-1] / settings.eta)) if counts[-1] else 0)
+        counts.append(settings.cap(counts[-1]))
     return counts
 
 
 @dataclass(frozen=True)
 class PlanPoint:
-    """What the rung plan needs of a point: its steps and its nodes."""
+    """What the rung plan needs of a point: its steps, its nodes and the class it is ranked in."""
 
     train_iters: int
     warmup_steps: int
     nodes: int
+    rank_class: str = "ranked"
 
 
 @dataclass(frozen=True)
 class RungPlan:
     rung: int  # 0-based
-    points: int  # planned (no ties beyond 1/eta)
+    points: int  # at most (the cap of every class, summed)
     steps: tuple[int, int]  # min, max train_iters of a point in this rung
 
 
+def _by_class(planned: Sequence[PlanPoint]) -> dict[str, list[PlanPoint]]:
+    out: dict[str, list[PlanPoint]] = {}
+    for point in planned:
+        out.setdefault(point.rank_class, []).append(point)
+    return out
+
+
 def plan(settings: HalvingSettings, planned: Sequence[PlanPoint]) -> list[RungPlan]:
-    counts = survivors_planned(settings, len(planned))
+    counts = [0] * settings.rungs
+    for members in _by_class(planned).values():
+        for rung, count in enumerate(survivors_planned(settings, len(members))):
+            counts[rung] += count
     out = []
     for rung, count in enumerate(counts):
         steps = [rung_steps(settings, rung, p.warmup_steps, p.train_iters) for p in planned] or [0]
         out.append(RungPlan(rung, count, (min(steps), max(steps))))
     return out
+
+
+@dataclass(frozen=True)
+class NodeSteps:
+    """The plan's cost in node-steps: the grid's, and the search's at most (each class's most
+    expensive points surviving up to every rung's cap)."""
+
+    grid: int
+    worst: int
+
+    @property
+    def ratio(self) -> float:
+        return self.worst / self.grid if self.grid else 0.0
+
+
+def node_steps(settings: HalvingSettings, planned: Sequence[PlanPoint]) -> NodeSteps:
+    grid = sum(p.nodes * p.train_iters for p in planned)
+    worst = 0
+    for members in _by_class(planned).values():
+        counts = survivors_planned(settings, len(members))
+        per_point = [
+            [p.nodes * rung_steps(settings, r, p.warmup_steps, p.train_iters) for r in range(settings.rungs)]
+            for p in members
+        ]
+        for rung, count in enumerate(counts):
+            worst += sum(sorted((cost[rung] for cost in per_point), reverse=True)[:count])
+    return NodeSteps(grid, worst)
 
 
 def plan_text(settings: HalvingSettings, planned: Sequence[PlanPoint]) -> str:
@@ -165,31 +247,29 @@ def plan_text(settings: HalvingSettings, planned: Sequence[PlanPoint]) -> str:
     if not planned:
         return "moe_vlm: halving: no valid point to search."
     rungs = plan(settings, planned)
-    grid = sum(p.nodes * p.train_iters for p in planned)
-    # The slowest points' steps on the most nodes: what any choice of survivors costs at most.
-    per_point = sorted(
-        (
-            (p.nodes, [rung_steps(settings, r.rung, p.warmup_steps, p.train_iters) for r in rungs])
-            for p in planned
-        ),
-        key=lambda item: -item[0] * item[1][-1],
-    )
-    worst = sum(sum(nodes * steps[r.rung] for nodes, steps in per_point[: r.points]) for r in rungs)
-    every = sum(nodes * sum(steps) for nodes, steps in per_point)
+    cost = node_steps(settings, planned)
+    classes = _by_class(planned)
     lines = [
         f"moe_vlm: halving plan: {len(planned)} valid point(s), eta={settings.eta}, "
-        f"{settings.rungs} rung(s), first rung {settings.first_steps} steady step(s) after each point's warm-up",
+        f"{settings.rungs} rung(s), first rung {settings.first_steps} steady step(s) after each point's warm-up, "
+        f"ties promoted up to {settings.tie_factor:g}x the top 1/eta"
+        + (
+            ""
+            if len(classes) == 1
+            else f"; ranked in {len(classes)} classes ({', '.join(sorted(classes))}), each halved alone"
+        ),
         f"{'rung':>6}  {'points':>6}  steps per point",
     ]
     for r in rungs:
         low, high = r.steps
         steps = f"{low}" if low == high else f"{low}-{high}"
         last = " (full train_iters)" if r.rung == len(rungs) - 1 else ""
-        lines.append(f"{r.rung + 1:>6}  {r.points:>6}  {steps}{last}")
+        at_most = "<=" if r.rung else "  "
+        lines.append(f"{r.rung + 1:>6}  {at_most}{r.points:>4}  {steps}{last}")
     lines += [
-        f"moe_vlm: node-steps (node-seconds at equal step time, start-up not counted): grid {grid}; "
-        f"halving at most {worst} ({worst / grid:.0%} of the grid) when only the top 1/eta is promoted, "
-        f"{every} ({every / grid:.0%}) if every point tied and went to the last rung.",
+        f"moe_vlm: node-steps (node-seconds at equal step time, start-up not counted): grid {cost.grid}; "
+        f"halving at most {cost.worst} ({cost.ratio:.0%} of the grid): each rung promotes at most "
+        f"{settings.tie_factor:g}x its top 1/eta, ties with the cut included.",
     ]
     return "\n".join(lines)
 
@@ -217,13 +297,17 @@ class Measured:
         return self.status == "completed" and self.tokens_per_s_per_gpu is not None
 
 
-def rank_class(run: RunRecord) -> RankClass:
+def spec_rank_class(data: str, force_load_balancing: bool) -> RankClass:
     """As report_table.ranked: mock data first (whatever the routing), then forced-balance routing."""
-    if str(run.knob("data")) == "mock":
+    if data in MOCK_DATA:
         return RankClass.mock
-    if bool(run.setting("router", "force_load_balancing")):
+    if force_load_balancing:
         return RankClass.forced_balance
     return RankClass.ranked
+
+
+def rank_class(run: RunRecord) -> RankClass:
+    return spec_rank_class(str(run.knob("data")), bool(run.setting("router", "force_load_balancing")))
 
 
 def node_seconds(run: RunRecord, run_dir: Path) -> tuple[float | None, str | None]:
@@ -296,6 +380,9 @@ class Verdict:
     node_seconds: float | None = None
     node_seconds_basis: str | None = None
     step_time_s: float | None = None  # mean steady step time
+    cap: int = 0  # the most points of its class this rung could promote, ties included
+    tied: int = 0  # the top 1/eta with the points tied at its cut (> cap: the ties overflowed)
+    split: bool = False  # the cap split a tie by measured rate (no tie group fit it)
 
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)
@@ -318,10 +405,43 @@ def _overlap(a: Measured, low: float | None, high: float | None) -> bool:
     return a.low <= high and low <= a.high
 
 
-def decide(measured: Iterable[Measured], eta: int, last: bool) -> dict[str, Verdict]:
-    """Each point's verdict. Per rank class: the finished points best first; the top
-    ceil(n/eta) are kept, and so is every point whose range overlaps the last kept one's."""
+def _tie_group(done: Sequence[Measured], top: int) -> list[int]:
+    """The places (0-based) promoted with a cut after the top `top`: those, and every point
+    below whose p10-p90 range overlaps the range of the last of them."""
+    cut = done[top - 1]
+    return list(range(top)) + [i for i in range(top, len(done)) if _overlap(done[i], cut.low, cut.high)]
+
+
+@dataclass(frozen=True)
+class Cut:
+    """How a rung cut one class: the places promoted, the size of the tie group at the top 1/eta,
+    and whether the cap split a tie (every clean cut was over the cap)."""
+
+    promoted: frozenset[int]
+    top: int  # the cut is after this many places (the top 1/eta, or fewer when ties overflow)
+    tied: int  # the top 1/eta with their ties: what promoting every tie would have kept
+    split: bool  # True: no tie group fit the cap; the cap's points were taken by measured rate
+
+
+def cut(done: Sequence[Measured], keep: int, cap: int) -> Cut:
+    """The top `keep` and the points tied with the last of them, when they fit in `cap`. When they
+    do not, the largest clean cut above (a top whose ties fit): the overflowing tie group is
+    stopped together, never split by a difference inside its noise. Only when even the first
+    place's ties overflow the cap, the cap's points are taken by measured rate and the cut says
+    it split (the record and the report say so)."""
+    tied = len(_tie_group(done, keep))
+    for top in range(keep, 0, -1):
+        group = _tie_group(done, top)
+        if len(group) <= cap:
+            return Cut(frozenset(group), top, tied, False)
+    return Cut(frozenset(range(cap)), cap, tied, True)
+
+
+def decide(measured: Iterable[Measured], settings: HalvingSettings, last: bool) -> dict[str, Verdict]:
+    """Each point's verdict. Per rank class, the finished points best first: the top ceil(n/eta)
+    are kept with every point whose range overlaps the last kept one's, up to the cap (`cut`)."""
     runs = list(measured)
+    eta = settings.eta
     out: dict[str, Verdict] = {}
     for run in runs:
         if not run.ranked:
@@ -334,22 +454,46 @@ def decide(measured: Iterable[Measured], eta: int, last: bool) -> dict[str, Verd
         )
         if not done:
             continue
-        keep = max(1, math.ceil(len(done) / eta))
-        cut = done[keep - 1]
-        cut_range = (cut.low, cut.high) if cut.low is not None and cut.high is not None else None
+        n, keep, cap = len(done), settings.keep(len(done)), settings.cap(len(done))
+        decided = cut(done, keep, cap)
+        last_kept = done[decided.top - 1]
+        over = decided.tied > cap
         for place, run in enumerate(done, start=1):
-            kept = place <= keep
-            tied = not kept and _overlap(run, cut.low, cut.high)
+            promoted = place - 1 in decided.promoted
             if last:
-                decision, reason = Decision.final, f"completed the last rung, {place} of {len(done)}"
-            elif kept:
-                decision, reason = Decision.promoted, f"{place} of {len(done)}: in the top {keep} (1/{eta})"
-            elif tied:
+                decision, reason = Decision.final, f"completed the last rung, {place} of {n}"
+            elif decided.split and promoted:
                 decision = Decision.promoted
-                reason = f"{place} of {len(done)}: its p10-p90 range overlaps the cut's (inside the noise)"
+                reason = (
+                    f"{place} of {n}: SPLIT BY THE CAP: even the first place's p10-p90 range overlaps more "
+                    f"than the cap ({cap}) allows; promoted by measured rate inside the noise"
+                )
+            elif decided.split:
+                decision = Decision.stopped
+                reason = (
+                    f"{place} of {n}: SPLIT BY THE CAP: below the cap's {cap} by measured rate, possibly "
+                    "inside their noise"
+                )
+            elif promoted and place <= decided.top:
+                decision = Decision.promoted
+                reason = f"{place} of {n}: in the top {keep} (1/{eta})"
+                if decided.top < keep:
+                    reason = (
+                        f"{place} of {n}: in the top {decided.top}, clear of the noise of the {decided.tied} "
+                        f"point(s) tied at the top {keep} (1/{eta}), more than the cap ({cap})"
+                    )
+            elif promoted:
+                decision = Decision.promoted
+                reason = f"{place} of {n}: its p10-p90 range overlaps the cut's (inside the noise)"
+            elif over and (place <= keep or _overlap(run, done[keep - 1].low, done[keep - 1].high)):
+                decision = Decision.stopped
+                reason = (
+                    f"{place} of {n}: tied with the top {keep}'s cut, but {decided.tied} points are tied "
+                    f"there, more than the cap ({cap}): stopped together, not split inside their noise"
+                )
             else:
                 decision = Decision.stopped
-                reason = f"{place} of {len(done)}: below the top {keep} and outside the cut's p10-p90 range"
+                reason = f"{place} of {n}: below the top {decided.top} and outside the cut's p10-p90 range"
             out[run.point] = Verdict(
                 decision,
                 reason,
@@ -357,10 +501,16 @@ def decide(measured: Iterable[Measured], eta: int, last: bool) -> dict[str, Verd
                 run.tokens_per_s_per_gpu,
                 (run.low, run.high) if run.low is not None and run.high is not None else None,
                 place,
-                len(done),
+                n,
                 keep,
-                cut.tokens_per_s_per_gpu,
-                cut_range,
+                last_kept.tokens_per_s_per_gpu,
+                (last_kept.low, last_kept.high)
+                if last_kept.low is not None and last_kept.high is not None
+                else None,
+                # The last rung promotes nothing: no cap, no tie to report.
+                cap=0 if last else cap,
+                tied=0 if last else decided.tied,
+                split=decided.split and not last,
             )
     for run in runs:
         verdict = out[run.point]
@@ -416,6 +566,8 @@ class HalvingState:
     train_iters: dict[str, int] = field(default_factory=dict)  # grid point id -> its full length
     rungs: list[RungState] = field(default_factory=list)
     version: int = STATE_VERSION
+    warmup_steps: dict[str, int] = field(default_factory=dict)  # grid point id -> its warm-up
+    rank_classes: dict[str, str] = field(default_factory=dict)  # grid point id -> its RankClass
 
     def rung(self, index: int) -> RungState:
         while len(self.rungs) <= index:
@@ -429,6 +581,8 @@ class HalvingState:
             "points": self.points,
             "nodes": self.nodes,
             "train_iters": self.train_iters,
+            "warmup_steps": self.warmup_steps,
+            "rank_classes": self.rank_classes,
             "rungs": [r.to_json() for r in self.rungs],
         }
 
@@ -441,6 +595,8 @@ class HalvingState:
             train_iters={str(k): int(v) for k, v in (raw.get("train_iters") or {}).items()},
             rungs=[RungState.from_json(r) for r in raw.get("rungs") or []],
             version=int(raw.get("version") or STATE_VERSION),
+            warmup_steps={str(k): int(v) for k, v in (raw.get("warmup_steps") or {}).items()},
+            rank_classes={str(k): str(v) for k, v in (raw.get("rank_classes") or {}).items()},
         )
 
     def write(self, sweep_dir: Path) -> None:
@@ -455,6 +611,22 @@ class HalvingState:
             return None
 
     # --- what the report and the driver's summary say
+
+    def plan_points(self) -> list[PlanPoint]:
+        """The search's points as its rung plan saw them (the plan's bound on its node-steps)."""
+        return [
+            PlanPoint(
+                self.train_iters.get(p, 0),
+                self.warmup_steps.get(p, 0),
+                self.nodes.get(p, 1),
+                self.rank_classes.get(p, str(RankClass.ranked)),
+            )
+            for p in self.points
+        ]
+
+    def node_steps(self) -> int:
+        """Node-steps the search ran: every run of every rung, nodes x its train_iters."""
+        return sum(self.nodes.get(p, 1) * steps for rung in self.rungs for p, steps in rung.steps.items())
 
     def used_node_seconds(self) -> float:
         return sum(v.node_seconds or 0.0 for rung in self.rungs for v in rung.verdicts.values())
@@ -480,6 +652,31 @@ class HalvingState:
                 total += (full - steps) * verdict.step_time_s * self.nodes.get(point, 1)
                 extrapolated += 1
         return total, extrapolated
+
+    def overflows(self) -> list[str]:
+        """What the summary and the report say of every rung and class whose ties overflowed the
+        cap: the search stayed within its plan's cost, and this is what that cost it."""
+        out = []
+        for rung in self.rungs:
+            by_class: dict[str, list[Verdict]] = {}
+            for verdict in rung.verdicts.values():
+                if verdict.place is not None and verdict.tied > verdict.cap:
+                    by_class.setdefault(verdict.rank_class, []).append(verdict)
+            for cls, verdicts in sorted(by_class.items()):
+                first = verdicts[0]
+                promoted = sum(v.decision is Decision.promoted for v in verdicts)
+                how = (
+                    "even the first place's ties overflowed it: the cap's points were taken by measured "
+                    "rate, inside their noise"
+                    if first.split
+                    else "the tied points were stopped together and only the points clear of their noise went on"
+                )
+                out.append(
+                    f"rung {rung.rung + 1} ({cls}): {first.tied} point(s) tied at the top {first.keep}'s cut, more "
+                    f"than the cap of {first.cap} (tie_factor x 1/eta); {how} ({promoted} promoted). A larger "
+                    "hydra.sweeper.halving.tie_factor lets more ties go on, at more cost"
+                )
+        return out
 
     def best(self) -> dict[str, tuple[str, Verdict]]:
         """Per rank class, the point the search ends with: the fastest of the last rung reached."""

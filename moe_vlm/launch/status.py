@@ -188,6 +188,18 @@ def _finished_detail(record: RunRecord | Mapping[str, Any]) -> str:
     return ", ".join(parts)
 
 
+def in_flight(status: PointStatus) -> bool:
+    """Queued or running; or `unknown` for a Slurm job (the controller did not answer: under
+    load squeue can time out). Whoever waits for points (submit_and_exit=false, a halving
+    rung) waits through a moment Slurm could not be asked instead of taking it for the end."""
+    if status.state in ("queued", "running"):
+        return True
+    if status.state != "unknown":
+        return False
+    submissions = (points.read_point(Path(status.point_dir)) or {}).get("submissions") or [{}]
+    return bool(submissions[-1].get("executor") == "slurm")
+
+
 def collect(sweep_dir: Path, record: bool = True) -> list[PointStatus]:
     """Every point's state; with `record`, write failed run.json for jobs that died silently."""
     return snapshot(sweep_dir, record)[0]

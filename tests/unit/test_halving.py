@@ -5,12 +5,14 @@ tests/integration/test_slurm_halving.py."""
 from __future__ import annotations
 
 import os
+import random
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from moe_vlm import halving_report
 from moe_vlm.errors import BadInput
 from moe_vlm.launch.halving import (
     STATE_JSON,
@@ -18,15 +20,19 @@ from moe_vlm.launch.halving import (
     HalvingSettings,
     HalvingState,
     Measured,
+    NodeSteps,
     PlanPoint,
     RankClass,
     RungState,
     decide,
+    node_steps,
     plan,
     plan_text,
     rung_steps,
     search_of,
 )
+from moe_vlm.launch.status import PointStatus, in_flight
+from moe_vlm.runtime import points
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -45,23 +51,40 @@ def run(
     return Measured(point, status, cls, tokens, low, high, failure, 10.0, "task", 0.5)
 
 
+def settings(eta: int, tie_factor: float = 2.0) -> HalvingSettings:
+    return HalvingSettings(eta=eta, first_steps=10, rungs=2, tie_factor=tie_factor)
+
+
 def test_rungs_grow_by_eta_and_the_last_is_the_full_length() -> None:
-    settings = HalvingSettings(eta=3, first_steps=4, rungs=3)
-    assert [rung_steps(settings, r, warmup_steps=2, train_iters=100) for r in range(3)] == [6, 14, 100]
+    settings = HalvingSettings(eta=3, first_steps=10, rungs=3, tie_factor=1)
+    assert [rung_steps(settings, r, warmup_steps=2, train_iters=100) for r in range(3)] == [12, 32, 100]
     # Never longer than the point itself.
-    assert rung_steps(settings, 1, warmup_steps=2, train_iters=10) == 10
+    assert rung_steps(settings, 1, warmup_steps=2, train_iters=20) == 20
     rungs = plan(settings, [PlanPoint(100, 2, 1)] * 12)
     assert [r.points for r in rungs] == [12, 4, 2]
+    # With room for ties: at most tie_factor x the top 1/eta per rung, never more than were there.
+    wide = HalvingSettings(eta=3, first_steps=10, rungs=3, tie_factor=2)
+    assert [r.points for r in plan(wide, [PlanPoint(100, 2, 1)] * 12)] == [12, 8, 6]
 
 
 def test_the_plan_text_compares_node_steps_with_the_grid() -> None:
-    text = plan_text(HalvingSettings(eta=4, first_steps=2, rungs=2), [PlanPoint(40, 1, 1)] * 12)
-    assert "grid 480" in text and "halving at most 156 (32% of the grid)" in text
+    text = plan_text(HalvingSettings(eta=4, first_steps=10, rungs=2), [PlanPoint(40, 1, 1)] * 12)
+    # 12 x 11 + (2 x ceil(12/4) = 6) x 40 node-steps against 12 x 40: ties included.
+    assert "grid 480" in text and "halving at most 372 (78% of the grid)" in text
+    assert "     2  <=   6  40 (full train_iters)" in text, text
+
+
+def test_each_rank_class_is_planned_alone() -> None:
+    planned = [PlanPoint(40, 1, 1, "mock")] * 6 + [PlanPoint(40, 1, 1, "ranked")] * 6
+    rungs = plan(settings(eta=6, tie_factor=1), planned)
+    assert [r.points for r in rungs] == [12, 2]  # one of each class goes on, not one of the twelve
+    assert node_steps(settings(eta=6, tie_factor=1), planned) == NodeSteps(480, 12 * 11 + 2 * 40)
+    assert "ranked in 2 classes (mock, ranked)" in plan_text(settings(eta=6), planned)
 
 
 def test_the_top_third_is_promoted_and_the_rest_stopped() -> None:
     runs = [run(f"p{i}", 100.0 + 10 * i) for i in range(9)]
-    verdicts = decide(runs, eta=3, last=False)
+    verdicts = decide(runs, settings(eta=3), last=False)
     assert sorted(verdicts[p].decision for p in ("p8", "p7", "p6")) == [Decision.promoted] * 3
     assert all(verdicts[f"p{i}"].decision is Decision.stopped for i in range(6))
     assert verdicts["p8"].place == 1 and verdicts["p6"].keep == 3 and verdicts["p0"].cut == 160.0
@@ -70,16 +93,70 @@ def test_the_top_third_is_promoted_and_the_rest_stopped() -> None:
 def test_a_point_inside_the_cut_s_noise_is_promoted_with_it() -> None:
     # p1 is below the cut (p2 is kept), but their p10-p90 ranges overlap: no coin toss.
     runs = [run("p3", 200.0), run("p2", 150.0, spread=0.05), run("p1", 145.0, spread=0.05), run("p0", 100.0)]
-    verdicts = decide(runs, eta=2, last=False)
+    verdicts = decide(runs, settings(eta=2), last=False)
     assert verdicts["p1"].decision is Decision.promoted and "overlaps" in verdicts["p1"].reason
     assert verdicts["p0"].decision is Decision.stopped
+    assert verdicts["p1"].cap == 4 and verdicts["p1"].tied == 3 and not verdicts["p1"].split
+
+
+def test_ties_over_the_cap_are_stopped_together_and_the_clear_top_goes_on() -> None:
+    # p11 is clear of everything; p10..p3 all overlap the second place's range (the cut of the
+    # top 2 = 12/6): eight tied points, more than the cap of 3. None of them is picked by a
+    # difference inside their noise: the cut moves up to the first place, which is clear.
+    runs = [run("p11", 300.0)] + [run(f"p{i}", 150.0 + i, spread=0.1) for i in range(3, 11)]
+    runs += [run(f"p{i}", 50.0 + i) for i in range(3)]
+    verdicts = decide(runs, settings(eta=6, tie_factor=1.5), last=False)
+    promoted = {p for p, v in verdicts.items() if v.decision is Decision.promoted}
+    assert promoted == {"p11"}
+    tied = verdicts["p10"]
+    assert tied.decision is Decision.stopped and "stopped together" in tied.reason, tied.reason
+    assert (tied.keep, tied.cap, tied.tied, tied.split) == (2, 3, 9, False)
+    assert "outside the cut" in verdicts["p0"].reason
+    state = HalvingState(settings(eta=6, tie_factor=1.5), {r.point: r.point for r in runs})
+    state.rung(0).verdicts, state.rung(0).decided = verdicts, True
+    (line,) = state.overflows()
+    assert "9 point(s) tied at the top 2's cut, more than the cap of 3" in line and "stopped together" in line
+
+
+def test_when_even_the_first_place_s_ties_overflow_the_cap_it_splits_and_says_so() -> None:
+    runs = [run(f"p{i}", 100.0 + i, spread=0.2) for i in range(12)]
+    verdicts = decide(runs, settings(eta=6, tie_factor=1.5), last=False)
+    promoted = sorted(p for p, v in verdicts.items() if v.decision is Decision.promoted)
+    assert promoted == ["p10", "p11", "p9"]  # the cap (3), by measured rate: never all twelve
+    assert all(v.split and "SPLIT BY THE CAP" in v.reason for v in verdicts.values())
+    state = HalvingState(settings(eta=6, tie_factor=1.5), {r.point: r.point for r in runs})
+    state.rung(0).verdicts, state.rung(0).decided = verdicts, True
+    assert "taken by measured rate" in state.overflows()[0]
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_no_rung_promotes_more_than_its_cap_whatever_is_measured(seed: int) -> None:
+    rng = random.Random(seed)
+    runs = [
+        run(f"p{i}", rng.uniform(50, 150), spread=rng.uniform(0, 0.5), cls=rng.choice(list(RankClass)))
+        for i in range(rng.randint(1, 30))
+    ]
+    eta, factor = rng.randint(2, 6), rng.choice([1, 1.5, 2, 3])
+    verdicts = decide(runs, settings(eta, factor), last=False)
+    for cls in RankClass:
+        mine = [v for v in verdicts.values() if v.rank_class == cls]
+        if not mine:
+            continue
+        promoted = [v for v in mine if v.decision is Decision.promoted]
+        assert 1 <= len(promoted) <= settings(eta, factor).cap(len(mine)) == mine[0].cap
+        if not mine[0].split:  # no stopped point is inside the cut's noise: no tie was split
+            cut_low, cut_high = mine[0].cut_range or (0.0, 0.0)
+            for r in runs:
+                if r.rank_class is cls and verdicts[r.point].decision is Decision.stopped:
+                    assert r.high is not None and r.low is not None
+                    assert r.high < cut_low or r.low > cut_high, (r, mine[0])
 
 
 def test_mock_and_forced_balance_points_are_halved_among_themselves() -> None:
     runs = [run("real_fast", 50.0), run("real_slow", 10.0)]
     runs += [run("mock_fast", 500.0, cls=RankClass.mock), run("mock_slow", 100.0, cls=RankClass.mock)]
     runs += [run("forced", 900.0, cls=RankClass.forced_balance)]
-    verdicts = decide(runs, eta=2, last=False)
+    verdicts = decide(runs, settings(eta=2), last=False)
     promoted = {p for p, v in verdicts.items() if v.decision is Decision.promoted}
     # The fastest real point survives although mock and forced-balance points are faster.
     assert promoted == {"real_fast", "mock_fast", "forced"}
@@ -88,27 +165,28 @@ def test_mock_and_forced_balance_points_are_halved_among_themselves() -> None:
 
 def test_a_failed_point_is_stopped_with_its_class_and_the_rung_is_decided_on_the_rest() -> None:
     runs = [run("oom", None, status="failed", failure="oom"), run("a", 20.0), run("b", 10.0)]
-    verdicts = decide(runs, eta=2, last=False)
+    verdicts = decide(runs, settings(eta=2), last=False)
     assert verdicts["oom"].decision is Decision.stopped and "oom" in verdicts["oom"].reason
     assert verdicts["oom"].place is None and verdicts["oom"].node_seconds == 10.0
     assert verdicts["a"].decision is Decision.promoted and verdicts["a"].finished == 2
 
 
 def test_the_last_rung_is_final() -> None:
-    verdicts = decide([run("a", 20.0), run("b", 10.0)], eta=2, last=True)
+    verdicts = decide([run(f"p{i}", 20.0 + i, spread=0.5) for i in range(5)], settings(eta=2), last=True)
     assert {v.decision for v in verdicts.values()} == {Decision.final}
+    # It promotes nothing: no cap to overflow, whatever the ties.
+    assert {(v.cap, v.tied, v.split) for v in verdicts.values()} == {(0, 0, False)}
 
 
 def test_the_state_file_round_trips_and_estimates_the_grid(tmp_path: Path) -> None:
-    settings = HalvingSettings(eta=2, first_steps=2, rungs=2)
-    state = HalvingState(settings, {"a": "mbs=1", "b": "mbs=2"}, {"a": 1, "b": 2}, {"a": 10, "b": 10})
+    state = HalvingState(settings(eta=2), {"a": "mbs=1", "b": "mbs=2"}, {"a": 1, "b": 2}, {"a": 10, "b": 10})
     first = state.rung(0)
     first.runs, first.steps = {"a": "a3", "b": "b3"}, {"a": 3, "b": 3}
-    first.verdicts = decide([run("a", 20.0), run("b", 10.0)], eta=2, last=False)
+    first.verdicts = decide([run("a", 20.0), run("b", 10.0)], settings(eta=2), last=False)
     first.decided = True
     second = state.rung(1)
     second.runs, second.steps = {"a": "a"}, {"a": 10}
-    second.verdicts = decide([run("a", 20.0)], eta=2, last=True)
+    second.verdicts = decide([run("a", 20.0)], settings(eta=2), last=True)
     second.decided = True
     state.write(tmp_path)
     assert not list(tmp_path.glob(f".{STATE_JSON}*"))  # written atomically: no temp file left
@@ -130,7 +208,8 @@ def test_an_unreadable_state_file_is_no_search(tmp_path: Path) -> None:
     "raw, key",
     [
         ({"eta": 1}, "eta"),
-        ({"first_steps": 0}, "first_steps"),
+        ({"first_steps": 4}, "first_steps"),
+        ({"tie_factor": 0.5}, "tie_factor"),
         ({"rungs": 1}, "rungs"),
         ({"speed": 2}, "speed"),
     ],
@@ -142,6 +221,8 @@ def test_bad_settings_name_the_key(raw: dict[str, int], key: str) -> None:
 
 def test_good_settings_and_search_values() -> None:
     assert HalvingSettings.of({"eta": 4, "rungs": 2}) == HalvingSettings(eta=4, rungs=2)
+    assert HalvingSettings.of({"eta": 6, "tie_factor": 1.5}).cap(12) == 3  # ceil(1.5 x ceil(12/6))
+    assert HalvingSettings.of({"eta": 4, "tie_factor": 1.5}).cap(10) == 5  # ceil(1.5 x ceil(10/4))
     assert str(search_of("halving")) == "halving"
     with pytest.raises(BadInput, match=r"hydra\.sweeper\.search=random: allowed values are grid, halving"):
         search_of("random")
@@ -158,21 +239,23 @@ def test_a_halving_dry_run_prints_the_rung_plan_and_submits_nothing(tmp_path: Pa
     done = train(
         tmp_path,
         "hydra/launcher=slurm",
-        *["model=tiny_moe_vlm", "data=mock", "nproc=1", "warmup_steps=1", "seq_length=128", "gbs=8"],
+        # scripts/bench_halving.py's points and search (docs/slurm.md shows this command).
+        *["model=tiny_moe_vlm", "data=mock", "nproc=1", "warmup_steps=1", "seq_length=256", "gbs=16"],
         "mbs=1,2,4,8",
         "recompute=none,selective,full",
-        "train_iters=40",
+        "train_iters=120",
         "hydra.sweeper.search=halving",
         "hydra.sweeper.halving.eta=6",
         "hydra.sweeper.halving.rungs=2",
-        "hydra.sweeper.halving.first_steps=2",
+        "hydra.sweeper.halving.first_steps=10",
+        "hydra.sweeper.halving.tie_factor=1.5",
         "dry_run=true",
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert "halving plan: 12 valid point(s), eta=6, 2 rung(s)" in done.stdout, done.stdout
-    assert "     1      12  3\n     2       2  40 (full train_iters)" in done.stdout, done.stdout
-    # 12 x 3 + 2 x 40 node-steps against 12 x 40.
-    assert "grid 480; halving at most 116 (24% of the grid)" in done.stdout, done.stdout
+    assert "     1      12  11\n     2  <=   3  120 (full train_iters)" in done.stdout, done.stdout
+    # 12 x 11 + 3 x 120 node-steps against 12 x 120: the cap (1.5 x 12/6) bounds the ties.
+    assert "grid 1440; halving at most 492 (34% of the grid)" in done.stdout, done.stdout
     assert not (tmp_path / "sweep" / STATE_JSON).exists()
     assert not list((tmp_path / "sweep").glob("*/point.json"))
 
@@ -183,3 +266,41 @@ def test_a_bad_search_is_one_line_and_exit_2(tmp_path: Path) -> None:
     assert done.returncode == 2
     assert done.stderr.strip().splitlines()[-1].startswith("moe_vlm: error: hydra.sweeper.search=random")
     assert not (tmp_path / "sweep").exists()
+
+
+def test_the_report_s_ladder_says_where_ties_overflowed_the_cap(tmp_path: Path) -> None:
+    runs = [run("p11", 300.0)] + [run(f"p{i}", 150.0 + i, spread=0.1) for i in range(3, 11)]
+    runs += [run(f"p{i}", 50.0 + i) for i in range(3)]
+    state = HalvingState(settings(eta=6, tie_factor=1.5), {r.point: f"mbs=1 seed={r.point}" for r in runs})
+    first = state.rung(0)
+    first.runs, first.steps = {r.point: r.point for r in runs}, {r.point: 11 for r in runs}
+    first.verdicts, first.decided = decide(runs, state.settings, last=False), True
+    second = state.rung(1)
+    second.runs, second.steps = {"p11": "p11"}, {"p11": 80}
+    second.verdicts, second.decided = decide([run("p11", 310.0)], state.settings, last=True), True
+    state.write(tmp_path)
+    text = "\n".join(halving_report.section([str(tmp_path / "p11")]))
+    assert "## Halving search" in text and "up to 1.5x the top 1/eta" in text
+    assert "| seed=p11 | 300.0 (#1/12) promoted | 310.0 (#1/1) final |" in text, text
+    assert "- ties over the cap: rung 1 (ranked): 9 point(s) tied at the top 2's cut" in text, text
+    assert "- best (ranked): seed=p11" in text
+
+
+@pytest.mark.parametrize(
+    "state, executor, waits",
+    [
+        ("queued", "slurm", True),
+        ("running", "local", True),
+        ("unknown", "slurm", True),  # squeue did not answer: not the end of the job
+        ("unknown", "local", False),  # a local job that left no record: nothing will come
+        ("completed", "slurm", False),
+        ("failed", "slurm", False),
+    ],
+)
+def test_a_waiter_waits_through_a_moment_slurm_cannot_be_asked(
+    tmp_path: Path, state: str, executor: str, waits: bool
+) -> None:
+    points.write_point(tmp_path, {"point_id": "p"})
+    points.add_submission(tmp_path, {"job_id": "7", "executor": executor})
+    status = PointStatus("p", state, "7", 0, [], "", str(tmp_path))
+    assert in_flight(status) is waits
