@@ -31,6 +31,7 @@ from moe_vlm.record import RecordError, RunRecord
 from moe_vlm.report_compare import _differs
 from moe_vlm.report_format import markdown_table
 from moe_vlm.report_table import PATH_HINT, find_run_files, row_of
+from moe_vlm.schema import MOCK_KINDS
 from moe_vlm.shape import RUN_SHAPE, load_json, problem
 
 OUTSIDE = "rest of the step"  # step time the three components do not explain: optimizer, comms, data
@@ -139,7 +140,7 @@ def basis_table(a: RunRecord, b: RunRecord) -> str:
 
 
 def _class(row: Mapping[str, Any]) -> str:
-    if row.get("data") == "mock":
+    if row.get("data") in {kind.value for kind in MOCK_KINDS}:
         return "mock data"
     return "forced-balance routing" if row.get("forced_balance") else "synthetic/real data, real routing"
 
