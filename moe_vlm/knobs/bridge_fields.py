@@ -559,8 +559,9 @@ FIELD_MAP: tuple[FieldMap, ...] = (
     FieldMap("seed", "rng.seed", lambda s: s.seed),
     FieldMap("lr", "optimizer.lr", lambda s: s.lr),
     # MCore's scheduler sets every step's weight decay from its own start/end values
-    # (optimizer_param_scheduler.py:184-202, 300): constant, so both hold the knob.
-    FieldMap("weight_decay", "optimizer.weight_decay", lambda s: s.weight_decay),
+    # (optimizer_param_scheduler.py:184-202, 300): constant, so both hold the knob. It overwrites
+    # optimizer.weight_decay from the first step (the perf recipes leave 0.1 there, run 0.033), so
+    # that field stays the recipe's: a vendor recipe's option then equals its function.
     FieldMap("weight_decay", "scheduler.start_weight_decay", lambda s: s.weight_decay),
     FieldMap("weight_decay", "scheduler.end_weight_decay", lambda s: s.weight_decay),
     # Data.

@@ -40,7 +40,9 @@ WORLDS = {
     "qwen3_vl_235b_a22b": (64, 128),
 }
 # Config groups that are axes (above) or not knobs of a run.
-AXIS_GROUPS = ("cluster", "model", "sweep", "hydra")
+# recipe=: a vendor recipe sets the other groups' choices (tests/megatron/test_recipes.py checks
+# every one of them against the library); the fuzzer varies those groups themselves.
+AXIS_GROUPS = ("cluster", "model", "sweep", "hydra", "recipe")
 # Group options whose points need a companion override to be meaningful.
 COMPANIONS = {("data", "real"): {"data.path": "/datasets/shards"}}
 
@@ -102,6 +104,8 @@ EXCLUDED: dict[str, str] = {
     "logger.run_name": "a label for the tracker",
     "logger.entity": "a label for the tracker",
     "logger.tracking_uri": "a tracker address",
+    "recipe.module": "set by recipe=<name> (tests/megatron/test_recipes.py checks every recipe option)",
+    "recipe.knobs": "set by recipe=<name> (tests/megatron/test_recipes.py checks every recipe option)",
     **{
         f"data.{name}": "a draw parameter of the project's own seeded samples (MoeVlmDatasetConfig): no library check"
         for name in (*SYNTHETIC_DRAW_FIELDS, "min_pixels", "max_pixels")

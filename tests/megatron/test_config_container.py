@@ -115,14 +115,18 @@ def test_every_recipe_in_the_table_exists() -> None:
 
 @needs_stack
 def test_every_table_field_exists(recipes: RecipeCache) -> None:
-    """Each row names a real field: of the recipe's config, or of the real-data config it builds."""
+    """Each row names a real field: of the recipe's config, or of the real-data or Bridge-mock
+    config it builds."""
     _, cfg = built(recipes, *BASE)
     _, real_cfg = built(recipes, *BASE, "data=real", "data.path=/datasets/shards")
+    _, mock_cfg = built(recipes, *BASE, "data=bridge_mock")
     for row in FIELD_MAP:
         if row.field == "env_vars":
             continue
         target = (
-            real_cfg
+            mock_cfg
+            if row.field == "dataset.hf_processor_path"
+            else real_cfg
             if row.field.startswith("dataset.task_encoder")
             or row.field
             in (
