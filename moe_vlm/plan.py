@@ -15,7 +15,8 @@ from moe_vlm.engines.megatron.library_checks import Check
 from moe_vlm.engines.megatron.plan_cache import library_checks, stack_probe
 from moe_vlm.engines.megatron.plan_cache import planned_effective as cached
 from moe_vlm.flops_basis import FlopsBasis, basis_lines, expected_basis
-from moe_vlm.knobs.bridge_fields import RESOLVED_FIELDS, bridge_overrides, forward_step_path, select_recipe
+from moe_vlm.knobs.bridge_fields import RESOLVED_FIELDS, bridge_overrides, forward_step_path
+from moe_vlm.knobs.bridge_recipe import select_recipe
 from moe_vlm.memory import MemoryEstimate, estimate
 from moe_vlm.memory.micro_batch import micro_batch_shape
 from moe_vlm.metrics import peak_of, precision_peak_of

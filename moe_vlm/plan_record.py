@@ -24,7 +24,8 @@ from typing import Any
 from moe_vlm.columns import choices
 from moe_vlm.files import write_atomic
 from moe_vlm.flops_basis import BasisTerm, FlopsBasis
-from moe_vlm.knobs.bridge_fields import bridge_overrides, select_recipe
+from moe_vlm.knobs.bridge_fields import bridge_overrides
+from moe_vlm.knobs.bridge_recipe import select_recipe
 from moe_vlm.memory import MemoryEstimate
 from moe_vlm.plan import SHALLOW_NOTE, Gathered
 from moe_vlm.rules import Finding

@@ -22,7 +22,7 @@ from enum import Enum
 
 from moe_vlm.arch import profile
 from moe_vlm.compose import compose_spec, set_overrides
-from moe_vlm.knobs.bridge_fields import select_recipe
+from moe_vlm.knobs.bridge_recipe import select_recipe
 from moe_vlm.rules import errors, validate
 from moe_vlm.schema import Arch, Engine, FlexBackend
 from moe_vlm.spec import RunSpec, hybridep_topology

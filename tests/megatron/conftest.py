@@ -53,7 +53,7 @@ class RecipeCache:
     def config(self, spec: RunSpec) -> Any:
         from moe_vlm.engines.hf_config import hf_model_dir
         from moe_vlm.engines.megatron.config import offline_hf, recipe_function
-        from moe_vlm.knobs.bridge_fields import select_recipe
+        from moe_vlm.knobs.bridge_recipe import select_recipe
 
         recipe = select_recipe(spec)
         assert recipe is not None, f"no recipe for {spec.model.name}"

@@ -16,7 +16,8 @@ import pytest
 import yaml
 
 from moe_vlm.engines.megatron.config import apply_overrides, check_overrides, get_field, set_field
-from moe_vlm.knobs.bridge_fields import FIELD_MAP, select_recipe
+from moe_vlm.knobs.bridge_fields import FIELD_MAP
+from moe_vlm.knobs.bridge_recipe import select_recipe
 from moe_vlm.spec import RunSpec
 from tests.conftest import CONF, REPO, make_spec
 from tests.megatron.conftest import REPORT, RecipeCache, needs_stack

@@ -24,7 +24,7 @@ import torch
 
 from moe_vlm.engines.megatron.config import apply_overrides, build_config, check_overrides
 from moe_vlm.engines.megatron.effective import Effective, differing, effective_config, plan_effective
-from moe_vlm.knobs.bridge_fields import family_recipes, select_recipe
+from moe_vlm.knobs.bridge_recipe import family_recipes, select_recipe
 from moe_vlm.spec import RunSpec
 from tests.conftest import make_spec
 from tests.megatron.conftest import REPORT, RecipeCache, needs_stack

@@ -20,7 +20,8 @@ import time
 from typing import Any
 
 from moe_vlm.engines.megatron.config import apply_overrides
-from moe_vlm.knobs.bridge_fields import bridge_overrides, select_recipe
+from moe_vlm.knobs.bridge_fields import bridge_overrides
+from moe_vlm.knobs.bridge_recipe import select_recipe
 from moe_vlm.rules import errors, validate
 from moe_vlm.spec import RunSpec
 from tests.megatron.conftest import REPORT, RecipeCache, needs_stack

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 import torch
 
-from moe_vlm.knobs.bridge_fields import select_recipe
+from moe_vlm.knobs.bridge_recipe import select_recipe
 from moe_vlm.precision import PROFILES, profile, runs_on, weight_bytes
 from moe_vlm.rules import validate
 from moe_vlm.schema import Precision

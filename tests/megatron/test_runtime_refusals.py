@@ -27,7 +27,7 @@ from typing import Any
 import pytest
 import torch
 
-from moe_vlm.knobs.bridge_fields import select_recipe
+from moe_vlm.knobs.bridge_recipe import select_recipe
 from moe_vlm.rules import validate
 from tests.conftest import make_spec
 from tests.megatron.conftest import REPORT, RecipeCache, model_parallel_rank, needs_stack, runtime_updated

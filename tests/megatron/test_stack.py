@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from moe_vlm.engines.megatron import stack
-from moe_vlm.knobs.bridge_fields import select_recipe
+from moe_vlm.knobs.bridge_recipe import select_recipe
 from tests.conftest import REPO, make_spec
 from tests.megatron.conftest import needs_stack
 

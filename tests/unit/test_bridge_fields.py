@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from moe_vlm.knobs.bridge_fields import FIELD_MAP, KEEP, bridge_overrides, select_recipe
+from moe_vlm.knobs.bridge_fields import FIELD_MAP, KEEP, bridge_overrides
+from moe_vlm.knobs.bridge_recipe import select_recipe
 from tests.conftest import make_spec
 
 MEG = ["cluster=gb200", "model=qwen3_vl_30b_a3b", "nodes=2"]

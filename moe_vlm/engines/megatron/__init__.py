@@ -2,7 +2,7 @@
 
 One run, as Megatron experts would set it up by hand:
 
-1. start from the model's Bridge perf recipe family (``bridge_fields.select_recipe``): the GPU's
+1. start from the model's Bridge perf recipe family (``knobs.bridge_recipe.select_recipe``): the GPU's
    perf recipe where one exists, another GPU's of the same generation otherwise;
 2. build it offline: the recipe's ``AutoBridge.from_hf_pretrained("<hub id>")`` reads the
    config.json materialised from our `model` group (or the user's local checkpoint directory);

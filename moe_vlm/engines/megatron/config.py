@@ -22,10 +22,9 @@ from moe_vlm.knobs.bridge_fields import (
     KEEP,
     SEEDED_DATASET,
     BridgeOverride,
-    Recipe,
     bridge_overrides,
-    select_recipe,
 )
+from moe_vlm.knobs.bridge_recipe import Recipe, select_recipe
 from moe_vlm.knobs.telemetry_fields import RUN_DIR
 from moe_vlm.spec import RunSpec
 

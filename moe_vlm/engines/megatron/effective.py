@@ -37,7 +37,8 @@ from types import SimpleNamespace
 from typing import Any
 
 from moe_vlm.engines.megatron.config import CLASS_ROWS, NAMED_ROWS, build_config, get_field
-from moe_vlm.knobs.bridge_fields import FIELD_MAP, RESOLVED_FIELDS, Recipe, RecipeKind, family_recipes
+from moe_vlm.knobs.bridge_fields import FIELD_MAP, RESOLVED_FIELDS
+from moe_vlm.knobs.bridge_recipe import Recipe, RecipeKind, family_recipes
 from moe_vlm.knobs.telemetry_fields import RUN_DIR  # this run's directory in values
 from moe_vlm.spec import RunSpec
 

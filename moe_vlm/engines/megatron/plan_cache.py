@@ -44,7 +44,7 @@ from moe_vlm.engines.megatron.effective import Planned, plan_effective
 from moe_vlm.engines.megatron.library_checks import Check, LibraryFinding, check_point
 from moe_vlm.engines.megatron.stack import Probe, probe, required
 from moe_vlm.files import write_atomic
-from moe_vlm.knobs.bridge_fields import family_recipes
+from moe_vlm.knobs.bridge_recipe import family_recipes
 from moe_vlm.safety import scrub
 from moe_vlm.spec import RunSpec
 

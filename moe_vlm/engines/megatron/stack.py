@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from moe_vlm.arch import profile
-from moe_vlm.knobs.bridge_fields import forward_step_path, select_recipe
+from moe_vlm.knobs.bridge_fields import forward_step_path
+from moe_vlm.knobs.bridge_recipe import select_recipe
 from moe_vlm.knobs.telemetry_fields import tensorboard_dir
 from moe_vlm.schema import DataKind, ExperimentLogger, FlexBackend, TokenDispatcher
 

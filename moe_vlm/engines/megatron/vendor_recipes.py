@@ -39,7 +39,8 @@ from moe_vlm.engines.megatron.config import (
     recipe_function,
 )
 from moe_vlm.engines.megatron.effective import ABSENT, leaves, plain, runtime_update
-from moe_vlm.knobs.bridge_fields import FIELD_MAP, RECIPE_NAME, FieldMap, select_recipe
+from moe_vlm.knobs.bridge_fields import FIELD_MAP, FieldMap
+from moe_vlm.knobs.bridge_recipe import RECIPE_NAME, select_recipe
 from moe_vlm.knobs.keep import KEEP
 from moe_vlm.schema import TrainConfig
 from moe_vlm.spec import RunSpec, build_spec
