@@ -25,6 +25,8 @@ WIDTH = 100
 RESOLVER = "moe_vlm_help"
 # Groups the help shows in their own section (presets) or not at all (Hydra's own).
 _NOT_GROUPS = ("hydra", "sweep")
+# Groups with too many options for one help line: where their list lives instead.
+_LISTED_BY = {"recipe": "moe-vlm recipes"}
 
 
 def _options(group: str, conf: Path = CONF_DIR) -> list[str]:
@@ -51,6 +53,9 @@ def groups(conf: Path = CONF_DIR) -> str:
     lines = []
     for group in sorted(p.name for p in conf.iterdir() if p.is_dir() and p.name not in _NOT_GROUPS):
         options = [f"*{o}" if o == defaults.get(group) else o for o in _options(group, conf)]
+        if group in _LISTED_BY:
+            lines.append(f"  {group:<14}{len(options)} options, listed by `{_LISTED_BY[group]}`")
+            continue
         lines.append(_wrapped(f"  {group:<14}", ", ".join(options)))
     return "\n".join(lines)
 

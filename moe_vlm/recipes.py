@@ -202,7 +202,10 @@ def listing() -> list[str]:
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(
-        prog="moe-vlm recipes", description="list the Bridge perf recipes recipe= takes"
+        prog="moe-vlm recipes",
+        description="list the Bridge perf recipes recipe= takes",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="example:\n  moe-vlm recipes | grep gb200   # then: python train.py recipe=<name> dry_run=true",
     )
     parser.parse_args(argv)
     print("\n".join(listing()))
