@@ -165,6 +165,7 @@ def megatron_probe() -> dict[str, Any]:
     """The Megatron part, in this (sub)process: imports, then plan and ConfigContainer per model."""
     from moe_vlm.compose import compose_config
     from moe_vlm.engines.megatron import stack
+    from moe_vlm.knobs.bridge_fields import QWEN3_VL_STEP, VLM_STEP
     from moe_vlm.plan import render
     from moe_vlm.rules import errors, validate
     from moe_vlm.spec import RunSpec
@@ -174,7 +175,8 @@ def megatron_probe() -> dict[str, Any]:
         stack.StackModule(target, (target,), "megatron-core", "the engine's run path", stack.INSTALL_HINT)
         for target in CORE_MODULES
     ]
-    library = [*stack.LIBRARY, stack.RESILIENCY, stack.PRETRAIN, stack.FORWARD_STEP, stack.FLA, *core]
+    steps = [stack.forward_step_module(path) for path in (QWEN3_VL_STEP, VLM_STEP)]  # padded, packed
+    library = [*stack.LIBRARY, stack.RESILIENCY, stack.PRETRAIN, *steps, stack.FLA, *core]
     found["imports"] = [_probe_dict(stack.probe_module(module)) for module in library]
     found["findings"] = _findings(found["imports"], found["versions"])
     bridge_ok = next(p for p in found["imports"] if p["label"] == "Megatron Bridge")["ok"]
