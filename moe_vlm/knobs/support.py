@@ -93,6 +93,12 @@ NOT_ENGINE_KNOBS: frozenset[str] = frozenset(
         "overlap.name",
         "offload.name",
         "gc.name",
+        # recipe=<name>: a set of the other knobs' values, which the engines read (the Megatron
+        # engine also builds from the named function, tests/megatron/test_recipes.py); the plan
+        # lists what a run changes from it (moe_vlm/recipes.py).
+        "recipe.name",
+        "recipe.module",
+        "recipe.knobs",
         # A description of the machine, read by the spec (nproc, engine=auto, EP sizing), the
         # rules, the memory estimate and the MFU denominator. (The Megatron engine also picks its
         # perf recipe by cluster.name and derives HybridEP's topology from the NVLink domain.)

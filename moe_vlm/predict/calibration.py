@@ -28,7 +28,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from scipy.optimize import nnls
 
 from moe_vlm.files import write_json_atomic
 from moe_vlm.predict.terms import COMM, COMPUTE, Term
@@ -117,6 +116,8 @@ class Sample:
 
 
 def _solve(rows: list[list[float]], targets: list[float]) -> np.ndarray:
+    from scipy.optimize import nnls  # heavy, and absent from a bare GPU image: only a fit needs it
+
     solution, _ = nnls(np.array(rows, dtype=float), np.array(targets, dtype=float))
     return solution
 
