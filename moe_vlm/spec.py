@@ -40,6 +40,7 @@ from moe_vlm.schema import (
     TrainConfig,
     VisionFreezeConfig,
     dry_run_mode,
+    upgrade_recorded,
 )
 
 
@@ -239,6 +240,13 @@ class RunSpec(RunKnobs):
     def from_config(cls, cfg: DictConfig | TrainConfig) -> RunSpec:
         train: TrainConfig = OmegaConf.to_object(cfg) if isinstance(cfg, DictConfig) else cfg  # type: ignore[assignment]
         return build_spec(train)
+
+    @classmethod
+    def from_recorded(cls, config: dict[str, Any]) -> RunSpec:
+        """The RunSpec of a config a run recorded (run.json, point.json), in today's schema
+        (schema.upgrade_recorded). Raises what composing it raises when it no longer builds."""
+        merged = OmegaConf.merge(OmegaConf.structured(TrainConfig), upgrade_recorded(dict(config)))
+        return cls.from_config(merged)  # type: ignore[arg-type]
 
 
 def _plain(value: Any) -> Any:

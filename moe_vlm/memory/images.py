@@ -66,7 +66,7 @@ def _synthetic_largest_image(spec: RunSpec) -> int:
 
 
 @functools.lru_cache(maxsize=16)
-def _real_image_sizes(path: str, samples: int) -> tuple[tuple[int, int], ...]:
+def real_image_sizes(path: str, samples: int) -> tuple[tuple[int, int], ...]:
     """(height, width) from the image headers of the first `samples` samples (nothing decoded)."""
     from PIL import Image
 
@@ -114,7 +114,7 @@ def image_budget(spec: RunSpec) -> ImageBudget:
         sizes: tuple[tuple[int, int], ...] = ()
         if data.path:
             try:
-                sizes = _real_image_sizes(str(data.path), REAL_DATA_SAMPLES_READ)
+                sizes = real_image_sizes(str(data.path), REAL_DATA_SAMPLES_READ)
             except Exception:  # unreadable here (planning on a login node): fall back to the bound
                 sizes = ()
         if sizes:

@@ -8,15 +8,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from omegaconf import OmegaConf
-
 from moe_vlm.files import RUN_JSON, STEPS_JSONL
 from moe_vlm.flops import Workload
 from moe_vlm.metrics import by_step, steady_window, workload_of
 from moe_vlm.predict.calibration import Sample, stack_of
 from moe_vlm.predict.terms import loads
 from moe_vlm.record import RunRecord, RunStatus, read_steps
-from moe_vlm.schema import TrainConfig, upgrade_recorded
 from moe_vlm.shape import RecordError
 from moe_vlm.spec import RunSpec
 
@@ -37,12 +34,6 @@ class RecordedRun:
             {load.term: load.base_s for load in loads(self.spec, self.workload)},
             self.measured_s,
         )
-
-
-def spec_of(record: RunRecord) -> RunSpec:
-    """The run's RunSpec, rebuilt from its resolved config."""
-    merged = OmegaConf.merge(OmegaConf.structured(TrainConfig), upgrade_recorded(dict(record.config)))
-    return RunSpec.from_config(merged)  # type: ignore[arg-type]
 
 
 def measured_step_s(summary: dict[str, Any]) -> float | None:
@@ -80,7 +71,7 @@ def recorded(run_dir: Path) -> RecordedRun | str:
     if measured is None:
         return f"{run_dir}: no steady step time in its summary"
     try:
-        spec = spec_of(record)
+        spec = RunSpec.from_recorded(record.config)
     except Exception as exc:  # a config this version no longer builds: said, not fatal
         return f"{run_dir}: its config no longer builds a RunSpec ({type(exc).__name__}: {exc})"
     workload = mean_workload(run_dir, spec.warmup_steps)

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from moe_vlm.flops import Workload
 from moe_vlm.memory.estimate import REAL_DATA_SAMPLES_READ
-from moe_vlm.memory.images import _real_image_sizes, patches_for_image
+from moe_vlm.memory.images import patches_for_image, real_image_sizes
 from moe_vlm.schema import DataKind, Packing
 from moe_vlm.spec import RunSpec
 
@@ -74,7 +74,7 @@ def _real_patches(spec: RunSpec) -> tuple[float, float] | None:
     if not spec.data.path:
         return None
     try:
-        sizes = _real_image_sizes(str(spec.data.path), REAL_DATA_SAMPLES_READ)
+        sizes = real_image_sizes(str(spec.data.path), REAL_DATA_SAMPLES_READ)
     except Exception:  # unreadable here (a login node without the data): the synthetic expectation
         return None
     if not sizes:

@@ -62,3 +62,16 @@ def _something_trains(spec: RunSpec) -> Iterator[Violation]:
             "vision, projector and language model are all frozen: nothing would train.",
             "set vision_freeze.language=false or choose a lighter vision_freeze.",
         )
+
+
+@rule("C005", Level.error, "weight decay must be >= 0")
+def _weight_decay(spec: RunSpec) -> Iterator[Violation]:
+    # Both engines refuse it only when the optimizer is built: torch's Adam/AdamW raise ValueError
+    # (torch/optim/adam.py:66-67), Megatron Core's scheduler asserts start_wd >= 0
+    # (megatron/core/optimizer_param_scheduler.py:168).
+    if spec.weight_decay < 0:
+        yield Violation(
+            ("weight_decay",),
+            f"weight_decay={spec.weight_decay} is negative: both engines refuse it once the optimizer is built.",
+            "set weight_decay=0 or more (the perf recipes run 0.033).",
+        )

@@ -30,15 +30,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from omegaconf import OmegaConf
-
 from moe_vlm.files import RUN_JSON, STEPS_JSONL, write_json_atomic
 from moe_vlm.metrics import summarize
 from moe_vlm.record import REQUEUED, RUNNING, Failure, RunRecord, RunStatus, read_steps
 from moe_vlm.runtime import dist_env, points
 from moe_vlm.runtime.heartbeat import gone, read_heartbeat
 from moe_vlm.safety import scrub_text
-from moe_vlm.schema import TrainConfig, upgrade_recorded
 from moe_vlm.spec import RunSpec
 
 LOG_TAIL_LINES = 30
@@ -273,8 +270,7 @@ def requeue_count() -> int:
 def spec_of(config: dict[str, Any]) -> Any:
     """The RunSpec of a recorded config (None when it no longer builds: a record beats none)."""
     try:
-        merged = OmegaConf.merge(OmegaConf.structured(TrainConfig), upgrade_recorded(config))
-        return RunSpec.from_config(merged)  # type: ignore[arg-type]
+        return RunSpec.from_recorded(config)
     except Exception:
         return None
 

@@ -470,3 +470,36 @@ def test_nsys_on_one_node_is_refused_before_torchrun_starts(
     with pytest.raises(EngineUnavailable, match="needs GPUs"):
         megatron_launch.launch(spec, {}, tmp_path)
     assert os.environ["MOE_VLM_NSYS_REPORT"].endswith("rank0")
+
+
+@needs_stack
+def test_a_negative_weight_decay_fails_in_both_engines_optimizers_and_c005_rejects_it() -> None:
+    """Megatron Core's own scheduler (optimizer_param_scheduler.py:168) and torch's AdamW
+    (torch/optim/adam.py:66-67) refuse it when the optimizer is built; C005 refuses it before."""
+    from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
+
+    params = [torch.nn.Parameter(torch.zeros(2))]
+    optimizer = torch.optim.SGD(params, lr=0.1)
+
+    def scheduler(weight_decay: float) -> OptimizerParamScheduler:
+        return OptimizerParamScheduler(
+            optimizer,
+            init_lr=0.0,
+            max_lr=1e-4,
+            min_lr=0.0,
+            lr_warmup_steps=1,
+            lr_decay_steps=10,
+            lr_decay_style="constant",
+            start_wd=weight_decay,
+            end_wd=weight_decay,
+            wd_incr_steps=10,
+            wd_incr_style="constant",
+        )
+
+    scheduler(0.033)  # the recipes' value builds
+    with pytest.raises(AssertionError):
+        scheduler(-0.1)
+    with pytest.raises(ValueError, match="weight_decay"):
+        torch.optim.AdamW(params, weight_decay=-0.1)
+    assert "C005" in codes(*GB, "weight_decay=-0.1")
+    assert "C005" not in codes(*GB, "weight_decay=0.033")

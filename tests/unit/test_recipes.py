@@ -136,7 +136,7 @@ def test_bridge_mock_samples_have_the_vendor_shapes() -> None:
 def test_bridge_mock_is_labelled_mock_and_ranked_apart() -> None:
     import pandas as pd
 
-    from moe_vlm.report import is_mock
+    from moe_vlm.report_table import is_mock
     from moe_vlm.run_summary import _labels
 
     assert is_mock(pd.DataFrame({"data": ["bridge_mock", "mock", "synthetic", "real"]})).tolist() == [

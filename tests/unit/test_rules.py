@@ -19,6 +19,7 @@ BIG_FSDP = ["cluster=gb200", "model=qwen3_vl_235b_a22b", "nodes=16", "dispatcher
 CASES: dict[str, tuple[list[str], list[str]]] = {
     "C001": (["mbs=0"], []),
     "C003": (["train_iters=2", "warmup_steps=2"], ["train_iters=3", "warmup_steps=2"]),
+    "C005": (["weight_decay=-0.1"], ["weight_decay=0.1"]),
     "C004": (
         ["vision_freeze=vision_projector", "vision_freeze.language=true"],
         ["vision_freeze=vision_projector"],
