@@ -130,5 +130,7 @@ def test_the_bare_command_is_rejected_on_a_laptop_and_planned_for_the_cluster_on
     assert "-m moe_vlm.launch.canary parallelism=fsdp dispatcher=hybridep cluster=gb200" in out
     assert "nothing was submitted" in out
     # The one point's plan.json (moe_vlm/plan_record.py) and nothing else.
-    written = [p.relative_to(tmp_path / "sweep").parts for p in (tmp_path / "sweep").rglob("*") if p.is_file()]
+    written = [
+        p.relative_to(tmp_path / "sweep").parts for p in (tmp_path / "sweep").rglob("*") if p.is_file()
+    ]
     assert len(written) == 1 and written[0][-1] == "plan.json", written
