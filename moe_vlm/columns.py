@@ -15,10 +15,13 @@ from moe_vlm.spec import RunSpec
 
 def _config_groups() -> tuple[str, ...]:
     """The config groups every run chooses: TrainConfig's fields that hold a group's dataclass (model,
-    parallelism, ...); not `recipe`, which is optional (null) and names a set of the others' choices."""
+    parallelism, ...); not `recipe` or `card`, which are optional (null) and name a set of the others'
+    choices."""
     hints = get_type_hints(TrainConfig)
     return tuple(
-        f.name for f in dataclass_fields(TrainConfig) if is_dataclass(hints[f.name]) and f.name != "recipe"
+        f.name
+        for f in dataclass_fields(TrainConfig)
+        if is_dataclass(hints[f.name]) and f.name not in ("recipe", "card")
     )
 
 

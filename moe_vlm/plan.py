@@ -8,6 +8,7 @@ import textwrap
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from moe_vlm.cards import plan_lines as card_lines
 from moe_vlm.columns import choices
 from moe_vlm.data.workers import data_workers
 from moe_vlm.engines.hf_config import is_local_checkpoint
@@ -366,6 +367,7 @@ def render(
         "-- knobs --",
         *knobs,
         *recipe_lines(spec, [f.code for f in findings if f.is_error]),
+        *card_lines(spec),
         "",
     ]
     out += ["-- layout --", *layout_lines(spec), ""]

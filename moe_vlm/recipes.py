@@ -127,9 +127,15 @@ class Change:
 
 def changes(spec: RunSpec) -> list[Change]:
     """Every knob this run sets otherwise than the recipe it names (empty without recipe=)."""
-    knobs = dict(spec.recipe.knobs)
     if spec.recipe.name == "none":
         return []
+    return knob_changes(spec, spec.recipe.knobs)
+
+
+def knob_changes(spec: RunSpec, wanted_knobs: Mapping[str, Any]) -> list[Change]:
+    """Every knob of `wanted_knobs` (dotted key -> value, group choices as `<group>.name`) that this
+    run sets otherwise: a recipe's knobs, or a card row's as written (moe_vlm/cards.py)."""
+    knobs = dict(wanted_knobs)
     # Each group option's own leaves count too (dispatcher.num_sms=16 on the recipe's hybridep).
     for key, option in list(knobs.items()):
         group, _, leaf = key.partition(".")

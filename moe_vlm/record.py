@@ -594,8 +594,9 @@ class RunRecord:
 
     def overrides(self) -> list[str]:
         """Overrides that rebuild this run from its config (when its .hydra/overrides.yaml is gone)."""
-        recipe = _dig(self.config, ("recipe", "name"))
+        recipe, row = _dig(self.config, ("recipe", "name")), _dig(self.config, ("card", "row"))
         out = [f"recipe={recipe}"] if recipe not in (None, "none") else []  # the rest override it
+        out += [f"card={row}"] if row not in (None, "none") else []  # and its published figure comes back
         for group in GROUPS:
             value = _dig(self.config, (group, identity_field(group)))
             if value is not None:

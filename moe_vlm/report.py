@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from moe_vlm import halving_report, module_table, plots, report_basis, stragglers
+from moe_vlm import halving_report, module_table, plots, report_basis, report_card, stragglers
 from moe_vlm.errors import EXIT_FAILED, EXIT_INVALID
 from moe_vlm.files import write_atomic
 from moe_vlm.predict import report_section as prediction_report
@@ -116,6 +116,12 @@ def build_report(
     lines += (
         ["", report_basis.TITLE, "", report_basis.NOTE, "", markdown_table(report_basis.HEADER, basis)]
         if basis
+        else []
+    )
+    cards = report_card.table(completed, top)
+    lines += (
+        ["", report_card.TITLE, "", report_card.NOTE, "", markdown_table(report_card.HEADER, cards)]
+        if cards
         else []
     )
     lines += stragglers.section(completed, top) + module_table.section(completed, top)

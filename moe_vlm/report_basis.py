@@ -19,7 +19,7 @@ NOTE = (
 HEADER = ["run", "Bridge TFLOP/s/GPU", "ours", "ours / Bridge", "positions/sample", "real/sample", "real %"]
 
 
-def _num(value: Any, spec: str) -> str:
+def num(value: Any, spec: str) -> str:
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "-"
     return format(value, spec)
@@ -41,12 +41,12 @@ def table(rows: list[dict[str, Any]], top: int) -> list[list[str]]:
     return [
         [
             str(r["run"]),
-            _num(r.get("bridge_tflops_per_gpu"), ",.4g"),
-            _num(r.get("tflops_per_gpu"), ",.4g"),
-            _num(r.get("bridge_useful_fraction"), ".1%"),
-            _num(r.get("positions_per_sample"), ",.0f"),
-            _num(r.get("real_tokens_per_sample"), ",.0f"),
-            _num(r.get("real_fraction"), ".1%"),
+            num(r.get("bridge_tflops_per_gpu"), ",.4g"),
+            num(r.get("tflops_per_gpu"), ",.4g"),
+            num(r.get("bridge_useful_fraction"), ".1%"),
+            num(r.get("positions_per_sample"), ",.0f"),
+            num(r.get("real_tokens_per_sample"), ",.0f"),
+            num(r.get("real_fraction"), ".1%"),
         ]
         for r in rows
         if r.get("bridge_useful_fraction") is not None
@@ -68,15 +68,15 @@ def diff_rows(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[list[str]]:
         return "-" if value is None else f"{value / PETA:,.4g}"
 
     out = [
-        ["positions/sample", _num(basis_a.get("positions_per_sample"), ",.0f"), _num(basis_b.get("positions_per_sample"), ",.0f")],
-        ["real tokens/sample", _num(basis_a.get("real_tokens_per_sample"), ",.0f"), _num(basis_b.get("real_tokens_per_sample"), ",.0f")],
-        ["real %", _num(basis_a.get("real_fraction"), ".1%"), _num(basis_b.get("real_fraction"), ".1%")],
-        ["ViT patches/sample", _num(basis_a.get("patches_per_sample"), ",.0f"), _num(basis_b.get("patches_per_sample"), ",.0f")],
+        ["positions/sample", num(basis_a.get("positions_per_sample"), ",.0f"), num(basis_b.get("positions_per_sample"), ",.0f")],
+        ["real tokens/sample", num(basis_a.get("real_tokens_per_sample"), ",.0f"), num(basis_b.get("real_tokens_per_sample"), ",.0f")],
+        ["real %", num(basis_a.get("real_fraction"), ".1%"), num(basis_b.get("real_fraction"), ".1%")],
+        ["ViT patches/sample", num(basis_a.get("patches_per_sample"), ",.0f"), num(basis_b.get("patches_per_sample"), ",.0f")],
         ["Bridge's count (PFLOP/step)", peta(basis_a.get("bridge_flops")), peta(basis_b.get("bridge_flops"))],
         *([f"- {name} (PFLOP/step)", peta(term(basis_a, name)), peta(term(basis_b, name))] for name in terms),
         ["= ours (PFLOP/step)", peta(basis_a.get("model_flops")), peta(basis_b.get("model_flops"))],
-        ["ours / Bridge", _num(basis_a.get("useful_fraction"), ".1%"), _num(basis_b.get("useful_fraction"), ".1%")],
-        ["Bridge TFLOP/s/GPU", _num(a.get("bridge_tflops_per_gpu"), ",.4g"), _num(b.get("bridge_tflops_per_gpu"), ",.4g")],
-        ["ours TFLOP/s/GPU", _num(a.get("tflops_per_gpu"), ",.4g"), _num(b.get("tflops_per_gpu"), ",.4g")],
+        ["ours / Bridge", num(basis_a.get("useful_fraction"), ".1%"), num(basis_b.get("useful_fraction"), ".1%")],
+        ["Bridge TFLOP/s/GPU", num(a.get("bridge_tflops_per_gpu"), ",.4g"), num(b.get("bridge_tflops_per_gpu"), ",.4g")],
+        ["ours TFLOP/s/GPU", num(a.get("tflops_per_gpu"), ",.4g"), num(b.get("tflops_per_gpu"), ",.4g")],
     ]  # fmt: skip
     return out

@@ -10,7 +10,7 @@ from typing import Any
 
 import pandas as pd
 
-from moe_vlm import report_basis, stragglers
+from moe_vlm import report_basis, report_card, stragglers
 from moe_vlm.columns import KNOBS
 from moe_vlm.errors import BadInput
 from moe_vlm.files import RUN_JSON, STEPS_JSONL
@@ -106,6 +106,7 @@ def row_of(run_file: Path, run: RunRecord) -> dict[str, Any]:
         "share_projector": components.get("projector"),
         "share_decoder": components.get("decoder"),
         **report_basis.rows_of(summary.get("flops_basis")),
+        **report_card.rows_of((run.spec or {}).get("card")),
         "errors": "; ".join(summary.get("errors") or []) or None,
     }
     row |= prediction_report.row_fields(run.sections)  # predicted vs measured (moe_vlm/predict)

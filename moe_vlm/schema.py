@@ -448,6 +448,26 @@ class RecipeConfig:
     knobs: dict[str, Any] = field(default_factory=dict)
 
 
+@dataclass
+class CardConfig:
+    """A published card row a run reproduces (`card=<row>`, conf/card/; the `sweep=card_*` presets
+    choose one). The option sets the knobs the run uses; these fields say what the row published
+    and how the run differs from the row as written, each difference with its reason."""
+
+    row: str = "none"  # the row's key in its card; none = no card row
+    source: str = ""  # the card it comes from
+    published_tflops_per_gpu: float | None = None  # the row's figure (the card's own count)
+    published_mfu: float | None = None  # as a fraction; null where the card gives none
+    validated_on: str = ""  # the card's date for the figure
+    # The row as the card writes it, dotted knob key -> value (group choices as `<group>.name`); a
+    # setting no option expresses is a string that says so. The plan lists each one the run differs in.
+    as_written: dict[str, Any] = field(default_factory=dict)
+    # knob -> why the option runs it otherwise (the rule the row as written breaks).
+    reasons: dict[str, str] = field(default_factory=dict)
+    # knob -> why the option chose its value where the card says nothing (the plan shows the value).
+    assumed: dict[str, str] = field(default_factory=dict)
+
+
 class DryRun(Enum):
     """dry_run=false runs; true plans (a sweep of more than a few points prints one line per point
     and writes each plan to its directory); full prints every plan in full."""
@@ -512,6 +532,7 @@ class TrainConfig(RunKnobs):
     gc: GcConfig = MISSING
     # The knobs the spec resolves (RunKnobs above are carried as they are).
     recipe: RecipeConfig = field(default_factory=RecipeConfig)  # recipe=<name> fills it; none by default
+    card: CardConfig = field(default_factory=CardConfig)  # card=<row> fills it; none by default
     engine: Engine = knob(
         Engine.auto, "auto | torch | megatron (auto: megatron on GPU clusters, torch on cluster=local)"
     )

@@ -17,6 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from moe_vlm.arch import ArchProfile, profile
 from moe_vlm.schema import (
+    CardConfig,
     ClusterConfig,
     CudaGraphConfig,
     DataConfig,
@@ -172,6 +173,8 @@ class RunSpec(RunKnobs):
     layout: Layout
     # The Bridge perf recipe this run reproduces (recipe=<name>); name "none" when there is none.
     recipe: RecipeConfig = field(default_factory=RecipeConfig)
+    # The published card row this run reproduces (card=<row>); row "none" when there is none.
+    card: CardConfig = field(default_factory=CardConfig)
 
     @property
     def accumulation_steps(self) -> int:
@@ -362,6 +365,7 @@ def build_spec(train: TrainConfig) -> RunSpec:
         layout=layout,
         **{f.name: getattr(train, f.name) for f in fields(RunKnobs)},
         recipe=train.recipe,
+        card=train.card,
     )
 
 

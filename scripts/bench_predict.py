@@ -97,48 +97,16 @@ def cpu(sweep: Path) -> int:
 class Anchor:
     name: str
     overrides: tuple[str, ...]
-    tflops: float  # published TFLOP/s/GPU
+    tflops: float | None  # published TFLOP/s/GPU; None: the card row's (conf/card/)
     source: str
 
 
 BASE = ("seq_length=4096", "cuda_graph=none", "router=forced_balance")
 ANCHORS = (
-    Anchor(
-        "card qwen3_vl_fsdp_gb200",
-        (
-            "model=qwen3_vl_235b_a22b",
-            "cluster=gb200",
-            "nodes=16",
-            "parallelism=fsdp",
-            "ep=64",
-            "dispatcher=hybridep",
-            "recompute=full",
-            "mbs=4",
-            "gbs=256",
-            "data=synthetic",
-        ),
-        470,
-        "sister-skills.md 1 (moe-vlm-training/card.yaml)",
-    ),
-    Anchor(
-        "card qwen3_vl_fsdp_b200",
-        (
-            "model=qwen3_vl_235b_a22b",
-            "cluster=b200",
-            "nodes=16",
-            "parallelism=fsdp",
-            "ep=8",
-            "etp=16",
-            "dispatcher=alltoall",
-            "recompute=full",
-            "vision_freeze=vision_projector",
-            "mbs=8",
-            "gbs=1024",
-            "data=synthetic",
-        ),
-        460,
-        "sister-skills.md 1",
-    ),
+    # The skill card's rows: their knobs and published figure from conf/card/ (card=<row>), on
+    # synthetic images rather than the option's Bridge mock.
+    Anchor("card qwen3_vl_fsdp_gb200", ("card=qwen3_vl_fsdp_gb200", "data=synthetic"), None, "conf/card/"),
+    Anchor("card qwen3_vl_fsdp_b200", ("card=qwen3_vl_fsdp_b200", "data=synthetic"), None, "conf/card/"),
     Anchor(
         "qwen3 235B B200x128 DeepEP",
         (
@@ -224,22 +192,8 @@ ANCHORS = (
         244.039,
         "sister-skills.md 2.5 (EP overlap A/B, overlap off)",
     ),
-    Anchor(
-        "card qwen3_next_35b_gb200",
-        (
-            "model=qwen35_vl_35b_a3b",
-            "cluster=gb200",
-            "nodes=8",
-            "parallelism=fsdp",
-            "ep=8",
-            "dispatcher=hybridep",
-            "mbs=16",
-            "gbs=4096",
-            "data=synthetic",
-        ),
-        260,
-        "sister-skills.md 1 (PP1 VPP4 as written is not a layout: run as PP1)",
-    ),
+    # PP1 VPP4 as written is not a layout: the option runs it as PP1 (conf/card/).
+    Anchor("card qwen3_next_35b_gb200", ("card=qwen3_next_35b_gb200", "data=synthetic"), None, "conf/card/"),
 )
 
 
@@ -249,7 +203,9 @@ def anchors() -> int:
         spec = RunSpec.from_config(compose_config([*BASE, *anchor.overrides]))
         work = expected_workload(spec).workload
         world = spec.layout.world_size
-        measured = step_flops(spec, work).bridge / (anchor.tflops * 1e12 * world)
+        tflops = anchor.tflops if anchor.tflops is not None else spec.card.published_tflops_per_gpu
+        assert tflops is not None, f"{anchor.name}: no published figure"
+        measured = step_flops(spec, work).bridge / (tflops * 1e12 * world)
         samples.append(Sample(anchor.name, {load.term: load.base_s for load in loads(spec, work)}, measured))
         specs[anchor.name] = spec
     found = calibrate("gpu", "published", samples, "published rows", per_term=False)

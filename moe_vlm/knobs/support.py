@@ -99,6 +99,16 @@ NOT_ENGINE_KNOBS: frozenset[str] = frozenset(
         "recipe.name",
         "recipe.module",
         "recipe.knobs",
+        # card=<row>: the same for a published card row (conf/card/), with its published figure,
+        # which the plan and the report print beside the run's (moe_vlm/cards.py).
+        "card.row",
+        "card.source",
+        "card.published_tflops_per_gpu",
+        "card.published_mfu",
+        "card.validated_on",
+        "card.as_written",
+        "card.reasons",
+        "card.assumed",
         # A description of the machine, read by the spec (nproc, engine=auto, EP sizing), the
         # rules, the memory estimate and the MFU denominator. (The Megatron engine also picks its
         # perf recipe by cluster.name and derives HybridEP's topology from the NVLink domain.)

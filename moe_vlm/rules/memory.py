@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+from moe_vlm.cards import row_as_run
 from moe_vlm.memory import (
     GPU_ESTIMATE_UNCERTAINTY,
     THIN_HEADROOM_FRACTION,
@@ -77,13 +78,14 @@ def _does_not_fit(spec: RunSpec, found: MemoryEstimate, hedge: str) -> Violation
     )
 
 
-def _vendor_runs_it(spec: RunSpec, found: MemoryEstimate, recipe: str) -> Violation:
-    """A Bridge perf recipe run as written that we predict over GPU memory: the vendor runs it at this
-    size, so the disagreement is our (GPU-uncalibrated) estimate's to resolve, not a rejection."""
+def _vendor_runs_it(spec: RunSpec, found: MemoryEstimate, published: str) -> Violation:
+    """A Bridge perf recipe or a published card row, run as written, that we predict over GPU memory:
+    someone ran it at this size, so the disagreement is our (GPU-uncalibrated) estimate's to resolve,
+    not a rejection."""
     return Violation(
         ("mbs", "recompute"),
         f"predicted peak {found.total_gib:.1f} GiB per GPU > GPU memory {found.capacity_gib:.1f} GiB on "
-        f"{spec.cluster.name}, but {recipe} is Bridge's own perf recipe, run at this size by the vendor; "
+        f"{spec.cluster.name}, but {published} at this size; "
         f"our GPU terms are not calibrated (largest: {_largest_terms(found)} GiB). Recorded for GPU "
         "calibration in docs/memory-and-advisor.md.",
         "run it as written and compare steps.jsonl peak_memory_gib with the estimate's terms; lower mbs "
@@ -91,18 +93,23 @@ def _vendor_runs_it(spec: RunSpec, found: MemoryEstimate, recipe: str) -> Violat
     )
 
 
-def _recipe_as_written(spec: RunSpec) -> str | None:
-    """The recipe a run reproduces unchanged (the vendor runs it as written), else None."""
+def _published_as_written(spec: RunSpec) -> str | None:
+    """What ran this configuration, where the run reproduces a Bridge perf recipe unchanged or a
+    card row changed only where its option says why; else None."""
     recipe = vendor_recipe(spec)
-    return recipe if recipe is not None and not changes(spec) else None
+    if recipe is not None and not changes(spec):
+        return f"{recipe} is Bridge's own perf recipe, run by the vendor"
+    if row_as_run(spec):
+        return f"card row {spec.card.row} ({spec.card.source}) published a figure"
+    return None
 
 
 @rule("M001", Level.error, "predicted peak memory fits the GPU")
 def _memory_fits(spec: RunSpec) -> Iterator[Violation]:
     # Rejected only past the estimate's stated uncertainty; closer misses are M003 warnings, and so is
-    # any miss on a Bridge perf recipe run as written (the vendor runs it).
+    # any miss on a Bridge perf recipe or a published card row run as written (someone ran it).
     found = estimate_or_none(spec)
-    if found is None or found.capacity_gib is None or _recipe_as_written(spec) is not None:
+    if found is None or found.capacity_gib is None or _published_as_written(spec) is not None:
         return
     if _over_capacity(found) > GPU_ESTIMATE_UNCERTAINTY:
         hedge = f", more than the estimate's {GPU_ESTIMATE_UNCERTAINTY:.0%} uncertainty"
@@ -112,15 +119,15 @@ def _memory_fits(spec: RunSpec) -> Iterator[Violation]:
 @rule(
     "M003",
     Level.warning,
-    "predicted over GPU memory, within the estimate's uncertainty or on a vendor recipe",
+    "predicted over GPU memory, within the estimate's uncertainty or on a vendor recipe or card row",
 )
 def _memory_probably_over(spec: RunSpec) -> Iterator[Violation]:
     found = estimate_or_none(spec)
     if found is None or found.capacity_gib is None:
         return
-    over, recipe = _over_capacity(found), _recipe_as_written(spec)
-    if recipe is not None and over > 0:
-        yield _vendor_runs_it(spec, found, recipe)
+    over, published = _over_capacity(found), _published_as_written(spec)
+    if published is not None and over > 0:
+        yield _vendor_runs_it(spec, found, published)
     elif 0 < over <= GPU_ESTIMATE_UNCERTAINTY:
         yield _does_not_fit(
             spec,

@@ -40,9 +40,10 @@ WORLDS = {
     "qwen3_vl_235b_a22b": (64, 128),
 }
 # Config groups that are axes (above) or not knobs of a run.
-# recipe=: a vendor recipe sets the other groups' choices (tests/megatron/test_recipes.py checks
-# every one of them against the library); the fuzzer varies those groups themselves.
-AXIS_GROUPS = ("cluster", "model", "sweep", "hydra", "recipe")
+# recipe= and card=: a vendor recipe or a published card row sets the other groups' choices
+# (tests/megatron/test_recipes.py and tests/unit/test_sweep_presets.py check every one of them);
+# the fuzzer varies those groups themselves.
+AXIS_GROUPS = ("cluster", "model", "sweep", "hydra", "recipe", "card")
 # Group options whose points need a companion override to be meaningful.
 COMPANIONS = {("data", "real"): {"data.path": "/datasets/shards"}}
 
@@ -106,6 +107,19 @@ EXCLUDED: dict[str, str] = {
     "logger.tracking_uri": "a tracker address",
     "recipe.module": "set by recipe=<name> (tests/megatron/test_recipes.py checks every recipe option)",
     "recipe.knobs": "set by recipe=<name> (tests/megatron/test_recipes.py checks every recipe option)",
+    **{
+        f"card.{name}": "set by card=<row> (tests/unit/test_sweep_presets.py checks every card option)"
+        for name in (
+            "row",
+            "source",
+            "published_tflops_per_gpu",
+            "published_mfu",
+            "validated_on",
+            "as_written",
+            "reasons",
+            "assumed",
+        )
+    },
     **{
         f"data.{name}": "a draw parameter of the project's own seeded samples (MoeVlmDatasetConfig): no library check"
         for name in (*SYNTHETIC_DRAW_FIELDS, "min_pixels", "max_pixels")

@@ -226,3 +226,12 @@ def test_overrides_rebuild_the_run_from_its_config() -> None:
         spec.layout, spec.mbs, spec.gbs, spec.seq_length
     )  # fmt: skip
     assert "router=forced_balance" in record.overrides() and "engine=auto" not in record.overrides()
+
+
+def test_overrides_rebuild_a_card_row_with_its_published_figure() -> None:
+    cfg = compose_cfg("card=qwen3_next_35b_gb200", "gbs=2048")
+    spec = RunSpec.from_config(cfg)
+    record = RunRecord.new(spec, resolved_config(cfg), RunStatus.completed)
+    assert record.overrides()[0] == "card=qwen3_next_35b_gb200"
+    rebuilt = compose_spec(record.overrides())
+    assert rebuilt.card == spec.card and (rebuilt.layout, rebuilt.gbs) == (spec.layout, 2048)
