@@ -87,7 +87,7 @@ def test_a_canary_that_cannot_import_the_stack_holds_and_fails_every_point(
     assert held.returncode == 0, held.stderr[-3000:]
 
     canary = only_canary(cancelled)
-    wait_for(lambda: ended(canary["job_id"]) and ended(only_canary(kept)["job_id"]), 120, "both canaries")
+    wait_for(lambda: ended(canary["job_id"]) and ended(only_canary(kept)["job_id"]), 300, "both canaries")
     assert scontrol_job(canary["job_id"])["JobState"] == "FAILED"
     rows, canaries = snapshot(cancelled)
     assert [(c.job_id, c.state, c.detail) for c in canaries] == [(canary["job_id"], "failed", EVIDENCE)]
@@ -147,7 +147,7 @@ def test_a_bare_command_on_a_login_node_is_submitted_behind_a_canary_that_passes
 
     final = wait_for(
         lambda: (r := next(iter(status(sweep_dir).values())))["state"] in ("completed", "failed") and r,
-        300,
+        600,
         "the point",
     )
     assert final["state"] == "completed", final

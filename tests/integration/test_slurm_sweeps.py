@@ -86,7 +86,20 @@ def wait_for(check: Callable[[], Any], timeout_s: float, what: str, poll_s: floa
         if value:
             return value
         time.sleep(poll_s)
-    raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
+    raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}\n{slurm_picture()}")
+
+
+def slurm_picture() -> str:
+    """What Slurm says of its node and queue: why a wait timed out (a node down, a job pending on
+    resources another test still holds), in the failure's message."""
+    out = []
+    for command in (["sinfo", "-N", "-l"], ["squeue", "-l"], ["scontrol", "show", "jobs"]):
+        try:
+            done = subprocess.run(command, capture_output=True, text=True, timeout=20)
+            out.append(f"$ {' '.join(command)}\n{(done.stdout + done.stderr)[-4000:]}")
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            out.append(f"$ {' '.join(command)}: {exc}")
+    return "\n".join(out)
 
 
 def run_json(point_dir: str | Path) -> dict[str, Any]:
