@@ -25,4 +25,7 @@ fi
 # The layering (docs/layout.md): no import from a lower layer up, no import cycle, the two engines
 # apart (contracts in pyproject.toml [tool.importlinter]).
 .venv/bin/lint-imports
-.venv/bin/python -m pytest "$@"
+# Both cores (pytest-xdist): one worker per core, a test file's tests on one worker, and every
+# Slurm test on one worker (tests/conftest.py groups them: the local node runs one test's jobs at a
+# time). MOE_VLM_TEST_WORKERS=0 runs in this process, one test after another.
+.venv/bin/python -m pytest -n "${MOE_VLM_TEST_WORKERS:-2}" --dist loadgroup "$@"

@@ -20,6 +20,73 @@ from moe_vlm.spec import RunSpec
 
 REPO = Path(__file__).resolve().parent.parent
 CONF = CONF_DIR
+# A test report's user property that carries tests/megatron's REPORT lines to the controller.
+MEGATRON_REPORT = "megatron_report"
+
+
+# --- running in parallel (scripts/test.sh: pytest-xdist, -n 2 --dist loadgroup) -------------------
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """One xdist group per test file (its module fixtures are built once), and one for every test
+    that uses the local Slurm: its one 2-CPU node runs one test's jobs at a time."""
+    for item in items:
+        group = "slurm" if item.get_closest_marker("slurm") else item.nodeid.split("::")[0]
+        item.add_marker(pytest.mark.xdist_group(group))
+
+
+_REPORT_SENT = 0
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    """A test's new tests/megatron REPORT lines ride on its teardown report (to xdist's controller)."""
+    outcome = yield
+    report = outcome.get_result()
+    global _REPORT_SENT
+    lines = _megatron_report()
+    if report.when == "teardown" and lines is not None and len(lines) > _REPORT_SENT:
+        report.user_properties.append((MEGATRON_REPORT, lines[_REPORT_SENT:]))
+        _REPORT_SENT = len(lines)
+
+
+def _megatron_report() -> list[str] | None:
+    import sys
+
+    module = sys.modules.get("tests.megatron.conftest")
+    return getattr(module, "REPORT", None)
+
+
+_RELAYED: list[str] = []
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if getattr(report, "node", None) is None:  # not from an xdist worker: REPORT is in this process
+        return
+    for name, lines in report.user_properties:
+        if name == MEGATRON_REPORT:
+            _RELAYED.extend(lines)
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """tests/megatron's summary: a loud line when the real-library checks were skipped, then what
+    they checked."""
+    from moe_vlm.engines.megatron.stack import stack_problem
+
+    reports = [r for kind in terminalreporter.stats.values() for r in kind if hasattr(r, "nodeid")]
+    if not any(r.nodeid.startswith("tests/megatron/") for r in reports):
+        return
+    problem = stack_problem()
+    if problem is not None:
+        terminalreporter.write_sep(
+            "!", "tests/megatron SKIPPED: the real-library checks did not run", red=True
+        )
+        terminalreporter.write_line(f"reason: {problem}", red=True)
+    lines = _RELAYED or _megatron_report() or []
+    if lines:
+        terminalreporter.write_sep("-", "Megatron Bridge checks (real library, CPU)")
+        for line in lines:
+            terminalreporter.write_line(line)
 
 
 def compose_cfg(*overrides: str) -> DictConfig:

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import tempfile
 import types
 import typing
@@ -34,6 +33,7 @@ from unittest import mock
 from moe_vlm.compose import compose_spec
 from moe_vlm.knobs import bridge_fields
 from moe_vlm.knobs.support import FIELD_MAP_GROUP_READS, SHORTCUTS
+from moe_vlm.runtime.dist_env import free_port
 from moe_vlm.spec import RunSpec
 from tests.conftest import SCHEMA_LEAVES, knob_override
 
@@ -226,12 +226,6 @@ _STEP_FIELDS = (
 )
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 @contextmanager
 def _one_torchrun_rank() -> Iterator[None]:
     """This process as rank 0 of a one-rank torchrun launch (DistEnv.from_environ reads it)."""
@@ -241,7 +235,7 @@ def _one_torchrun_rank() -> Iterator[None]:
         "LOCAL_RANK": "0",
         "LOCAL_WORLD_SIZE": "1",
         "MASTER_ADDR": "127.0.0.1",
-        "MASTER_PORT": str(_free_port()),
+        "MASTER_PORT": str(free_port()),
     }
     kept = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SUBMITIT_"))}
     with mock.patch.dict(os.environ, {**kept, **env}, clear=True):
@@ -255,7 +249,7 @@ def _one_rank_group() -> Iterator[None]:
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
     try:
         yield
     finally:

@@ -44,7 +44,7 @@ from moe_vlm.predict.model import record_section
 from moe_vlm.profiling import StepProfiler
 from moe_vlm.record import RunRecord, RunStatus, StepRecord, StepWriter, read_steps
 from moe_vlm.run_summary import summary_lines
-from moe_vlm.runtime.dist_env import DistEnv
+from moe_vlm.runtime.dist_env import DistEnv, free_port
 from moe_vlm.runtime.failures import classify, launch_info, tail_lines, write_failure
 from moe_vlm.schema import DataKind, ShardingStrategy
 from moe_vlm.spec import RunSpec
@@ -75,12 +75,6 @@ def launch(spec: RunSpec, config: dict[str, Any], run_dir: Path) -> None:
     _spawn_local(spec, config, run_dir)
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def _start_method() -> str:
     """fork where no GPU can be used: ranks start in milliseconds with torch and transformers
     already imported, instead of re-importing them (tens of seconds per rank on a busy 2-core
@@ -92,7 +86,7 @@ def _start_method() -> str:
 
 def _spawn_local(spec: RunSpec, config: dict[str, Any], run_dir: Path) -> None:
     ranks = spec.layout.ranks_per_node
-    port = _free_port()
+    port = free_port()
     try:
         mp.start_processes(
             _spawned_rank,

@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import socket
 import subprocess
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -96,6 +97,14 @@ class DistEnv:
                 launcher="submitit_local",
             )
         return None
+
+
+def free_port() -> int:
+    """A TCP port free on this machine now: for ranks started here alone (no launcher chose one),
+    so two runs on one machine never meet on a fixed port."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
 
 
 def port_for_job(job_id: str) -> int:

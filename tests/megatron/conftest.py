@@ -31,16 +31,9 @@ needs_stack = pytest.mark.skipif(
 REPORT: list[str] = []
 
 
-def pytest_terminal_summary(terminalreporter: Any) -> None:
-    if STACK_PROBLEM is not None:
-        terminalreporter.write_sep(
-            "!", "tests/megatron SKIPPED: the real-library checks did not run", red=True
-        )
-        terminalreporter.write_line(f"reason: {STACK_PROBLEM}", red=True)
-    if REPORT:
-        terminalreporter.write_sep("-", "Megatron Bridge checks (real library, CPU)")
-        for line in REPORT:
-            terminalreporter.write_line(line)
+# The session summary's lines (the loud skip above, then REPORT) are printed by tests/conftest.py:
+# under pytest-xdist only the root conftest runs in the controller, which gets REPORT's lines from
+# the workers' test reports.
 
 
 class RecipeCache:

@@ -5,7 +5,6 @@ lazily, so a machine without it still collects the tests and skips them)."""
 
 from __future__ import annotations
 
-import socket
 from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
@@ -89,12 +88,6 @@ def bridge_loop(
         train_state.floating_point_operations_so_far += flops_of(step)  # train.py:608
         between_steps(step)  # training_log (train.py:633), manual GC (:725-729), checkpoints
     fire("on_train_end", context(state=state, model=[], optimizer=optimizer))
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def join_megatron(rank: int, world: int, port: int, pp: int) -> None:

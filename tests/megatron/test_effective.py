@@ -269,7 +269,8 @@ def provided_vision_config(model: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
     vision tower, whose construction (TE layers: a GPU) is stopped once it receives its config."""
     from megatron.bridge.models.qwen_vl.modelling_qwen3_vl import model as qwen3_vl_model
 
-    from tests.megatron.recording_ranks import free_port, join_megatron, leave_megatron
+    from moe_vlm.runtime.dist_env import free_port
+    from tests.megatron.recording_ranks import join_megatron, leave_megatron
 
     class Received(Exception):
         pass

@@ -25,6 +25,7 @@ from moe_vlm.engines.megatron.recording import StepRecorder
 from moe_vlm.files import STEPS_JSONL
 from moe_vlm.metrics import summarize
 from moe_vlm.record import StepRecord, read_steps
+from moe_vlm.runtime.dist_env import free_port
 from tests.conftest import make_spec
 from tests.megatron.conftest import needs_stack
 from tests.megatron.recording_ranks import (
@@ -33,7 +34,6 @@ from tests.megatron.recording_ranks import (
     STEPS,
     WORLD,
     FakeCudaMemory,
-    free_port,
     join_megatron,
     leave_megatron,
     pipeline_rank,

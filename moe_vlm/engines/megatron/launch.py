@@ -26,7 +26,7 @@ from moe_vlm.predict.model import record_section
 from moe_vlm.provenance import REPO_ROOT
 from moe_vlm.record import RunRecord, read_steps
 from moe_vlm.run_summary import summary_lines
-from moe_vlm.runtime.dist_env import DistEnv
+from moe_vlm.runtime.dist_env import DistEnv, free_port
 from moe_vlm.spec import RunSpec
 
 
@@ -73,7 +73,7 @@ def _distributed_env(spec: RunSpec) -> bool:
     if env is None:
         if spec.layout.world_size > 1:
             return False
-        env = DistEnv(0, 1, 0, 1, "127.0.0.1", 29500, "single")
+        env = DistEnv(0, 1, 0, 1, "127.0.0.1", free_port(), "single")
     if env.world_size != spec.layout.world_size:
         raise EngineUnavailable(
             f"launched with {env.world_size} rank(s) but the layout needs nodes x nproc = "
