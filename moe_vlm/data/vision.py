@@ -11,7 +11,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from transformers.models.qwen2_vl.image_processing_qwen2_vl import Qwen2VLImageProcessor, smart_resize
 
 from moe_vlm.schema import DataConfig, ModelConfig
 
@@ -41,6 +40,10 @@ class ImagePreprocessor:
         self.merge_size = model.vision_spatial_merge_size
         self.min_pixels = data.min_pixels
         self.max_pixels = data.max_pixels
+        # transformers' image processor only where images are processed: importing it (torchvision,
+        # torch._dynamo) costs seconds that a plan or a one-line input error must not pay.
+        from transformers.models.qwen2_vl.image_processing_qwen2_vl import Qwen2VLImageProcessor
+
         self.processor = Qwen2VLImageProcessor(
             patch_size=self.patch_size,
             temporal_patch_size=self.temporal_patch_size,
@@ -56,6 +59,8 @@ class ImagePreprocessor:
 
     def resized_hw(self, height: int, width: int) -> tuple[int, int]:
         """The processor's own resize arithmetic (raises ValueError past a 200:1 aspect ratio)."""
+        from transformers.models.qwen2_vl.image_processing_qwen2_vl import smart_resize  # see __init__
+
         return smart_resize(
             height,
             width,
@@ -79,6 +84,8 @@ class ImagePreprocessor:
 
 def image_tokens_for(model: ModelConfig, data: DataConfig, height: int, width: int) -> int:
     """Placeholder tokens one height x width image becomes (t = 1 for a still image)."""
+    from transformers.models.qwen2_vl.image_processing_qwen2_vl import smart_resize  # see ImagePreprocessor
+
     factor = model.vision_patch_size * model.vision_spatial_merge_size
     resized_h, resized_w = smart_resize(
         height, width, factor=factor, min_pixels=data.min_pixels, max_pixels=data.max_pixels

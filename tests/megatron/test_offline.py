@@ -33,8 +33,15 @@ pytestmark = needs_stack
 MODELS = sorted(p.stem for p in (CONF / "model").glob("*.yaml"))
 CLUSTERS = ["h200", "gb200"]  # a cluster without a recipe of its own, and one with
 
+# The control sets this: its first attempt is the finding, and the process ends there (the hub
+# client retries each file with backoff: 57 refused attempts and 200 s to the end).
+FIRST_ATTEMPT_ENDS = "MOE_VLM_TEST_FIRST_ATTEMPT_ENDS"
+
 GUARD = r"""
+import json
+import os
 import socket
+import sys
 
 ATTEMPTS = []
 _LOOPBACK = ("localhost", "127.0.0.1", "::1")
@@ -46,6 +53,12 @@ def _remote(host):
 
 def _refuse(what):
     ATTEMPTS.append(what)
+    if os.environ.get("MOE_VLM_TEST_FIRST_ATTEMPT_ENDS") == "1":
+        from huggingface_hub import constants
+
+        with open(sys.argv[1], "w") as out:
+            json.dump({"offline": constants.is_offline_mode(), "attempts": ATTEMPTS, "results": []}, out)
+        os._exit(0)
     raise OSError(f"network access attempted: {what}")
 
 
@@ -202,7 +215,10 @@ def test_every_model_builds_and_loads_offline_without_touching_the_network(tmp_p
 def test_an_explicit_hub_choice_is_kept_and_the_guard_sees_it(tmp_path: Path) -> None:
     # The control: without offline mode at import time, the same path goes to the hub.
     report = in_fresh_process(
-        tmp_path, cases(tmp_path, ["qwen3_vl_30b_a3b"], ["h200"])[1:], HF_HUB_OFFLINE="0"
+        tmp_path,
+        cases(tmp_path, ["qwen3_vl_30b_a3b"], ["h200"])[1:],
+        HF_HUB_OFFLINE="0",
+        **{FIRST_ATTEMPT_ENDS: "1"},
     )
 
     assert report["offline"] is False
