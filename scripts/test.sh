@@ -25,7 +25,31 @@ fi
 # The layering (docs/layout.md): no import from a lower layer up, no import cycle, the two engines
 # apart (contracts in pyproject.toml [tool.importlinter]).
 .venv/bin/lint-imports
-# Both cores (pytest-xdist): one worker per core, a test file's tests on one worker, and every
-# Slurm test on one worker (tests/conftest.py groups them: the local node runs one test's jobs at a
-# time). MOE_VLM_TEST_WORKERS=0 runs in this process, one test after another.
-.venv/bin/python -m pytest -n "${MOE_VLM_TEST_WORKERS:-2}" --dist loadgroup "$@"
+# Both cores: the Slurm tests (marker `slurm`) in one process, one after another (the local node
+# has 2 CPUs: two tests' jobs would run against each other's time limits), while the rest run on
+# pytest-xdist workers (MOE_VLM_TEST_WORKERS, default 2; a test file's tests stay on one worker, so
+# its module fixtures are built once). MOE_VLM_TEST_WORKERS=0 runs everything in this process.
+workers="${MOE_VLM_TEST_WORKERS:-2}"
+if [ "$workers" = 0 ]; then
+  .venv/bin/python -m pytest "$@"
+  exit $?
+fi
+slurm_log=$(mktemp -t moe_vlm_slurm_tests.XXXXXX)
+.venv/bin/python -m pytest -m slurm -p no:xdist "$@" >"$slurm_log" 2>&1 &
+slurm_pid=$!
+set +e
+.venv/bin/python -m pytest -m "not slurm" -n "$workers" --dist loadfile "$@"
+rest=$?
+wait "$slurm_pid"
+slurm=$?
+set -e
+echo "=================== the Slurm tests (pytest -m slurm, run alongside) ==================="
+cat "$slurm_log"
+rm -f "$slurm_log"
+# 5: no test selected (arguments that name no Slurm test, or only Slurm tests).
+ok() { [ "$1" = 0 ] || [ "$1" = 5 ]; }
+if ok "$rest" && ok "$slurm" && ! { [ "$rest" = 5 ] && [ "$slurm" = 5 ]; }; then
+  exit 0
+fi
+echo "test.sh: pytest exited $rest (not slurm) and $slurm (slurm)" >&2
+exit 1

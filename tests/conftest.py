@@ -24,15 +24,7 @@ CONF = CONF_DIR
 MEGATRON_REPORT = "megatron_report"
 
 
-# --- running in parallel (scripts/test.sh: pytest-xdist, -n 2 --dist loadgroup) -------------------
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """One xdist group per test file (its module fixtures are built once), and one for every test
-    that uses the local Slurm: its one 2-CPU node runs one test's jobs at a time."""
-    for item in items:
-        group = "slurm" if item.get_closest_marker("slurm") else item.nodeid.split("::")[0]
-        item.add_marker(pytest.mark.xdist_group(group))
+# --- running in parallel (scripts/test.sh: the Slurm tests in one process, the rest on pytest-xdist) ---
 
 
 _REPORT_SENT = 0
