@@ -43,7 +43,7 @@ def card_changes(spec: RunSpec) -> list[CardChange]:
     # A knob the card leaves unsaid is listed as assumed, not as a change from the row (the 3D
     # row's TP: its group option's default is no more the row's than the value chosen).
     return [
-        CardChange(c.knob, c.recipe, c.run, spec.card.reasons.get(c.knob, GIVEN))
+        CardChange(c.knob, c.wanted, c.run, spec.card.reasons.get(c.knob, GIVEN))
         for c in knob_changes(spec, spec.card.as_written)
         if c.knob not in spec.card.assumed
     ]

@@ -117,12 +117,14 @@ def _option_leaves(group: str, option: str) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class Change:
+    """A knob this run sets otherwise than wanted (by its recipe, or its card row as written)."""
+
     knob: str
-    recipe: Any
+    wanted: Any
     run: Any
 
     def line(self) -> str:
-        return f"  {self.knob:<44} recipe {self.recipe!s:<20} this run {self.run}"
+        return f"  {self.knob:<44} recipe {self.wanted!s:<20} this run {self.run}"
 
 
 def changes(spec: RunSpec) -> list[Change]:

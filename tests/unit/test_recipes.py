@@ -57,7 +57,7 @@ def test_knobs_on_the_command_line_override_the_recipe(order: str) -> None:
     assert (spec.mbs, spec.dispatcher.name, spec.freeze.name, spec.data.kind, spec.layout.ep) == (
         2, "alltoall", "none", DataKind.synthetic, 4,
     )  # fmt: skip
-    found = {c.knob: (c.recipe, c.run) for c in changes(spec)}
+    found = {c.knob: (c.wanted, c.run) for c in changes(spec)}
     assert found == {
         "mbs": (4, 2),
         "dispatcher.name": ("hybridep", "alltoall"),
@@ -70,7 +70,7 @@ def test_knobs_on_the_command_line_override_the_recipe(order: str) -> None:
 
 def test_a_leaf_of_the_recipes_own_option_counts_as_a_change() -> None:
     spec = make_spec(f"recipe={GB200_30B}", "dispatcher.num_sms=16")
-    assert [(c.knob, c.recipe, c.run) for c in changes(spec)] == [("dispatcher.num_sms", 0, 16)]
+    assert [(c.knob, c.wanted, c.run) for c in changes(spec)] == [("dispatcher.num_sms", 0, 16)]
 
 
 def test_unknown_recipe_names_the_closest_and_exits_2() -> None:
