@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import dataclasses
 import typing
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from enum import Enum
 from pathlib import Path
 from typing import Any
 
+import pluggy
 import pytest
 from omegaconf import DictConfig
 
@@ -31,7 +32,9 @@ _REPORT_SENT = 0
 
 
 @pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pluggy.Result[pytest.TestReport], None]:
     """A test's new tests/megatron REPORT lines ride on its teardown report (to xdist's controller)."""
     outcome = yield
     report = outcome.get_result()
@@ -56,8 +59,8 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     if getattr(report, "node", None) is None:  # not from an xdist worker: REPORT is in this process
         return
     for name, lines in report.user_properties:
-        if name == MEGATRON_REPORT:
-            _RELAYED.extend(lines)
+        if name == MEGATRON_REPORT and isinstance(lines, list):
+            _RELAYED.extend(str(line) for line in lines)
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:

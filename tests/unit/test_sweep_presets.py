@@ -163,8 +163,8 @@ def test_each_change_from_the_row_has_the_reason_the_rules_give(name: str) -> No
         assert change.as_written == as_written and change.reason != GIVEN, change
         assert all(code in change.reason for code in codes), change
         # Set back as written, the knob is refused by exactly the rules the reason names.
-        back = MLP_SCOPE if isinstance(change.as_written, str) and "mlp" in change.as_written else ()
-        back = back or (override_of(knob, change.as_written),)
+        mlp = isinstance(change.as_written, str) and "mlp" in change.as_written
+        back: tuple[str, ...] = MLP_SCOPE if mlp else (override_of(knob, change.as_written),)
         fired = {f.code for f in errors(validate(preset_spec(name, *back)))}
         assert codes <= fired, (knob, fired)
 
