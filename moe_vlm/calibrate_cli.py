@@ -16,7 +16,8 @@ from typing import NoReturn
 from moe_vlm.compose import compose_config
 from moe_vlm.errors import EXIT_INVALID
 from moe_vlm.predict.calibration import calibrate, calibration_path, store
-from moe_vlm.predict.probe import probe_calibration
+from moe_vlm.predict.model import has_defaults
+from moe_vlm.predict.probe import probe as run_probe
 from moe_vlm.predict.runs import RecordedRun, find_runs, recorded
 from moe_vlm.preflight import COMPOSE_ERRORS, explain
 from moe_vlm.rules import validate
@@ -41,7 +42,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--probe",
         action="store_true",
-        help="time the model's GEMMs here (seconds) for a first calibration before any run",
+        help="time the point's GEMMs, a copy and its collectives here (seconds) for a first calibration",
+    )
+    p.add_argument(
+        "--store",
+        action="store_true",
+        help="with --probe on a GPU cluster: store the probe's calibration over the published-row defaults",
     )
     p.add_argument("--out", default=None, help=f"calibration file (default: {calibration_path()})")
     p.add_argument("--dry-run", action="store_true", help="print the fit, write nothing")
@@ -51,7 +57,7 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     if args.probe:
-        return probe(args.paths, args.out, args.dry_run)
+        return probe(args.paths, args.out, args.dry_run, args.store)
     paths = [Path(p).expanduser() for p in args.paths]
     missing = [str(p) for p in paths if not p.exists()]
     if missing:
@@ -93,8 +99,8 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def probe(overrides: list[str], out: str | None, dry_run: bool) -> int:
-    """--probe: compose the point (one-line error, exit 2, on bad overrides), time its GEMMs, store."""
+def probe(overrides: list[str], out: str | None, dry_run: bool, store_anyway: bool) -> int:
+    """--probe: compose the point (one-line error, exit 2, on bad overrides), time it here, store."""
     try:
         spec = RunSpec.from_config(compose_config(overrides))
     except COMPOSE_ERRORS as exc:
@@ -104,9 +110,19 @@ def probe(overrides: list[str], out: str | None, dry_run: bool) -> int:
     if bad:
         print(f"{PROG}: error: the point is invalid: {bad[0].brief()}", file=sys.stderr)
         return EXIT_INVALID
-    found, _rate = probe_calibration(spec)
-    print(f"cluster={found.cluster} {found.stack}: {found.source}")
+    result = run_probe(spec)
+    found = result.calibration()
+    print(f"cluster={found.cluster} {found.stack}:")
+    for line in result.lines():
+        print(f"  {line}")
     if dry_run:
+        return 0
+    if has_defaults(spec) and not store_anyway:
+        print(
+            f"not stored: cluster={spec.cluster.name} predicts from the defaults fitted on published whole "
+            "steps, which a probe of GEMMs and collectives alone does not beat (docs/step-time-prediction.md); "
+            "--store stores it anyway"
+        )
         return 0
     print(f"wrote {store([found], Path(out).expanduser() if out else None)}")
     return 0

@@ -277,6 +277,8 @@ def prediction_cell(found: Prediction | str) -> str:
     if isinstance(found, str) or found.step_time_s is None:
         return "-"
     tokens = found.effective_tokens_per_s_per_gpu or 0.0
+    if found.lower_bound:
+        return f">={found.step_time_s:.3g} s (probe), <={tokens:,.0f} tok/s"
     return f"{found.step_time_s:.3g} s +-{found.sigma:.0%}, {tokens:,.0f} tok/s"
 
 

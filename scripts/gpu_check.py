@@ -11,11 +11,14 @@ What it does, in order, within a time budget (8 minutes on the GPU machine):
    estimate's first GPU calibration point (scripts/calibrate_memory.py runs each point);
 2. the component timer's cost on the mid-size model (scripts/bench_hooks.py: hooks on/off A/B and
    the time spent inside the hooks, timed with CUDA events on a GPU);
-3. the Megatron stack that travelled as wheels (no Transformer Engine: its wheel cannot travel),
+3. the calibration probe on the mid-size point (`moe-vlm calibrate --probe ... --dry-run`): bf16
+   GEMMs at its shapes and a copy, as % of the H200's dense BF16 peak and HBM (one GPU: no
+   collective), what the Slurm canary prints on a GPU cluster;
+4. the Megatron stack that travelled as wheels (no Transformer Engine: its wheel cannot travel),
    imported against this machine's torch, in a subprocess: what imports and what does not, with
    the library file:line that fails; then, for every model on cluster=h200, the plan (dry_run) and
    the Bridge ConfigContainer where Bridge imports;
-4. one summary, JSON and text: <out>/gpu_check_summary.{json,txt}.
+5. one summary, JSON and text: <out>/gpu_check_summary.{json,txt}.
 
     bash scripts/gpu_check.sh                      # installs wheels/ if present, then this
     python scripts/gpu_check.py --out DIR          # the same, in this interpreter
@@ -271,6 +274,20 @@ def _megatron(timeout_s: int) -> dict[str, Any]:
     return {"status": "completed", "wall_s": wall_s, **json.loads(text)}
 
 
+def _calibration_probe(overrides: list[str], timeout_s: int) -> dict[str, Any]:
+    """`moe-vlm calibrate --probe` on the mid-size point: GEMMs in bf16 and a copy against the
+    H200 datasheet (one GPU: no collective), what the Slurm canary prints on a GPU cluster."""
+    command = [sys.executable, "-m", "moe_vlm.cli", "calibrate", "--probe", *overrides, "--dry-run"]
+    try:
+        done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        return {"status": "timeout", "lines": []}
+    lines = [line.strip() for line in done.stdout.splitlines()[1:] if line.strip()]
+    if done.returncode != 0:
+        return {"status": "failed", "error": done.stderr.strip().splitlines()[-1:], "lines": lines}
+    return {"status": "completed", "lines": lines}
+
+
 def _environment() -> dict[str, Any]:
     import torch
     import transformers
@@ -321,6 +338,13 @@ def _text(summary: dict[str, Any]) -> str:
         )
     else:
         lines.append(f"hook overhead: {hooks.get('status')}: {hooks.get('error')}")
+    lines += ["", "-- calibration probe (moe-vlm calibrate --probe, the mid point) --"]
+    probe = summary["calibration_probe"]
+    lines += (
+        probe["lines"]
+        if probe["status"] == "completed"
+        else [f"probe {probe['status']}: {probe.get('error')}"]
+    )
     mega = summary["megatron"]
     lines += [
         "",
@@ -388,6 +412,9 @@ def main(argv: list[str] | None = None) -> int:
     if hooks["status"] != "completed":
         summary["problems"].append(f"hook overhead: {hooks.get('error')}")
     summary["torch_engine"] = {"points": points, "hook_overhead": hooks}
+    summary["calibration_probe"] = _calibration_probe(mid, min(left(), 120))
+    if summary["calibration_probe"]["status"] != "completed":
+        summary["problems"].append(f"calibration probe: {summary['calibration_probe']['status']}")
     summary["megatron"] = _megatron(left())
     summary["wall_s"] = time.perf_counter() - started
     if summary["wall_s"] > args.budget_s:

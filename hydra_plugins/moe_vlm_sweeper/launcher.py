@@ -265,7 +265,7 @@ class SubmititLauncher(BaseSubmititLauncher):
 
     def canary_script(self, job: PlannedJob) -> str:
         params = slurm.canary_parameters(job.settings, job.spec, job.canary_dir)
-        command = slurm.canary_command(self.python(job), job.task_overrides)
+        command = slurm.canary_command(self.python(job), job.task_overrides, job.settings.canary_probe)
         return slurm.render_sbatch(params, str(job.canary_dir), self.python(job), command)
 
     def submit_canaries(self, planned: Sequence[PlannedJob]) -> dict[tuple[str, str | None], str]:

@@ -11,7 +11,6 @@ prints one progress line per step, and writes run.json once at the end (atomical
 
 from __future__ import annotations
 
-import ctypes
 import os
 import resource
 import signal
@@ -41,6 +40,7 @@ from moe_vlm.files import RUN_JSON, STEPS_JSONL, write_json_atomic
 from moe_vlm.memory.estimate import GIB
 from moe_vlm.metrics import summarize
 from moe_vlm.predict.model import record_section
+from moe_vlm.processes import die_with_parent
 from moe_vlm.profiling import StepProfiler
 from moe_vlm.record import RunRecord, RunStatus, StepRecord, StepWriter, read_steps
 from moe_vlm.run_summary import summary_lines
@@ -49,9 +49,6 @@ from moe_vlm.runtime.failures import classify, launch_info, tail_lines, write_fa
 from moe_vlm.schema import DataKind, ShardingStrategy
 from moe_vlm.spec import RunSpec
 from moe_vlm.timing import COMPONENTS, ComponentTimer, clock_for
-
-PR_SET_PDEATHSIG = 1  # linux/prctl.h
-
 
 # --- launching -----------------------------------------------------------------------------
 
@@ -113,11 +110,7 @@ def _spawn_local(spec: RunSpec, config: dict[str, Any], run_dir: Path) -> None:
 def _spawned_rank(
     local_rank: int, spec: RunSpec, config: dict[str, Any], run_dir: Path, ranks: int, port: int
 ) -> None:
-    # Die with the launcher: a rank must not outlive a killed run and keep writing its record.
-    if sys.platform.startswith("linux"):
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-        if os.getppid() == 1:
-            os._exit(1)
+    die_with_parent()  # a rank must not outlive a killed run and keep writing its record
     env = DistEnv(
         rank=local_rank,
         world_size=ranks,

@@ -11,7 +11,13 @@ the points wait on it with `--dependency=afterok`. In about a minute it:
 3. imports the point's engine: torch and transformers for engine=torch; for engine=megatron the
    Megatron stack the run needs, then builds the Bridge ConfigContainer (moe_vlm.engines.megatron
    .config.build_config) in a scratch directory;
-4. on a GPU cluster, checks that CUDA sees the job's GPUs (driver and container agree).
+4. on a GPU cluster, checks that CUDA sees the job's GPUs (driver and container agree);
+5. with --probe (hydra.launcher.canary_probe, the default), times the point's GEMMs, a copy and
+   an all-to-all and all-gather at its EP and DP sizes on the node's ranks (moe_vlm/predict/probe.py,
+   seconds) and prints the rates; where no published-row defaults apply (cluster=local, a site
+   preset without a datasheet peak) it stores them as the first step-time calibration, unless one
+   fitted on runs exists. A probe that fails is said in the log and does not fail the canary: the
+   points launch their ranks their own way, and the probe is a forecast, not a check.
 
 It exits 0, or prints the traceback and then one last line starting `moe_vlm canary: FAILED`,
 which `moe-vlm status` shows as the evidence of the held points. A container that cannot even
@@ -35,6 +41,7 @@ if TYPE_CHECKING:
 
 FAILED_PREFIX = "moe_vlm canary: FAILED"
 OK_PREFIX = "moe_vlm canary: ok"
+PROBE_PREFIX = "moe_vlm canary probe:"
 
 
 class CanaryFailed(RuntimeError):
@@ -93,21 +100,46 @@ def check_gpus(spec: RunSpec) -> str:
     return f"; {torch.cuda.device_count()} GPU(s): {torch.cuda.get_device_name(0)}"
 
 
-def run(overrides: list[str]) -> str:
+def probe_here(spec: RunSpec) -> str:
+    """Time the point here and store the calibration where it is the best there is; what was done."""
+    from moe_vlm.predict.calibration import find, store
+    from moe_vlm.predict.model import has_defaults
+    from moe_vlm.predict.probe import probe
+
+    try:
+        result = probe(spec, seconds=2.0)
+    except Exception as exc:  # a forecast: said, never a reason to hold the points
+        print(f"{PROBE_PREFIX} skipped: {type(exc).__name__}: {' '.join(str(exc).split())}", flush=True)
+        return "; probe failed (see the log)"
+    for line in result.lines():
+        print(f"{PROBE_PREFIX} {line}", flush=True)
+    if has_defaults(spec):
+        return "; probe printed, not stored (the published-row defaults predict this cluster)"
+    found = result.calibration()
+    existing = find(found.cluster, found.stack)
+    if existing is not None and not existing.lower_bound:
+        return f"; probe not stored: a calibration fitted on {existing.runs} run(s) exists"
+    return f"; probe calibration stored in {store([found])}"
+
+
+def run(overrides: list[str], probe: bool = False) -> str:
     spec = compose_spec(overrides)
     from moe_vlm.data import check_data
 
     check_data(spec)
     with tempfile.TemporaryDirectory(prefix="moe_vlm_canary_") as scratch:
         engine = check_engine(spec, Path(scratch))
-    return f"cluster={spec.cluster.name} engine={spec.engine}: {engine}{check_gpus(spec)}"
+    summary = f"cluster={spec.cluster.name} engine={spec.engine}: {engine}{check_gpus(spec)}"
+    return summary + (probe_here(spec) if probe else "")
 
 
 def main(argv: list[str] | None = None) -> int:
-    overrides = list(sys.argv[1:] if argv is None else argv)
+    args = list(sys.argv[1:] if argv is None else argv)
+    probe = "--probe" in args
+    overrides = [a for a in args if a != "--probe"]
     started = time.monotonic()
     try:
-        summary = run(overrides)
+        summary = run(overrides, probe)
     except Exception as exc:  # every failure is the finding; the last line says which
         traceback.print_exc()
         message = " ".join(str(exc).split()) or "no message"

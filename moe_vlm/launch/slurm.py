@@ -79,6 +79,9 @@ class SlurmSettings:
     # (afterok): it imports the stack in the job environment and builds the first point's config.
     canary: bool = True
     canary_timeout_min: int = 15  # room for a first container image pull; the check itself is ~1 min
+    # The canary also times the first point's GEMMs and collectives on its node (seconds) and,
+    # where no published-row defaults apply, stores that as a first step-time calibration.
+    canary_probe: bool = True
     # Site values: null/empty here = from MOE_VLM_* env or ~/.config/moe_vlm/site.yaml (see launch/site.py).
     account: str | None = None
     partition: str | None = None
@@ -268,10 +271,10 @@ def canary_parameters(settings: SlurmSettings, spec: RunSpec, canary_dir: Path) 
     return safety.scrub({k: v for k, v in params.items() if v is not None})
 
 
-def canary_command(python: str, overrides: Iterable[str]) -> str:
+def canary_command(python: str, overrides: Iterable[str], probe: bool = False) -> str:
     """The canary's task: the point's task overrides, each quoted for the shell (one line each)."""
     quoted = [shlex.quote(safety.check_no_control("canary override", str(o))) for o in overrides]
-    return " ".join([python, "-u -m moe_vlm.launch.canary", *quoted])
+    return " ".join([python, "-u -m moe_vlm.launch.canary", *(["--probe"] if probe else []), *quoted])
 
 
 def marker_lines() -> list[str]:

@@ -82,6 +82,9 @@ class Calibration:
     runs: int
     source: str  # in words: what it was fitted on
     residuals: dict[str, float] = field(default_factory=dict)  # run dir -> leave-one-out relative error
+    # A probe's (moe_vlm/predict/probe.py): the probed kernels and collectives alone, so a whole
+    # step takes longer by what it spends between them. It ranks points; it neither bands nor flags.
+    lower_bound: bool = False
 
     def scale(self, term: Term) -> float:
         return float(self.scales.get(term.value, 0.0))
@@ -103,6 +106,7 @@ class Calibration:
             runs=int(raw.get("runs", 0)),
             source=str(raw.get("source", "")),
             residuals={str(k): float(v) for k, v in dict(raw.get("residuals") or {}).items()},
+            lower_bound=bool(raw.get("lower_bound", False)),
         )
 
 

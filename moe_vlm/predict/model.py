@@ -63,10 +63,11 @@ class Prediction:
     terms: tuple[TermTime, ...]
     note: str | None = None
     unit: str = "GPU"  # "rank" for CPU ranks
+    lower_bound: bool = False  # from a probe's calibration: at least this long; no band, no flag
 
     def band(self, value: float | None, rate: bool = False) -> tuple[float, float] | None:
-        """(low, high) at 1 sigma; a rate moves opposite to the step time."""
-        if value is None:
+        """(low, high) at 1 sigma; a rate moves opposite to the step time. None for a lower bound."""
+        if value is None or self.lower_bound:
             return None
         if rate:
             return value / (1 + self.sigma), value / max(1 - self.sigma, 1e-9)
@@ -77,7 +78,8 @@ class Prediction:
         return {
             "step_time_s": self.step_time_s,
             "step_time_band_s": None if band is None else list(band),  # JSON's shape, read back equal
-            "sigma": self.sigma,
+            "sigma": None if self.lower_bound else self.sigma,
+            "lower_bound": self.lower_bound,
             "source": self.source,
             "workload": self.workload,
             "effective_tokens_per_s_per_gpu": self.effective_tokens_per_s_per_gpu,
@@ -87,23 +89,30 @@ class Prediction:
             "note": self.note,
         }
 
+    def _range(self, value: float, fmt: str, unit: str, rate: bool = False) -> str:
+        if self.lower_bound:
+            return (
+                "(at most: a probe's bound)"
+                if rate
+                else "(at least: a probe's lower bound, no band; it ranks points)"
+            )
+        low, high = self.band(value, rate) or (0.0, 0.0)
+        head = f"1 sigma {self.sigma:.0%}: " if not rate else ""
+        return f"({head}{low:{fmt}}-{high:{fmt}}{unit})"
+
     def lines(self) -> list[str]:
         head = "-- predicted speed (moe_vlm/predict; docs/step-time-prediction.md) --"
         if self.step_time_s is None:
             return [head, f"not predicted: {self.note}"]
-        low, high = self.band(self.step_time_s) or (0.0, 0.0)
-        out = [
-            head,
-            f"step time      {self.step_time_s:.4g} s  (1 sigma {self.sigma:.0%}: {low:.4g}-{high:.4g} s)",
-        ]
+        out = [head, f"step time      {self.step_time_s:.4g} s  {self._range(self.step_time_s, '.4g', ' s')}"]
         tokens = self.effective_tokens_per_s_per_gpu
         if tokens is not None:
-            t_low, t_high = self.band(tokens, rate=True) or (0.0, 0.0)
             label = f"tokens/s/{self.unit}"
-            out.append(f"{label:<14} {tokens:,.0f} effective ({t_low:,.0f}-{t_high:,.0f})")
+            out.append(f"{label:<14} {tokens:,.0f} effective {self._range(tokens, ',.0f', '', rate=True)}")
         if self.mfu is not None:
-            m_low, m_high = self.band(self.mfu, rate=True) or (0.0, 0.0)
-            out.append(f"MFU            {self.mfu:.1%} ({m_low:.1%}-{m_high:.1%}) vs {self.peak_name}")
+            out.append(
+                f"MFU            {self.mfu:.1%} {self._range(self.mfu, '.1%', '', rate=True)} vs {self.peak_name}"
+            )
         else:
             out.append("MFU            none: the cluster declares no peak")
         out.append(f"calibration    {self.source}")
@@ -115,12 +124,17 @@ class Prediction:
         return out
 
 
+def has_defaults(spec: RunSpec) -> bool:
+    """Whether the published-row defaults apply: a cluster with a datasheet peak."""
+    return spec.cluster.peak_bf16_flops > 0 and DEFAULT_COMPUTE_SCALE > 0
+
+
 def calibration_for(spec: RunSpec, path: Path | None = None) -> Calibration | None:
     """The user's calibration for this cluster and installed stack, else the GPU defaults, else None."""
     found = find(spec.cluster.name, stack_of(spec.engine), path)
     if found is not None:
         return found
-    if spec.cluster.peak_bf16_flops > 0 and DEFAULT_COMPUTE_SCALE > 0:
+    if has_defaults(spec):
         return Calibration(
             cluster=spec.cluster.name,
             stack="any",
@@ -173,10 +187,21 @@ def predict(
         if calibration.runs
         else calibration.source
     )
-    if calibration.sigma is None:
+    if calibration.sigma is None and not calibration.lower_bound:
         source += f"; no spread measured: uncalibrated band {UNCALIBRATED_BAND:.0%}"
     unit = "GPU" if spec.cluster.is_gpu_cluster else "rank"
-    return Prediction(step, calibration.band, source, described, tokens, mfu, peak["name"], parts, unit=unit)
+    return Prediction(
+        step,
+        calibration.band,
+        source,
+        described,
+        tokens,
+        mfu,
+        peak["name"],
+        parts,
+        unit=unit,
+        lower_bound=calibration.lower_bound,
+    )
 
 
 FLAG_SIGMAS = 2.0  # a run this many sigmas slower than predicted is flagged (regression or fault)
@@ -207,7 +232,10 @@ def record_section(spec: RunSpec, summary: Mapping[str, Any] | None) -> dict[str
     out["measured_step_s"] = measured
     if measured is not None and found.step_time_s:
         error, sigmas = deviation(found.step_time_s, found.sigma, measured)
-        out["error"], out["sigmas"] = error, sigmas
+        out["error"] = error
+        if found.lower_bound:  # a probe's bound: a whole step is slower by design, never a fault
+            return out
+        out["sigmas"] = sigmas
         out["flag"] = (
             f"{sigmas:.1f} sigma slower than predicted: a likely regression or fault"
             if sigmas > FLAG_SIGMAS

@@ -59,9 +59,12 @@ def section(rows: list[dict[str, Any]], top: int) -> list[str]:
     for r in known[:top]:
         sigmas = r.get("prediction_sigmas") or 0.0
         measured = r["predicted_step_s"] * (1 + r["prediction_error"])
+        sigma = r.get("predicted_sigma")
+        bound = sigma is None  # a probe's lower bound: no band, so no sigmas and no flag
         lines.append(
-            f"| {r.get('run')} | {measured:.3f} | {r['predicted_step_s']:.3f} | {r.get('predicted_sigma') or 0:.0%} "
-            f"| {r['prediction_error']:+.1%} | {sigmas:+.1f} | {'FLAGGED' if sigmas > FLAG_SIGMAS else ''} |"
+            f"| {r.get('run')} | {measured:.3f} | {r['predicted_step_s']:.3f} "
+            f"| {'lower bound' if bound else f'{sigma:.0%}'} | {r['prediction_error']:+.1%} "
+            f"| {'-' if bound else f'{sigmas:+.1f}'} | {'FLAGGED' if sigmas > FLAG_SIGMAS else ''} |"
         )
     if len(known) > top:
         lines.append(f"+ {len(known) - top} more; every row is in results.csv.")

@@ -180,6 +180,15 @@ def _param_counts(model: ModelConfig) -> ParamCounts:
     return _PARAMS[key]
 
 
+def param_split(spec: RunSpec) -> tuple[float, float]:
+    """Parameters one rank holds before data-parallel sharding: (dense over TP x PP, routed
+    experts over EP x ETP x PP)."""
+    lay = spec.layout
+    params = _param_counts(spec.model)
+    experts = sum(layer.experts for layer in params.layers)
+    return (params.total - experts) / max(lay.tp * lay.pp, 1), experts / max(lay.ep * lay.etp * lay.pp, 1)
+
+
 def ep_term(spec: RunSpec) -> Term:
     d = spec.dispatcher
     if d.token_dispatcher is TokenDispatcher.flex and d.backend is FlexBackend.deepep:
@@ -235,11 +244,8 @@ def loads(spec: RunSpec, workload: Workload) -> list[Load]:
         )
 
     params = _param_counts(model)
-    experts = sum(layer.experts for layer in params.layers)
-    dense = params.total - experts
     frozen = (params.vision if spec.freeze.vision else 0) + (params.projector if spec.freeze.projector else 0)
-    dense_local = dense / max(lay.tp * lay.pp, 1)
-    experts_local = experts / max(lay.ep * lay.etp * lay.pp, 1)
+    dense_local, experts_local = param_split(spec)
     across = lay.world_size > lay.nvlink_domain_gpus
     dp_link = scale_out if across else nvlink
     param_bytes = act_bytes

@@ -5,7 +5,8 @@
   starts, Slurm cancels them (or keeps them PENDING where the site asks), and `moe-vlm status`
   records them `failed`, class `stack`, with the canary's last error line.
 - A bare `python train.py ...` on a "login node" (no SLURM_JOB_ID) whose site file names the
-  cluster and launcher is submitted as a one-point sweep behind a canary that passes, and runs.
+  cluster and launcher is submitted as a one-point sweep behind a canary that passes, and runs;
+  the canary's probe stores the first step-time calibration, which the point records.
 - The same bare command inside an allocation (a batch job; MOE_VLM_GPUS_VISIBLE=1 states the
   GPUs this machine lacks) runs in place and submits nothing.
 """
@@ -25,6 +26,7 @@ import pytest
 from moe_vlm.launch.canary import FAILED_PREFIX
 from moe_vlm.launch.entry import ENV_GPUS_VISIBLE
 from moe_vlm.launch.status import snapshot
+from moe_vlm.predict.calibration import CALIBRATION_ENV
 from moe_vlm.runtime import points
 from tests.integration.test_slurm_sweeps import (  # noqa: F401  (slurm is a fixture)
     PYTHON,
@@ -157,6 +159,12 @@ def test_a_bare_command_on_a_login_node_is_submitted_behind_a_canary_that_passes
     )
     (passed,) = snapshot(sweep_dir)[1]
     assert passed.state == "passed" and passed.detail.startswith("moe_vlm canary: ok in ")
+    # The canary's probe stored the first calibration (cluster=local has no defaults), so the point,
+    # which ran after it, recorded a probe's lower bound: a prediction that ranks and never flags.
+    assert passed.detail.endswith(f"probe calibration stored in {os.environ[CALIBRATION_ENV]}")
+    predicted = record["prediction"]["predicted"]
+    assert predicted["lower_bound"] is True and predicted["source"].startswith("probe: GEMMs")
+    assert record["prediction"]["sigmas"] is None and "flag" not in record["prediction"]
 
 
 def test_a_bare_command_inside_an_allocation_runs_in_place(

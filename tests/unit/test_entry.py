@@ -127,7 +127,7 @@ def test_the_bare_command_is_rejected_on_a_laptop_and_planned_for_the_cluster_on
     out = login.stdout
     assert out.count("===== point") == 1 and "cluster=gb200" in out and "engine=megatron" in out
     assert "#SBATCH --gpus-per-node=4" in out and "#SBATCH --dependency=afterok:CANARY_JOB_ID" in out
-    assert "-m moe_vlm.launch.canary parallelism=fsdp dispatcher=hybridep cluster=gb200" in out
+    assert "-m moe_vlm.launch.canary --probe parallelism=fsdp dispatcher=hybridep cluster=gb200" in out
     assert "nothing was submitted" in out
     # The one point's plan.json (moe_vlm/plan_record.py) and nothing else.
     written = [

@@ -96,6 +96,12 @@ def test_cpu_smoke_in_an_image_without_transformer_engine(tmp_path: Path) -> Non
     assert hooks["status"] == "completed" and hooks["clock"] == "host perf_counter"
     assert hooks["on_off_wall_ratio"] > 0 and 0 <= hooks["inside_hooks_share"] < 1
 
+    probe = summary["calibration_probe"]
+    assert probe["status"] == "completed", probe
+    assert any(line.startswith("GEMMs at the model's shapes (cpu, fp32)") and "of the dense BF16 peak" in line
+               for line in probe["lines"])  # fmt: skip
+    assert "collectives not timed: 1 rank(s) on this node" in probe["lines"]
+
     mega = summary["megatron"]
     assert mega["status"] == "completed"
     imports = {p["label"]: p for p in mega["imports"]}

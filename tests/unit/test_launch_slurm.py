@@ -192,5 +192,7 @@ def test_the_canary_runs_one_short_task_in_the_points_environment() -> None:
     assert "#SBATCH --nodes=1" in canary and "#SBATCH --ntasks-per-node=1" in canary
     assert "#SBATCH --time=7" in canary and "--requeue" not in canary and "--segment" not in canary
     assert canary_srun.endswith("python -u -m moe_vlm.launch.canary model=qwen3_vl_30b_a3b 'data.path=/a b'")
+    probing = slurm.canary_command("python", ["model=qwen3_vl_30b_a3b"], probe=True)
+    assert probing == "python -u -m moe_vlm.launch.canary --probe model=qwen3_vl_30b_a3b"
     # The batch script, outside the container, leaves the verdict even if python never starts.
     assert 'echo "$moe_vlm_rc" > /s/canaries/c/"$SLURM_JOB_ID".rc' in canary

@@ -215,7 +215,7 @@ def test_probe_gives_a_first_compute_calibration(tmp_path: Path):
     assert done.returncode == 0, done.stderr
     [found] = cal.read_calibrations(out)
     assert found.sigma is None and found.scale(Term.vision) > 0 and found.scale(Term.overhead) == 0
-    assert "GEMM probe" in found.source
+    assert found.lower_bound and found.scale(Term.fsdp) > 0 and found.source.startswith("probe: GEMMs")
     bad = subprocess.run(
         [sys.executable, "-m", "moe_vlm.cli", "calibrate", "--probe", "nodes=0"],
         capture_output=True,

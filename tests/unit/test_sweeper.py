@@ -60,7 +60,10 @@ def test_dry_run_prints_each_points_sbatch_and_srun_and_submits_nothing(tmp_path
     assert "#SBATCH --dependency=afterok:CANARY_JOB_ID" in out and "#SBATCH --kill-on-invalid-dep=yes" in out
     assert out.count("-- canary srun command --") == 1 and "#SBATCH --job-name=moe_vlm-canary" in out
     # The point's own overrides, as its job gets them (the variable is resolved in the job).
-    assert "-m moe_vlm.launch.canary nproc=1 tp=1 'data.path=/data/$\\{oc.env\\:MOE_VLM_TEST_TOKEN\\}'" in out
+    assert (
+        "-m moe_vlm.launch.canary --probe nproc=1 tp=1 'data.path=/data/$\\{oc.env\\:MOE_VLM_TEST_TOKEN\\}'"
+        in out
+    )
     assert out.count("export HF_HUB_OFFLINE=1") == out.count("export TRANSFORMERS_OFFLINE=1") == 2
 
 
