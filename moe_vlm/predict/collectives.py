@@ -33,6 +33,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from moe_vlm.predict.terms import param_split
 from moe_vlm.processes import die_with_parent
 from moe_vlm.spec import RunSpec
 
@@ -82,8 +83,6 @@ def _clamp(n: float) -> int:
 
 def cases(spec: RunSpec, ranks_here: int, gpu: bool) -> list[CollectiveCase]:
     """What to time for this point with `ranks_here` ranks on the node (none below 2)."""
-    from moe_vlm.predict.terms import param_split  # the terms' own parameter split, not a copy
-
     if ranks_here < 2:
         return []
     lay, model = spec.layout, spec.model
