@@ -35,21 +35,25 @@ if [ "$workers" = 0 ]; then
   exit $?
 fi
 slurm_log=$(mktemp -t moe_vlm_slurm_tests.XXXXXX)
-.venv/bin/python -m pytest -m slurm -p no:xdist "$@" >"$slurm_log" 2>&1 &
+.venv/bin/python -m pytest -m "slurm and not quiet" -p no:xdist "$@" >"$slurm_log" 2>&1 &
 slurm_pid=$!
 set +e
-.venv/bin/python -m pytest -m "not slurm" -n "$workers" --dist loadfile "$@"
+.venv/bin/python -m pytest -m "not slurm and not quiet" -n "$workers" --dist loadfile "$@"
 rest=$?
 wait "$slurm_pid"
 slurm=$?
-set -e
 echo "=================== the Slurm tests (pytest -m slurm, run alongside) ==================="
 cat "$slurm_log"
 rm -f "$slurm_log"
-# 5: no test selected (arguments that name no Slurm test, or only Slurm tests).
+# Last, alone on the machine: tests that compare speeds measured minutes apart (marker `quiet`).
+echo "=================== alone: pytest -m quiet ==================="
+.venv/bin/python -m pytest -m quiet -p no:xdist "$@"
+quiet=$?
+set -e
+# 5: no test selected (arguments that name none of a group's tests).
 ok() { [ "$1" = 0 ] || [ "$1" = 5 ]; }
-if ok "$rest" && ok "$slurm" && ! { [ "$rest" = 5 ] && [ "$slurm" = 5 ]; }; then
+if ok "$rest" && ok "$slurm" && ok "$quiet" && ! { [ "$rest" = 5 ] && [ "$slurm" = 5 ] && [ "$quiet" = 5 ]; }; then
   exit 0
 fi
-echo "test.sh: pytest exited $rest (not slurm) and $slurm (slurm)" >&2
+echo "test.sh: pytest exited $rest (not slurm), $slurm (slurm) and $quiet (quiet, alone)" >&2
 exit 1
