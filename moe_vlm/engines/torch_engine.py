@@ -258,7 +258,10 @@ def _record(
     if status == RunStatus.completed:
         summary = summarize(steps, spec)
         sections["prediction"] = record_section(spec, summary)  # predicted vs measured
-        return RunRecord.completed(spec, config, summary, data_stats, **sections).to_json()
+        # The job's place (restarts, Slurm ids) goes in with the completion, as with a failure: a
+        # reader that sees "completed" sees it too, before the launcher adds the task's host and times.
+        completed = RunRecord.completed(spec, config, summary, data_stats, **sections)
+        return completed.with_launch(launch_info()).to_json()
     return RunRecord.failed(spec, config, summarize(steps, spec) if steps else None, **sections).to_json()
 
 

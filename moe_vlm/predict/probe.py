@@ -15,10 +15,11 @@ nominal CPU) rate reached. The all-to-all stands for the three EP dispatchers' t
 and DeepEP's kernels are not NCCL's all-to-all: the probe gives them its rate), the all-gather for
 FSDP, the 3D data-parallel gradient and the TP collectives; a collective not timed (one rank here)
 borrows the other's rate, and with none both stay 0, said in the source. The per-step constant
-is not probed (0) and there is no spread: the band is the uncalibrated one.
+is not probed (0), so the calibration is a lower bound (`Calibration.lower_bound`): its
+predictions rank points, carry no band and never flag a run.
 
-Where the probe's calibration is worth storing: clusters without the defaults fitted on published whole-step rows (cluster=local, a site's own preset without a
-datasheet peak). On GPU clusters those defaults predict the published rows within 14.8 %
+Where the probe's calibration is worth storing: clusters without the defaults fitted on published
+whole-step rows (cluster=local, a site's own preset without a datasheet peak). On GPU clusters those defaults predict the published rows within 14.8 %
 leave-one-out, and a probe of GEMMs and collectives alone misses what a whole step spends between
 them (docs/step-time-prediction.md), so there it is printed against the datasheet, not stored,
 unless asked.
@@ -111,7 +112,7 @@ def measured_memory(spec: RunSpec, seconds: float = 0.5) -> float:
 
 @dataclass(frozen=True)
 class BaseRates:
-    """The terms' base rates for this cluster (datasheet, else nominal CPU) and their names."""
+    """The terms' base rates for this cluster: the datasheet's, else the nominal CPU bases."""
 
     flops: float
     link: float

@@ -27,6 +27,7 @@ from moe_vlm.provenance import REPO_ROOT
 from moe_vlm.record import RunRecord, read_steps
 from moe_vlm.run_summary import summary_lines
 from moe_vlm.runtime.dist_env import DistEnv, free_port
+from moe_vlm.runtime.failures import launch_info
 from moe_vlm.spec import RunSpec
 
 
@@ -196,5 +197,8 @@ def _write_run_json(
     }
     summary = summarize(steps, spec)
     prediction = record_section(spec, summary)  # predicted vs measured
-    record = RunRecord.completed(spec, config, summary, bridge=bridge, prediction=prediction).write(run_dir)
+    # The job's place (restarts, Slurm ids) goes in with the completion, as with a failure: a reader
+    # that sees "completed" sees it too, before the launcher adds the task's host and times.
+    completed = RunRecord.completed(spec, config, summary, bridge=bridge, prediction=prediction)
+    record = completed.with_launch(launch_info()).write(run_dir)
     print("\n".join(summary_lines(spec, record, run_dir)), flush=True)
