@@ -274,10 +274,12 @@ def throughput_vs_memory(
     spreads = [(point, spread(row)) for row, point in zip(measured, points, strict=True)]
     bars = [(point, bar) for point, bar in spreads if bar is not None]
     if bars:
+        # Each bar is drawn about its own middle, not about the point: in a short run one slow step
+        # can pull the mean step time above p90, which puts the point outside its own range.
         axes.errorbar(
             [m for (m, _), _ in bars],
-            [t for (_, t), _ in bars],
-            yerr=[[t - low for (_, t), (low, _) in bars], [high - t for (_, t), (_, high) in bars]],
+            [(low + high) / 2 for _, (low, high) in bars],
+            yerr=[(high - low) / 2 for _, (low, high) in bars],
             fmt="none",
             ecolor="tab:blue",
             alpha=0.5,

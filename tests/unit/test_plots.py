@@ -202,6 +202,25 @@ def test_scatter_fits_the_axes_to_the_points_and_shows_each_runs_spread(tmp_path
     plot.save(tmp_path / "throughput_vs_memory.png")
 
 
+def test_a_run_whose_mean_step_is_above_its_p90_keeps_its_bar() -> None:
+    """A short run with one slow step has its mean step time above p90 (the halving search's
+    11-step rungs): the point then sits outside its p10-p90 bar, which is drawn where it is."""
+    rows = report_table.ranked(report_table.load_table([str(CPU_SWEEP)]), mock=False).copy()
+    first = rows.index[0]
+    rows.loc[first, "step_time_mean_s"] = rows.loc[first, "step_time_p90_s"] * 1.2
+    plot = plots.throughput_vs_memory(rows, ["mbs", "recompute"])
+    (bars,) = plot.figure.axes[0].containers
+    spans = sorted(
+        (min(y for _, y in seg), max(y for _, y in seg)) for seg in bars.lines[2][0].get_segments()
+    )
+    expected = sorted(
+        (lo, hi) for (_, lo), (_, hi) in zip(plot.series["p90_step"], plot.series["p10_step"], strict=True)
+    )
+    assert spans == [pytest.approx(e) for e in expected]
+    point = plot.series["configs"][0][1]
+    assert point < plot.series["p90_step"][0][1]  # below its own bar: the mean is above p90
+
+
 def test_scatter_numbers_a_point_many_identical_runs_share_once(tmp_path: Path) -> None:
     """1,000 copies of one run are one point on the front: numbered once, not 1,000 times."""
     run = next(p for p in CPU_SWEEP.iterdir() if p.is_dir())
