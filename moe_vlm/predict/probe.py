@@ -4,7 +4,7 @@ On this node, for the point's shapes and in the dtype the engine computes in (fp
 on GPUs):
 
 GEMMs        the decoder's attention projection and one routed expert's projection at the
-             micro-batch's tokens, the ViT MLP (about `seconds`)
+             micro-batch's tokens, the ViT MLP (about `seconds` / 2)
 memory       a large tensor copy (what the optimizer step is bound by)
 collectives  an all-to-all at the job's EP size and an all-gather at its DP size, on ranks started
              on this node (moe_vlm/predict/collectives.py; about a second each)
