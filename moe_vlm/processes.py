@@ -1,5 +1,6 @@
-"""Child processes a run starts on this machine (ranks, probe ranks) die with the process that
-started them: a killed launcher must not leave ranks running, writing or holding a port."""
+"""Ranks a run starts on this machine (the torch engine's local ranks, the probe's ranks): how
+they start, and that they die with the process that started them (a killed launcher must not
+leave ranks running, writing or holding a port)."""
 
 from __future__ import annotations
 
@@ -7,8 +8,28 @@ import ctypes
 import os
 import signal
 import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def start_method() -> str:
+    """fork where no GPU can be used: ranks start in milliseconds with torch and transformers
+    already imported, instead of re-importing them (tens of seconds per rank on a busy 2-core
+    laptop). Forking is unsafe once CUDA is initialised, so with NVIDIA devices present the ranks
+    are spawned."""
+    has_gpu_devices = any(Path("/dev").glob("nvidia[0-9]*"))
+    return "spawn" if has_gpu_devices else "fork"
+
+
+def run_local_ranks(rank_fn: Callable[..., None], args: tuple[Any, ...], ranks: int) -> None:
+    """`rank_fn(local_rank, *args)` in `ranks` processes here, until all return; a rank that
+    raises or dies raises torch.multiprocessing's ProcessRaisedException / ProcessExitedException."""
+    import torch.multiprocessing as mp  # only the callers that start ranks pay for torch
+
+    mp.start_processes(rank_fn, args=args, nprocs=ranks, join=True, start_method=start_method())
 
 
 def die_with_parent() -> None:

@@ -40,7 +40,7 @@ from moe_vlm.files import RUN_JSON, STEPS_JSONL, write_json_atomic
 from moe_vlm.memory.estimate import GIB
 from moe_vlm.metrics import summarize
 from moe_vlm.predict.model import record_section
-from moe_vlm.processes import die_with_parent
+from moe_vlm.processes import die_with_parent, run_local_ranks
 from moe_vlm.profiling import StepProfiler
 from moe_vlm.record import RunRecord, RunStatus, StepRecord, StepWriter, read_steps
 from moe_vlm.run_summary import summary_lines
@@ -72,26 +72,11 @@ def launch(spec: RunSpec, config: dict[str, Any], run_dir: Path) -> None:
     _spawn_local(spec, config, run_dir)
 
 
-def _start_method() -> str:
-    """fork where no GPU can be used: ranks start in milliseconds with torch and transformers
-    already imported, instead of re-importing them (tens of seconds per rank on a busy 2-core
-    laptop). Forking is unsafe once CUDA is initialised, so with NVIDIA devices present the ranks
-    are spawned."""
-    has_gpu_devices = any(Path("/dev").glob("nvidia[0-9]*"))
-    return "spawn" if has_gpu_devices else "fork"
-
-
 def _spawn_local(spec: RunSpec, config: dict[str, Any], run_dir: Path) -> None:
     ranks = spec.layout.ranks_per_node
     port = free_port()
     try:
-        mp.start_processes(
-            _spawned_rank,
-            args=(spec, config, run_dir, ranks, port),
-            nprocs=ranks,
-            join=True,
-            start_method=_start_method(),
-        )
+        run_local_ranks(_spawned_rank, (spec, config, run_dir, ranks, port), ranks)
     except (mp.ProcessRaisedException, mp.ProcessExitedException) as exc:
         # A rank that raised has recorded the failure already; one that died (killed, OOM-killer,
         # segfault) could not, so the launcher does, keeping any more specific record.

@@ -31,10 +31,9 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from moe_vlm.predict.terms import param_split
-from moe_vlm.processes import die_with_parent
+from moe_vlm.processes import die_with_parent, run_local_ranks
 from moe_vlm.spec import RunSpec
 
 MAX_MESSAGE_BYTES = 256 * 2**20
@@ -168,11 +167,6 @@ def _rank(
         dist.destroy_process_group()
 
 
-def _start_method() -> str:
-    """fork on a CPU-only node (ranks start in milliseconds); spawn where CUDA may be initialised."""
-    return "spawn" if torch.cuda.is_available() else "fork"
-
-
 def measure(todo: list[CollectiveCase], seconds: float = 1.0) -> list[CollectiveRate]:
     """Start max(group) ranks here and time every case; [] when there is nothing to time."""
     if not todo:
@@ -180,13 +174,7 @@ def measure(todo: list[CollectiveCase], seconds: float = 1.0) -> list[Collective
     ranks = max(case.ranks for case in todo)
     with tempfile.TemporaryDirectory(prefix="moe_vlm_probe_") as scratch:
         init_file, out = os.path.join(scratch, "init"), os.path.join(scratch, "rates.json")
-        mp.start_processes(
-            _rank,
-            args=(ranks, init_file, todo, seconds, out),
-            nprocs=ranks,
-            join=True,
-            start_method=_start_method(),
-        )
+        run_local_ranks(_rank, (ranks, init_file, todo, seconds, out), ranks)
         raw = json.loads(Path(out).read_text())
     return [
         CollectiveRate(

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from moe_vlm import run_summary
 from moe_vlm.launch.canary import PROBE_PREFIX, main
 from moe_vlm.predict import calibration as cal
 from moe_vlm.predict.collectives import Collective, CollectiveRate, cases
@@ -99,6 +100,7 @@ def test_a_probes_prediction_is_a_lower_bound_that_ranks_and_never_flags(
     slow = found.step_time_s * 10
     section_ = record_section(spec, {"step_period_s": {"mean": slow}})
     assert section_["error"] == pytest.approx(9.0) and section_["sigmas"] is None and "flag" not in section_
+    assert run_summary._predicted({"prediction": section_}).startswith(">= ")  # the end-of-run table
     row = {"run": "r", **row_fields({"prediction": json.loads(json.dumps(section_))})}
     lines = section([row], top=5)
     assert "0 more than" in lines[3] and "| lower bound |" in lines[-1] and "FLAGGED" not in lines[-1]
