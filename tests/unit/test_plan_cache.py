@@ -55,34 +55,48 @@ def test_a_library_version_or_a_reinstall_changes_both_keys(monkeypatch: pytest.
     spec = make_spec(*POINT)
     before = {kind: entry_path(kind, inputs(spec)) for kind, inputs in INPUTS.items()}
     found = plan_cache.installed()
-    upgraded = plan_cache.Install({**found.versions, "megatron-core": "0.99.0"}, found.stamps)
-    # A reinstall of the same version writes the directory holding it.
-    reinstalled = plan_cache.Install(found.versions, [(d, mtime + 1) for d, mtime in found.stamps])
+    upgraded = plan_cache.Install({**found.versions, "megatron-core": "0.99.0"}, found.stamp)
+    # A reinstall of the same version makes a new metadata directory.
+    reinstalled = plan_cache.Install(found.versions, found.stamp[::-1])
     for change in (upgraded, reinstalled):
         monkeypatch.setattr(plan_cache, "installed", lambda change=change: change)
         for kind, inputs in INPUTS.items():
             assert entry_path(kind, inputs(spec)) != before[kind], (kind, change)
 
 
-def test_installing_a_package_changes_what_installed_reads(
+def test_installing_a_package_changes_what_installed_reads_and_writing_beside_it_does_not(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Versions from the metadata directories' names; the stamp is the directory's own mtime,
-    which a pip install or uninstall writes when it adds or removes one."""
+    """Versions from the metadata directories' names; the stamp from each metadata directory's
+    own mtime, which a pip install makes anew (also for the same version). A directory or file
+    written beside them (a run's outputs/ in the repository root, which holds the editable
+    install's egg-info) leaves the stamp alone: CI once saw a second dry run miss the cache
+    because a test on the other worker had written the repository root in between."""
     site = tmp_path / "site-packages"
     (site / "torch-2.14.1.dist-info").mkdir(parents=True)
     (site / "old_thing-1.0-py3.12.egg-info").mkdir()
     monkeypatch.setattr(sys, "path", [str(tmp_path / "no-such-dir"), str(site)])
-    plan_cache.installed.cache_clear()
-    try:
-        before = plan_cache.installed()
-        assert before.versions == {"torch": "2.14.1", "old-thing": "1.0"}
-        assert [d for d, _ in before.stamps] == [str(site)]
-        time.sleep(0.05)  # past the file system's timestamp granularity
-        (site / "deep_ep-1.2.0.dist-info").mkdir()
+
+    def read() -> plan_cache.Install:
         plan_cache.installed.cache_clear()
-        after = plan_cache.installed()
-        assert after.versions["deep-ep"] == "1.2.0" and after.stamps != before.stamps
+        return plan_cache.installed()
+
+    try:
+        before = read()
+        assert before.versions == {"torch": "2.14.1", "old-thing": "1.0"}
+        time.sleep(0.05)  # past the file system's timestamp granularity
+        (site / "outputs").mkdir()
+        (site / "notes.txt").write_text("x")
+        assert read() == before
+        (site / "deep_ep-1.2.0.dist-info").mkdir()
+        after = read()
+        assert after.versions["deep-ep"] == "1.2.0" and after.stamp != before.stamp
+        # pip install --force-reinstall torch==2.14.1: the same name, a new directory
+        (site / "torch-2.14.1.dist-info").rmdir()
+        time.sleep(0.05)
+        (site / "torch-2.14.1.dist-info").mkdir()
+        again = read()
+        assert again.versions == after.versions and again.stamp != after.stamp
     finally:
         plan_cache.installed.cache_clear()
 

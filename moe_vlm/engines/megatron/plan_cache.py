@@ -7,9 +7,10 @@ this module puts in their key, so a plan keeps them in a JSON file per key and t
 the same configuration reads it instead (milliseconds):
 
 - the stack probe: the modules the run imports (`stack.required`), the interpreter, every
-  distribution on its import path with its version and when each directory holding them was
-  last written (installing, upgrading or reinstalling anything changes the key), and the
-  project's code that decides the list and judges versions;
+  distribution on its import path with its version and when its metadata directory was written
+  (installing, upgrading or reinstalling anything changes the key; a file written beside them,
+  such as a run's outputs/ next to the editable install's egg-info in the repository, does not),
+  and the project's code that decides the list and judges versions;
 - the effective configuration and the family table: the RunSpec (every field but `dry_run`),
   the install as above (megatron-core, megatron-bridge, Transformer Engine, torch and
   transformers among it), the interpreter, the environment variables Bridge's update or the
@@ -27,7 +28,6 @@ records (`bridge.effective`) never come from here: they run in the job's own env
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import hashlib
 import json
@@ -90,34 +90,36 @@ class Install:
     """What is installed on the import path."""
 
     versions: dict[str, str]  # distribution -> version, the first on sys.path winning
-    # (directory, mtime in ns) of each path entry holding distributions: installing, removing or
-    # reinstalling anything there (even the same version) writes the directory
-    stamps: list[tuple[str, int]]
+    # sha256 over (metadata directory, its mtime in ns) for every distribution on the path: pip
+    # makes a new metadata directory on each install, so a reinstall of the same version changes
+    # it. Not the mtimes of the directories holding them: the repository root holds the editable
+    # install's egg-info and is written by anything run there (a run's outputs/, a test's files).
+    stamp: str
 
 
 @functools.cache
 def installed() -> Install:
     """Read from the metadata directories' names (as importlib.metadata resolves them): one
-    listing per path entry, not one metadata search per distribution."""
+    listing per path entry and one stat per distribution, not one metadata search each."""
     versions: dict[str, str] = {}
-    stamps: list[tuple[str, int]] = []
+    digest = hashlib.sha256()
     for entry in sys.path:
         try:
-            names = os.listdir(entry or ".")
+            names = sorted(os.listdir(entry or "."))
         except OSError:
             continue
-        found = False
         for item in names:
             stem, dot, suffix = item.rpartition(".")
             if suffix not in ("dist-info", "egg-info") or not dot:
                 continue
             distribution, _, version = stem.partition("-")
-            found = True
             versions.setdefault(re.sub(r"[-_.]+", "-", distribution).lower(), version.split("-py")[0])
-        if found:
-            with contextlib.suppress(OSError):
-                stamps.append((entry, os.stat(entry).st_mtime_ns))
-    return Install(versions, stamps)
+            try:
+                written = os.stat(os.path.join(entry or ".", item)).st_mtime_ns
+            except OSError:
+                continue
+            digest.update(f"{entry}\0{item}\0{written}\0".encode())
+    return Install(versions, digest.hexdigest())
 
 
 def library_versions() -> dict[str, str | None]:
@@ -302,7 +304,7 @@ def _python() -> dict[str, Any]:
         "executable": sys.executable,
         "version": sys.version,
         "installed": found.versions,
-        "install_stamps": found.stamps,
+        "install_stamp": found.stamp,
     }
 
 
