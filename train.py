@@ -5,11 +5,11 @@ import sys
 import hydra
 from omegaconf import DictConfig
 
-import moe_vlm.schema  # noqa: F401  (registers the config schema)
-from moe_vlm.errors import BadInput
+import moe_vlm.config.schema  # noqa: F401  (registers the config schema)
+from moe_vlm.base.errors import BadInput
+from moe_vlm.config.preflight import preflight
 from moe_vlm.launch.entry import command_line
-from moe_vlm.preflight import preflight
-from moe_vlm.run import EXIT_INVALID, run
+from moe_vlm.run.task import EXIT_INVALID, run
 
 
 @hydra.main(version_base=None, config_path="conf", config_name="train")

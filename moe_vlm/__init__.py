@@ -2,7 +2,7 @@
 
 import os
 
-from moe_vlm import noise
+from moe_vlm.base import noise
 
 # Runs never download from the Hugging Face hub: clusters are often air-gapped, and N ranks
 # fetching at once stall or race. huggingface_hub reads the variables once, when it is first
@@ -15,6 +15,6 @@ _OFFLINE = os.environ.get("HF_HUB_OFFLINE") or os.environ.get("TRANSFORMERS_OFFL
 os.environ.setdefault("HF_HUB_OFFLINE", _OFFLINE)
 os.environ.setdefault("TRANSFORMERS_OFFLINE", _OFFLINE)
 
-# Library warnings a CPU run cannot act on (moe_vlm/noise.py): installed here for the same reason,
+# Library warnings a CPU run cannot act on (moe_vlm/base/noise.py): installed here for the same reason,
 # before Transformer Engine imports torch.utils.cpp_extension, which logs one at import.
 noise.install()

@@ -28,10 +28,10 @@ from pathlib import Path
 import torch
 from omegaconf import OmegaConf
 
+from moe_vlm.config.schema import TrainConfig
+from moe_vlm.config.spec import RunSpec
 from moe_vlm.data import Batch, build_batches
 from moe_vlm.engines.torch_model import build_model
-from moe_vlm.schema import TrainConfig
-from moe_vlm.spec import RunSpec
 
 REPO = Path(__file__).resolve().parent.parent
 KINDS = ("mock", "synthetic", "real")

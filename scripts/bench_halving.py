@@ -35,13 +35,13 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from moe_vlm.halving_report import short_labels  # noqa: E402
 from moe_vlm.launch.halving import (  # noqa: E402
     HalvingState,
     RankClass,
     compare_with_grid,
     node_steps,
 )
+from moe_vlm.report.halving import short_labels  # noqa: E402
 
 GRID = [
     "model=tiny_moe_vlm",

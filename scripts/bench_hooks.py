@@ -34,13 +34,13 @@ from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from torch import nn
 
-import moe_vlm.schema  # noqa: F401  (registers the config schema)
+import moe_vlm.config.schema  # noqa: F401  (registers the config schema)
+from moe_vlm.config.spec import RunSpec
 from moe_vlm.data import build_batches
+from moe_vlm.engines.timing import Clock, ComponentTimer, ComponentTimes, clock_for
 from moe_vlm.engines.torch_engine import Trainer, pick_device
 from moe_vlm.rules import errors, validate
 from moe_vlm.runtime.dist_env import DistEnv
-from moe_vlm.spec import RunSpec
-from moe_vlm.timing import Clock, ComponentTimer, ComponentTimes, clock_for
 
 REPO = Path(__file__).resolve().parent.parent
 

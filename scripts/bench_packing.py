@@ -35,12 +35,12 @@ import torch.distributed as dist
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 
-import moe_vlm.schema  # noqa: F401  (registers the config schema)
+import moe_vlm.config.schema  # noqa: F401  (registers the config schema)
+from moe_vlm.config.spec import RunSpec
 from moe_vlm.data import Batch, build_batches
 from moe_vlm.engines.torch_engine import Trainer, pick_device
 from moe_vlm.rules import errors, validate
 from moe_vlm.runtime.dist_env import DistEnv
-from moe_vlm.spec import RunSpec
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_OVERRIDES = ["nproc=1"]

@@ -32,15 +32,15 @@ from scipy.stats import spearmanr
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from moe_vlm.compose import compose_config  # noqa: E402
-from moe_vlm.flops import step_flops  # noqa: E402
+from moe_vlm.config.compose import compose_config  # noqa: E402
+from moe_vlm.config.spec import RunSpec  # noqa: E402
+from moe_vlm.perf.flops import step_flops  # noqa: E402
 from moe_vlm.predict.calibration import Sample, calibrate, predicted_s  # noqa: E402
 from moe_vlm.predict.model import predict  # noqa: E402
 from moe_vlm.predict.probe import probe  # noqa: E402
 from moe_vlm.predict.runs import RecordedRun, find_runs, recorded  # noqa: E402
 from moe_vlm.predict.terms import Term, loads  # noqa: E402
 from moe_vlm.predict.workload import expected_workload  # noqa: E402
-from moe_vlm.spec import RunSpec  # noqa: E402
 
 SWEEP = ["gbs=2,4,8", "recompute=none,full", "vision_freeze=none,vision", "train_iters=12"]
 

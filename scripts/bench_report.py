@@ -17,9 +17,9 @@ written the way a real run writes them: Hydra composes each group combination (G
 Qwen3-VL-30B-A3B; FSDP or 3D PP2; recompute none/selective/full; HybridEP or all-to-all; some
 mock data; DeepEP, which D001 rejects on GB200), scalars (MBS, GBS, sequence length, seed) are
 set on the composed config, RunSpec and the rule catalogue run on it (a rejected point gets the
-rejected record run.py writes, with the findings), steps.jsonl lines go through
+rejected record run/task.py writes, with the findings), steps.jsonl lines go through
 record.StepWriter, run.json through record.RunRecord (rejected, completed with metrics.summarize
-of the lines, failed), an OOM (peak memory: moe_vlm.memory.estimate, give or take a few percent,
+of the lines, failed), an OOM (peak memory: moe_vlm.perf.memory.estimate, give or take a few percent,
 above the GPU's) through runtime.failures.write_failure, and each run gets Hydra's .hydra/ files.
 
 With --copies-of RUN_DIR the sweeps are instead N copies of one recorded run (its run.json,
@@ -48,15 +48,15 @@ from unittest import mock
 
 from omegaconf import DictConfig, OmegaConf
 
-from moe_vlm import record as record_module
-from moe_vlm.files import STEPS_JSONL
-from moe_vlm.memory import estimate
-from moe_vlm.metrics import summarize
-from moe_vlm.record import RunRecord, StepWriter
+from moe_vlm.base.files import STEPS_JSONL
+from moe_vlm.config.spec import RunSpec
+from moe_vlm.perf.memory import estimate
+from moe_vlm.perf.metrics import summarize
+from moe_vlm.record import records as record_module
+from moe_vlm.record.records import RunRecord, StepWriter
 from moe_vlm.rules import errors, validate
-from moe_vlm.run import resolved_config
+from moe_vlm.run.task import resolved_config
 from moe_vlm.runtime.failures import classify, write_failure
-from moe_vlm.spec import RunSpec
 
 REPO = Path(__file__).resolve().parent.parent
 FIXTURE = "moe_vlm scripts/bench_report.py: synthetic record for the report benchmark, not a measurement"
@@ -101,7 +101,7 @@ def points(n: int) -> Iterator[tuple[tuple[str, ...], dict[str, int]]]:
 
 
 def step_lines(spec: RunSpec, rng: random.Random, recompute: str) -> tuple[list[dict[str, Any]], float]:
-    """steps.jsonl lines (one per step per DP rank, record.py's format) and the run's peak GiB."""
+    """steps.jsonl lines (one per step per DP rank, record/records.py's format) and the run's peak GiB."""
     dp = spec.layout.dp
     sequences = spec.gbs // dp
     merge = spec.model.vision_spatial_merge_size**2
@@ -195,7 +195,7 @@ def copy_sweep(root: Path, n: int, run_dir: Path) -> dict[str, int]:
 
 def report_command() -> list[str]:
     script = Path(sys.executable).with_name("moe-vlm")
-    return [str(script)] if script.exists() else [sys.executable, "-m", "moe_vlm.cli"]
+    return [str(script)] if script.exists() else [sys.executable, "-m", "moe_vlm.cli.main"]
 
 
 def time_report(sweep: Path) -> float:

@@ -39,10 +39,10 @@ import torch.multiprocessing as mp
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from moe_vlm.compose import compose_spec  # noqa: E402
+from moe_vlm.config.compose import compose_spec  # noqa: E402
+from moe_vlm.config.spec import RunSpec  # noqa: E402
 from moe_vlm.engines.megatron.recording import GATHER_EVERY_STEPS, MemorySample, StepRecorder  # noqa: E402
-from moe_vlm.spec import RunSpec  # noqa: E402
-from moe_vlm.timing import Clock  # noqa: E402
+from moe_vlm.engines.timing import Clock  # noqa: E402
 
 OVERRIDES = ("engine=megatron", "dry_run=true", "cluster=b200", "model=qwen3_vl_30b_a3b", "warmup_steps=1")
 

@@ -51,8 +51,8 @@ def make_launcher(sweep_dir: Path) -> Any:
     from hydra.core.plugins import Plugins
     from hydra.types import HydraContext, RunMode
 
-    import moe_vlm.schema  # noqa: F401  (registers the config schema)
-    from moe_vlm.run import run
+    import moe_vlm.config.schema  # noqa: F401  (registers the config schema)
+    from moe_vlm.run.task import run
     from moe_vlm.runtime.points import register_resolvers
 
     register_resolvers()

@@ -4,7 +4,7 @@
 For each point (tiny model, MBS x recompute x vision_freeze, mock and synthetic data) this runs
 the real engine (`python train.py ...`, 2 CPU ranks, a few steps, one micro-batch per step),
 reads the peak RSS every rank recorded in steps.jsonl, and compares it with
-moe_vlm.memory.estimate for the same overrides. The estimate is given the workload the run
+moe_vlm.perf.memory.estimate for the same overrides. The estimate is given the workload the run
 actually saw (the largest patch count per micro-batch, whether rows were padded), so the error
 measures the estimator, not the random draw of image sizes.
 
@@ -36,10 +36,10 @@ sys.path.insert(0, str(REPO))
 from hydra import compose, initialize_config_dir  # noqa: E402
 from hydra.core.global_hydra import GlobalHydra  # noqa: E402
 
-from moe_vlm.files import STEPS_JSONL  # noqa: E402
-from moe_vlm.memory import GIB, MIB, TORCH_CPU_RUNTIME_BASELINE_GIB, MemoryEstimate, estimate  # noqa: E402
-from moe_vlm.record import read_steps  # noqa: E402
-from moe_vlm.spec import RunSpec  # noqa: E402
+from moe_vlm.base.files import STEPS_JSONL  # noqa: E402
+from moe_vlm.config.spec import RunSpec  # noqa: E402
+from moe_vlm.perf.memory import GIB, MIB, TORCH_CPU_RUNTIME_BASELINE_GIB, MemoryEstimate, estimate  # noqa: E402
+from moe_vlm.record.records import read_steps  # noqa: E402
 
 TARGET = 0.10  # relative error allowed on every point (above the runtime baseline)
 

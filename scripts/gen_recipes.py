@@ -19,7 +19,7 @@ from pathlib import Path
 
 from moe_vlm.engines.megatron.stack import versions
 from moe_vlm.engines.megatron.vendor_recipes import Derived, derive, library_recipes
-from moe_vlm.recipes import RECIPE_DIR, option_text
+from moe_vlm.knobs.recipes import RECIPE_DIR, option_text
 
 
 def render(derived: Derived) -> str:

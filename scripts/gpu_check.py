@@ -7,7 +7,7 @@ What it does, in order, within a time budget (8 minutes on the GPU machine):
    points, 20 steps each: the tiny model, and a mid-size one (Qwen3-VL-30B-A3B widths, 5 of its 48
    decoder layers, about 4.3B parameters) that fills most of the 141 GB. Per point: step time,
    effective tokens/s, MFU against the H200's dense BF16 peak (conf/cluster/h200.yaml), and the
-   memory estimate (moe_vlm.memory) against the measured torch.cuda.max_memory_allocated: the
+   memory estimate (moe_vlm.perf.memory) against the measured torch.cuda.max_memory_allocated: the
    estimate's first GPU calibration point (scripts/calibrate_memory.py runs each point);
 2. the component timer's cost on the mid-size model (scripts/bench_hooks.py: hooks on/off A/B and
    the time spent inside the hooks, timed with CUDA events on a GPU);
@@ -166,12 +166,12 @@ def _hook_overhead(overrides: list[str], reps: int, steps: int, timeout_s: int) 
 
 def megatron_probe() -> dict[str, Any]:
     """The Megatron part, in this (sub)process: imports, then plan and ConfigContainer per model."""
-    from moe_vlm.compose import compose_config
+    from moe_vlm.config.compose import compose_config
+    from moe_vlm.config.spec import RunSpec
     from moe_vlm.engines.megatron import stack
     from moe_vlm.knobs.bridge_fields import QWEN3_VL_STEP, VLM_STEP
-    from moe_vlm.plan import render
     from moe_vlm.rules import errors, validate
-    from moe_vlm.spec import RunSpec
+    from moe_vlm.run.plan import render
 
     found: dict[str, Any] = {"versions": {"torch": stack.distribution_version("torch"), **stack.versions()}}
     core = [
@@ -277,7 +277,7 @@ def _megatron(timeout_s: int) -> dict[str, Any]:
 def _calibration_probe(overrides: list[str], timeout_s: int) -> dict[str, Any]:
     """`moe-vlm calibrate --probe` on the mid-size point: GEMMs in bf16 and a copy against the
     H200 datasheet (one GPU: no collective), what the Slurm canary prints on a GPU cluster."""
-    command = [sys.executable, "-m", "moe_vlm.cli", "calibrate", "--probe", *overrides, "--dry-run"]
+    command = [sys.executable, "-m", "moe_vlm.cli.main", "calibrate", "--probe", *overrides, "--dry-run"]
     try:
         done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=timeout_s)
     except subprocess.TimeoutExpired:

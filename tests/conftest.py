@@ -1,4 +1,4 @@
-"""Shared test helpers: compose real configs through Hydra's compose API (moe_vlm.compose)."""
+"""Shared test helpers: compose real configs through Hydra's compose API (moe_vlm.config.compose)."""
 
 from __future__ import annotations
 
@@ -13,11 +13,11 @@ import pluggy
 import pytest
 from omegaconf import DictConfig
 
-from moe_vlm.compose import CONF_DIR, compose_config
+from moe_vlm.config.compose import CONF_DIR, compose_config
+from moe_vlm.config.schema import TrainConfig
+from moe_vlm.config.spec import RunSpec
 from moe_vlm.engines.megatron.plan_cache import CACHE_ENV
 from moe_vlm.predict.calibration import CALIBRATION_ENV
-from moe_vlm.schema import TrainConfig
-from moe_vlm.spec import RunSpec
 
 REPO = Path(__file__).resolve().parent.parent
 CONF = CONF_DIR

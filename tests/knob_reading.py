@@ -30,11 +30,11 @@ from pathlib import Path
 from typing import Any
 from unittest import mock
 
-from moe_vlm.compose import compose_spec
+from moe_vlm.config.compose import compose_spec
+from moe_vlm.config.spec import RunSpec
 from moe_vlm.knobs import bridge_fields
 from moe_vlm.knobs.support import FIELD_MAP_GROUP_READS, SHORTCUTS
 from moe_vlm.runtime.dist_env import free_port
-from moe_vlm.spec import RunSpec
 from tests.conftest import SCHEMA_LEAVES, knob_override
 
 # --- changing a knob ---------------------------------------------------------------------------
@@ -299,9 +299,9 @@ def observe_steps(spec: RunSpec) -> dict[str, Any]:
 def observe_run(spec: RunSpec) -> dict[str, Any]:
     """What a tiny real run of the engine's own launch recorded: run.json's torch_engine section,
     the deterministic fields of every steps.jsonl line, the run directory's files; or its refusal."""
+    from moe_vlm.base.files import RUN_JSON, STEPS_JSONL
     from moe_vlm.engines import torch_engine
-    from moe_vlm.files import RUN_JSON, STEPS_JSONL
-    from moe_vlm.record import read_steps
+    from moe_vlm.record.records import read_steps
 
     with tempfile.TemporaryDirectory() as tmp, _one_torchrun_rank():
         run_dir = Path(tmp)

@@ -3,7 +3,7 @@
 Hydra discovers them through the `hydra_plugins` namespace package.
 """
 
-from moe_vlm.help import register_resolver as register_help
+from moe_vlm.cli.train_help import register_resolver as register_help
 from moe_vlm.runtime.points import register_resolvers
 
 register_resolvers()

@@ -19,8 +19,9 @@ from typing import Any, Protocol
 from hydra.core.utils import JobReturn
 from omegaconf import DictConfig, OmegaConf
 
-from moe_vlm.compose import override_key
-from moe_vlm.errors import EXIT_INVALID
+from moe_vlm.base.errors import EXIT_INVALID
+from moe_vlm.config.compose import override_key
+from moe_vlm.config.spec import RunSpec
 from moe_vlm.launch.halving import (
     STATE_JSON,
     Decision,
@@ -37,9 +38,8 @@ from moe_vlm.launch.halving import (
     spec_rank_class,
 )
 from moe_vlm.launch.status import collect, in_flight
-from moe_vlm.plan import prediction_of
+from moe_vlm.run.plan import prediction_of
 from moe_vlm.runtime import points
-from moe_vlm.spec import RunSpec
 
 
 class PlannedPoint(Protocol):

@@ -39,16 +39,16 @@ from hydra_plugins.hydra_submitit_launcher.submitit_launcher import BaseSubmitit
 from omegaconf import DictConfig, open_dict
 from submitit.core.utils import FailedJobError, FailedSubmissionError
 
-from moe_vlm.compose import compose_sweep_point
-from moe_vlm.errors import BadInput
-from moe_vlm.files import RunPaths, write_atomic, write_json_atomic
+from moe_vlm.base.errors import BadInput
+from moe_vlm.base.files import RunPaths, write_atomic, write_json_atomic
+from moe_vlm.base.safety import scrub
+from moe_vlm.config.compose import compose_sweep_point
+from moe_vlm.config.spec import RunSpec
 from moe_vlm.launch import pack, requeue, slurm
 from moe_vlm.launch.status import collect, in_flight
 from moe_vlm.runtime import dist_env, points
 from moe_vlm.runtime.failures import launch_info, record_job_failure
 from moe_vlm.runtime.heartbeat import process_started_unix_s
-from moe_vlm.safety import scrub
-from moe_vlm.spec import RunSpec
 
 log = logging.getLogger(__name__)
 # SubmititLauncher.plan's results per launcher.
@@ -153,7 +153,7 @@ class SubmititLauncher(BaseSubmititLauncher):
 
     def _plan(self, overrides: Sequence[str]) -> PlannedJob:
         assert self.hydra_context is not None and self.config is not None
-        # load_sweep_config's result, without a Hydra composition per call (moe_vlm/compose.py).
+        # load_sweep_config's result, without a Hydra composition per call (moe_vlm/config/compose.py).
         point = compose_sweep_point(self.config, overrides)
         spec = point.spec
         settings = slurm.checked(self.settings, spec)

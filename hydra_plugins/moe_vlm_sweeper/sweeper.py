@@ -40,22 +40,22 @@ from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf
 
 from hydra_plugins.moe_vlm_sweeper import halving
-from moe_vlm.compose import compose_sweep_point, override_key, quote_override_value
-from moe_vlm.errors import EXIT_INVALID, BadInput
+from moe_vlm.base.errors import EXIT_INVALID, BadInput
+from moe_vlm.base.provenance import git_state
+from moe_vlm.base.safety import scrub, scrub_text, secret_values
+from moe_vlm.config.compose import compose_sweep_point, override_key, quote_override_value
+from moe_vlm.config.preflight import COMPOSE_ERRORS, explain
+from moe_vlm.config.schema import DryRun, dry_run_mode
+from moe_vlm.config.spec import RunSpec
 from moe_vlm.launch.halving import Search, search_of
 from moe_vlm.launch.status import collect
-from moe_vlm.memory import MemoryEstimate
-from moe_vlm.plan import POINT_LINE_HEADER, gather, memory_of, point_line, prediction_of, render
-from moe_vlm.plan_record import plan_of
+from moe_vlm.perf.memory import MemoryEstimate
 from moe_vlm.predict import Prediction
-from moe_vlm.preflight import COMPOSE_ERRORS, explain
-from moe_vlm.provenance import git_state
-from moe_vlm.record import RunRecord
+from moe_vlm.record.records import RunRecord
 from moe_vlm.rules import Finding, errors, validate
+from moe_vlm.run.plan import POINT_LINE_HEADER, gather, memory_of, point_line, prediction_of, render
+from moe_vlm.run.plan_record import plan_of
 from moe_vlm.runtime import points
-from moe_vlm.safety import scrub, scrub_text, secret_values
-from moe_vlm.schema import DryRun, dry_run_mode
-from moe_vlm.spec import RunSpec
 
 log = logging.getLogger(__name__)
 # A dry run of more points prints one line per point; its plans and scripts go to files.

@@ -17,15 +17,15 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from moe_vlm.config.schema import DataConfig, DataKind, ModelConfig
 from moe_vlm.data.errors import DataError
-from moe_vlm.schema import DataConfig, DataKind, ModelConfig
 
 if TYPE_CHECKING:
+    from moe_vlm.config.spec import RunSpec
     from moe_vlm.data.batch import IGNORE_INDEX, Batch, BatchStats
     from moe_vlm.data.indexed import IndexedSamples
     from moe_vlm.data.sequence import SampleEncoder
     from moe_vlm.data.stats import DataStats
-    from moe_vlm.spec import RunSpec
 
 __all__ = [
     "IGNORE_INDEX", "Batch", "BatchStats", "DataError", "DataStats", "build_batches", "check_data",

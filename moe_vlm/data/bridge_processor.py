@@ -29,7 +29,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from moe_vlm.schema import ModelConfig
+from moe_vlm.config.schema import ModelConfig
 
 # Qwen2/3 special tokens in id order from 151643 (the vocabulary's first 151643 ids are BPE tokens).
 SPECIAL_TOKENS = (

@@ -31,11 +31,11 @@ from dataclasses import dataclass, field
 
 import torch
 
+from moe_vlm.config.schema import Packing
 from moe_vlm.data.batch import IGNORE_INDEX, Batch, BatchStats
 from moe_vlm.data.errors import NoUsableSamples
 from moe_vlm.data.tokenizer import ByteTokenizer
 from moe_vlm.data.vision import ImagePreprocessor
-from moe_vlm.schema import Packing
 
 log = logging.getLogger(__name__)
 

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import torch
 
+from moe_vlm.config.schema import DataConfig
 from moe_vlm.data.indexed import sample_generator
 from moe_vlm.data.sequence import RawSample
 from moe_vlm.data.tokenizer import BYTE_VOCAB
-from moe_vlm.schema import DataConfig
 
 # Keeps the synthetic stream apart from mock's for the same seed.
 SYNTHETIC_STREAM = 7_919

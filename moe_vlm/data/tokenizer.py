@@ -9,8 +9,8 @@ their token counts comparable.
 
 from __future__ import annotations
 
+from moe_vlm.config.schema import ModelConfig
 from moe_vlm.data.errors import TokenizerMismatch
-from moe_vlm.schema import ModelConfig
 
 BYTE_VOCAB = 256
 

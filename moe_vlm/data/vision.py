@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from moe_vlm.schema import DataConfig, ModelConfig
+from moe_vlm.config.schema import DataConfig, ModelConfig
 
 # Qwen3-VL normalises with mean = std = 0.5 (Qwen2-VL used the CLIP statistics).
 QWEN3_VL_IMAGE_MEAN = (0.5, 0.5, 0.5)

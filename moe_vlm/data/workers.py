@@ -21,8 +21,8 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from moe_vlm.schema import Engine
-from moe_vlm.spec import RunSpec
+from moe_vlm.config.schema import Engine
+from moe_vlm.config.spec import RunSpec
 
 # torch.utils.data.DataLoader's prefetch_factor default when num_workers > 0.
 PREFETCH_PER_WORKER = 2

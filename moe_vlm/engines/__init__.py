@@ -5,9 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from moe_vlm.errors import EngineUnavailable
-from moe_vlm.schema import Engine
-from moe_vlm.spec import RunSpec
+from moe_vlm.base.errors import EngineUnavailable
+from moe_vlm.config.schema import Engine
+from moe_vlm.config.spec import RunSpec
 
 
 def launch(spec: RunSpec, config: dict[str, Any], run_dir: Path) -> None:

@@ -16,9 +16,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from moe_vlm.arch import PROFILES, layer_kinds, profile
-from moe_vlm.files import write_json_atomic
-from moe_vlm.schema import Arch, ModelConfig
+from moe_vlm.base.files import write_json_atomic
+from moe_vlm.config.arch import PROFILES, layer_kinds, profile
+from moe_vlm.config.schema import Arch, ModelConfig
 
 
 def mrope_section(model: ModelConfig) -> list[int]:

@@ -31,24 +31,24 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
-from moe_vlm import profiling
+from moe_vlm.base.errors import EngineUnavailable, RunFailed
+from moe_vlm.base.files import RUN_JSON, STEPS_JSONL, write_json_atomic
+from moe_vlm.base.processes import die_with_parent, run_local_ranks
+from moe_vlm.config.schema import DataKind, ShardingStrategy
+from moe_vlm.config.spec import RunSpec
 from moe_vlm.data import Batch, BatchStats, DataStats, build_batches
+from moe_vlm.engines.run_summary import summary_lines
+from moe_vlm.engines.timing import COMPONENTS, ComponentTimer, clock_for
 from moe_vlm.engines.torch_model import apply_freeze, apply_recompute, build_model, packed_position_ids
-from moe_vlm.errors import EngineUnavailable, RunFailed
-from moe_vlm.explog import ExperimentLog, open_log, step_metrics, summary_metrics
-from moe_vlm.files import RUN_JSON, STEPS_JSONL, write_json_atomic
-from moe_vlm.memory.estimate import GIB
-from moe_vlm.metrics import summarize
+from moe_vlm.perf.memory.estimate import GIB
+from moe_vlm.perf.metrics import summarize
 from moe_vlm.predict.model import record_section
-from moe_vlm.processes import die_with_parent, run_local_ranks
-from moe_vlm.profiling import StepProfiler
-from moe_vlm.record import RunRecord, RunStatus, StepRecord, StepWriter, read_steps
-from moe_vlm.run_summary import summary_lines
+from moe_vlm.record import profiling
+from moe_vlm.record.explog import ExperimentLog, open_log, step_metrics, summary_metrics
+from moe_vlm.record.profiling import StepProfiler
+from moe_vlm.record.records import RunRecord, RunStatus, StepRecord, StepWriter, read_steps
 from moe_vlm.runtime.dist_env import DistEnv, free_port
 from moe_vlm.runtime.failures import classify, launch_info, tail_lines, write_failure
-from moe_vlm.schema import DataKind, ShardingStrategy
-from moe_vlm.spec import RunSpec
-from moe_vlm.timing import COMPONENTS, ComponentTimer, clock_for
 
 # --- launching -----------------------------------------------------------------------------
 
@@ -381,7 +381,7 @@ class Trainer:
             stats,
             step=step,
             rank=self.rank,
-            host=socket.gethostname(),  # the straggler view names the node (moe_vlm/stragglers.py)
+            host=socket.gethostname(),  # the straggler view names the node (moe_vlm/perf/stragglers.py)
             warmup=step <= spec.warmup_steps,
             time_unix_s=time.time(),
             step_time_s=step_time_s,

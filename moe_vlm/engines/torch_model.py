@@ -25,10 +25,7 @@ from transformers.models.qwen3_vl_moe.modeling_qwen3_vl_moe import (
     Qwen3VLMoeTextSparseMoeBlock,
 )
 
-from moe_vlm.data.batch import Batch
-from moe_vlm.engines.hf_config import transformers_config
-from moe_vlm.knobs.support import accepted
-from moe_vlm.schema import (
+from moe_vlm.config.schema import (
     Engine,
     ModelConfig,
     RecomputeConfig,
@@ -36,6 +33,9 @@ from moe_vlm.schema import (
     RecomputeMethod,
     VisionFreezeConfig,
 )
+from moe_vlm.data.batch import Batch
+from moe_vlm.engines.hf_config import transformers_config
+from moe_vlm.knobs.support import accepted
 
 # Attention implementation whose core (softmax(QK^T)V) is recomputed in backward: SDPA inside
 # torch's non-reentrant checkpoint. Registered with transformers' own AttentionInterface so

@@ -15,12 +15,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from moe_vlm.data.workers import data_workers
-from moe_vlm.knobs.keep import KEEP
-from moe_vlm.knobs.telemetry_fields import ROWS as TELEMETRY_ROWS
-from moe_vlm.knobs.telemetry_fields import in_run_dir
-from moe_vlm.precision import profile as precision_profile
-from moe_vlm.schema import (
+from moe_vlm.config.precision import profile as precision_profile
+from moe_vlm.config.schema import (
     SYNTHETIC_DRAW_FIELDS,
     CrossEntropyFusion,
     CudaGraphImpl,
@@ -33,8 +29,12 @@ from moe_vlm.schema import (
     RouterDtype,
     ShardingStrategy,
 )
-from moe_vlm.sharding import dp_outer
-from moe_vlm.spec import RunSpec, hybridep_topology
+from moe_vlm.config.sharding import dp_outer
+from moe_vlm.config.spec import RunSpec, hybridep_topology
+from moe_vlm.data.workers import data_workers
+from moe_vlm.knobs.keep import KEEP
+from moe_vlm.knobs.telemetry_fields import ROWS as TELEMETRY_ROWS
+from moe_vlm.knobs.telemetry_fields import in_run_dir
 
 # HybridEP topology variables (Bridge's perf_recipes.environment.HYBRID_EP_ENV_NAMES): the engine
 # replaces the recipe's set with ours, and drops them for other dispatchers.
@@ -449,7 +449,7 @@ FIELD_MAP: tuple[FieldMap, ...] = (
         "parallelism.dp_outer",
         "ddp.num_distributed_optimizer_instances",
         dp_outer,
-        "0 -> one replica per NVLink-domain segment (moe_vlm/sharding.py)",
+        "0 -> one replica per NVLink-domain segment (moe_vlm/config/sharding.py)",
     ),
     FieldMap(
         "parallelism.dp_outer_sharding",

@@ -8,9 +8,9 @@ import re
 from dataclasses import dataclass
 from enum import StrEnum
 
-from moe_vlm.arch import PROFILES
-from moe_vlm.schema import ClusterConfig
-from moe_vlm.spec import RunSpec
+from moe_vlm.config.arch import PROFILES
+from moe_vlm.config.schema import ClusterConfig
+from moe_vlm.config.spec import RunSpec
 
 
 class RecipeKind(StrEnum):
@@ -37,7 +37,7 @@ class Recipe:
 
 # megatron-bridge 0.6.2 ships the flat perf recipes in the package (perf_recipes/qwen_vl/<gpu>/
 # <family>.py), GPUs x bf16 per model below; the family and the template model of each
-# architecture are in its profile (moe_vlm/arch.py). B300 has only Qwen3.5-VL recipes
+# architecture are in its profile (moe_vlm/config/arch.py). B300 has only Qwen3.5-VL recipes
 # (perf_recipes/qwen_vl/b300/ has no qwen3_vl.py); H200 has none.
 _PERF_GPUS = {
     "qwen3_vl_30b_a3b": {"gb200": 8, "b200": 8, "h100": 16, "gb300": 8},

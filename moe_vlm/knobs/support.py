@@ -27,9 +27,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from moe_vlm.arch import PROFILES
-from moe_vlm.knobs.bridge_fields import FIELD_MAP
-from moe_vlm.schema import (
+from moe_vlm.config.arch import PROFILES
+from moe_vlm.config.schema import (
     SYNTHETIC_DRAW_FIELDS,
     CudaGraphImpl,
     Engine,
@@ -39,6 +38,7 @@ from moe_vlm.schema import (
     ShardingStrategy,
     TokenDispatcher,
 )
+from moe_vlm.knobs.bridge_fields import FIELD_MAP
 
 
 @dataclass(frozen=True)
@@ -72,7 +72,7 @@ SHORTCUTS: Mapping[str, str] = {f"parallelism.{size}": size for size in ("tp", "
 
 NOT_ENGINE_KNOBS: frozenset[str] = frozenset(
     {
-        # What runs and how: read by run.py and the launcher before an engine is chosen.
+        # What runs and how: read by run/task.py and the launcher before an engine is chosen.
         "engine",
         "dry_run",
         # Defaults the spec resolves seq_length and gbs from; the engines read those.
@@ -95,12 +95,12 @@ NOT_ENGINE_KNOBS: frozenset[str] = frozenset(
         "gc.name",
         # recipe=<name>: a set of the other knobs' values, which the engines read (the Megatron
         # engine also builds from the named function, tests/megatron/test_recipes.py); the plan
-        # lists what a run changes from it (moe_vlm/recipes.py).
+        # lists what a run changes from it (moe_vlm/knobs/recipes.py).
         "recipe.name",
         "recipe.module",
         "recipe.knobs",
         # card=<row>: the same for a published card row (conf/card/), with its published figure,
-        # which the plan and the report print beside the run's (moe_vlm/cards.py).
+        # which the plan and the report print beside the run's (moe_vlm/knobs/cards.py).
         "card.row",
         "card.source",
         "card.published_tflops_per_gpu",
@@ -292,11 +292,11 @@ TORCH: Mapping[str, Support] = {
     "cuda_graph.vision_max_seq_length": Inert("cuda_graph.vision", "vision-graph capture length"),
     "gc.manual": Honoured("Python's automatic garbage collection", (None, False)),
     "gc.interval": Inert("gc.manual", "manual collection interval"),
-    # moe_vlm/profiling.py's StepProfiler on the profiled ranks; nsys and memory need GPUs (O003).
+    # moe_vlm/record/profiling.py's StepProfiler on the profiled ranks; nsys and memory need GPUs (O003).
     "profiling.tool": Honoured("torch.profiler, the CUDA profiler API or allocator history on the window"),
     "profiling.steps": Honoured("the profiled window; its steps are left out of the steady window"),
     "profiling.ranks": Honoured("the ranks that record"),
-    # moe_vlm/explog.py on rank 0; a tracker whose package does not import is rejected (O006).
+    # moe_vlm/record/explog.py on rank 0; a tracker whose package does not import is rejected (O006).
     "logger.backend": Honoured("TensorBoard, W&B or MLflow, one point per step"),
     "logger.project": Honoured("the W&B project / MLflow experiment"),
     "logger.run_name": Honoured("the W&B / MLflow run name"),

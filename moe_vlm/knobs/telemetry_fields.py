@@ -2,7 +2,7 @@
 
 Bridge's ProfilingConfig and LoggerConfig (megatron/bridge/training/config.py:632-764, with
 Megatron's training/config fields they extend), as (knob, dotted field, value, why). The window
-and ranks are moe_vlm/profiling.py's, the run name moe_vlm/explog.py's (the torch engine logs the
+and ranks are moe_vlm/record/profiling.py's, the run name moe_vlm/record/explog.py's (the torch engine logs the
 same). Tracker fields stay None unless that tracker is on: Bridge starts a tracker (and its
 LoggerConfig.finalize imports mlflow) whenever one of its fields is set (config.py:686-708). Keys
 come from the environment (WANDB_API_KEY, MLFLOW_TRACKING_*), never from here.
@@ -13,12 +13,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from moe_vlm import explog, profiling
+from moe_vlm.config.schema import ExperimentLogger, Profiler
 from moe_vlm.knobs.keep import KEEP
-from moe_vlm.schema import ExperimentLogger, Profiler
+from moe_vlm.record import explog, profiling
 
 if TYPE_CHECKING:
-    from moe_vlm.spec import RunSpec
+    from moe_vlm.config.spec import RunSpec
 
 Value = Callable[["RunSpec"], Any]
 

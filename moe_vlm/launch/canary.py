@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from moe_vlm.spec import RunSpec
+    from moe_vlm.config.spec import RunSpec
 
 FAILED_PREFIX = "moe_vlm canary: FAILED"
 OK_PREFIX = "moe_vlm canary: ok"
@@ -54,16 +54,16 @@ def compose_spec(overrides: list[str]) -> RunSpec:
     # What the points' jobs unpickle. Imported by name: the canary proves the job can import the
     # plugin and uses nothing of it (the plugin sits above launch/, see docs/layout.md).
     importlib.import_module("hydra_plugins.moe_vlm_sweeper.launcher")
-    import moe_vlm.schema  # noqa: F401  (registers the config schema)
-    from moe_vlm.compose import compose_config
-    from moe_vlm.spec import RunSpec
+    import moe_vlm.config.schema  # noqa: F401  (registers the config schema)
+    from moe_vlm.config.compose import compose_config
+    from moe_vlm.config.spec import RunSpec
 
     return RunSpec.from_config(compose_config(overrides))
 
 
 def check_engine(spec: RunSpec, workdir: Path) -> str:
     """Import what the point's engine imports; for Megatron, build its ConfigContainer."""
-    from moe_vlm.schema import Engine  # not at module level: a missing Hydra is a finding
+    from moe_vlm.config.schema import Engine  # not at module level: a missing Hydra is a finding
 
     if spec.engine == Engine.megatron:
         from moe_vlm.engines.megatron.config import build_config, check_overrides

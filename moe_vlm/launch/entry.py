@@ -27,8 +27,8 @@ from pathlib import Path
 
 from hydra._internal.utils import get_args_parser
 
-from moe_vlm.compose import CONF_DIR, override_key
-from moe_vlm.errors import BadInput
+from moe_vlm.base.errors import BadInput
+from moe_vlm.config.compose import CONF_DIR, override_key
 from moe_vlm.launch import site
 
 ENV_GPUS_VISIBLE = "MOE_VLM_GPUS_VISIBLE"

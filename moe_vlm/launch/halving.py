@@ -39,11 +39,11 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-from moe_vlm.errors import BadInput
-from moe_vlm.files import RunPaths, write_json_atomic
-from moe_vlm.record import RunRecord, read_steps
+from moe_vlm.base.errors import BadInput
+from moe_vlm.base.files import RunPaths, write_json_atomic
+from moe_vlm.config.schema import MOCK_KINDS
+from moe_vlm.record.records import RunRecord, read_steps
 from moe_vlm.runtime.points import read_run
-from moe_vlm.schema import MOCK_KINDS
 
 STATE_JSON = "halving.json"
 STATE_VERSION = 1
@@ -298,7 +298,7 @@ class Measured:
 
 
 def spec_rank_class(data: str, force_load_balancing: bool) -> RankClass:
-    """As report_table.ranked: mock data first (whatever the routing), then forced-balance routing."""
+    """As report.table.ranked: mock data first (whatever the routing), then forced-balance routing."""
     if data in MOCK_DATA:
         return RankClass.mock
     if force_load_balancing:

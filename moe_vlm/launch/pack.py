@@ -26,9 +26,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from moe_vlm.files import REQUEUE_MARKER, RUN_JSON
+from moe_vlm.base.files import REQUEUE_MARKER, RUN_JSON
 from moe_vlm.launch import slurm
-from moe_vlm.record import TERMINAL
+from moe_vlm.record.records import TERMINAL
 from moe_vlm.runtime import dist_env
 
 # A finished point, as write_json_atomic lays out run.json (indent=2, so top-level keys sit at two

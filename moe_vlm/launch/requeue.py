@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from types import FrameType
 
-from moe_vlm.files import PREVIOUS_REQUEUE_MARKER, REQUEUE_MARKER, RUN_JSON, RunPaths, write_json_atomic
+from moe_vlm.base.files import PREVIOUS_REQUEUE_MARKER, REQUEUE_MARKER, RUN_JSON, RunPaths, write_json_atomic
 from moe_vlm.launch.slurm import (
     ENV_JOB_START_S,
     ENV_MAX_REQUEUES,
@@ -31,7 +31,7 @@ from moe_vlm.launch.slurm import (
     ENV_TIME_LIMIT_S,
     EXIT_REQUEUE,
 )
-from moe_vlm.record import REQUEUED, RUNNING
+from moe_vlm.record.records import REQUEUED, RUNNING
 from moe_vlm.runtime import points
 from moe_vlm.runtime.dist_env import ENV_PACK_INDEX, ENV_POINT_RESTARTS, global_rank
 from moe_vlm.runtime.failures import Diagnosis, base_from_point, launch_info, requeue_count, write_failure

@@ -32,8 +32,8 @@ from typing import Any
 
 import yaml
 
-from moe_vlm.errors import BadInput
-from moe_vlm.safety import check_credentials
+from moe_vlm.base.errors import BadInput
+from moe_vlm.base.safety import check_credentials
 
 SITE_KEYS = (
     "account",

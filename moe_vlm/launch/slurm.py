@@ -23,13 +23,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from moe_vlm import profiling, safety
-from moe_vlm.errors import BadInput
-from moe_vlm.files import PREVIOUS_REQUEUE_MARKER, REQUEUE_MARKER
+from moe_vlm.base import safety
+from moe_vlm.base.errors import BadInput
+from moe_vlm.base.files import PREVIOUS_REQUEUE_MARKER, REQUEUE_MARKER
+from moe_vlm.config.schema import Engine
+from moe_vlm.config.sharding import launcher_segment, segment_mismatch
+from moe_vlm.config.spec import RunSpec
 from moe_vlm.launch import site
-from moe_vlm.schema import Engine
-from moe_vlm.sharding import launcher_segment, segment_mismatch
-from moe_vlm.spec import RunSpec
+from moe_vlm.record import profiling
 
 # Exit status of a rank that was asked to stop for a requeue (EX_TEMPFAIL): not a failure.
 EXIT_REQUEUE = 75

@@ -28,10 +28,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from moe_vlm.files import POINT_JSON, RUN_JSON
+from moe_vlm.base.files import POINT_JSON, RUN_JSON
 from moe_vlm.launch import slurm
 from moe_vlm.launch.canary import OK_PREFIX
-from moe_vlm.record import RUNNING, TERMINAL, Failure, RecordError, RunRecord, RunStatus
+from moe_vlm.record.records import RUNNING, TERMINAL, Failure, RecordError, RunRecord, RunStatus
 from moe_vlm.runtime import points
 from moe_vlm.runtime.failures import (
     Diagnosis,

@@ -29,9 +29,9 @@ from typing import Any
 
 import numpy as np
 
-from moe_vlm.files import write_json_atomic
+from moe_vlm.base.files import write_json_atomic
+from moe_vlm.config.schema import Engine
 from moe_vlm.predict.terms import COMM, COMPUTE, Term
-from moe_vlm.schema import Engine
 
 CALIBRATION_ENV = "MOE_VLM_CALIBRATION"
 FILE_VERSION = 1

@@ -32,9 +32,9 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from moe_vlm.base.processes import die_with_parent, run_local_ranks
+from moe_vlm.config.spec import RunSpec
 from moe_vlm.predict.terms import param_split
-from moe_vlm.processes import die_with_parent, run_local_ranks
-from moe_vlm.spec import RunSpec
 
 MAX_MESSAGE_BYTES = 256 * 2**20
 MIN_MESSAGE_BYTES = 2**16

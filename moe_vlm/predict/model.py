@@ -13,12 +13,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from moe_vlm.flops import Workload, step_flops
-from moe_vlm.metrics import peak_of
+from moe_vlm.config.spec import RunSpec
+from moe_vlm.perf.flops import Workload, step_flops
+from moe_vlm.perf.metrics import peak_of
 from moe_vlm.predict.calibration import UNCALIBRATED_BAND, Calibration, find, stack_of
 from moe_vlm.predict.terms import COMM, COMPUTE, Term, loads
 from moe_vlm.predict.workload import expected_workload
-from moe_vlm.spec import RunSpec
 
 # Defaults for GPU clusters, fitted by `python scripts/bench_predict.py --anchors` on the published
 # measured rows of ../shared/reference/sister-skills.md (1 and 2.5: the VLM card and the Qwen

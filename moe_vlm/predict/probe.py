@@ -32,12 +32,12 @@ from dataclasses import dataclass
 
 import torch
 
-from moe_vlm.arch import attention_shape, moe_shape
+from moe_vlm.config.arch import attention_shape, moe_shape
+from moe_vlm.config.spec import RunSpec
 from moe_vlm.predict.calibration import Calibration, stack_of
 from moe_vlm.predict.collectives import Collective, CollectiveRate, cases, measure, ranks_on_node
 from moe_vlm.predict.hardware import links_of
 from moe_vlm.predict.terms import COMPUTE, NOMINAL_CPU_FLOPS, NOMINAL_CPU_LINK, NOMINAL_CPU_MEMORY, Term
-from moe_vlm.spec import RunSpec
 
 # The terms each collective's rate stands for.
 STANDS_FOR: dict[Collective, tuple[Term, ...]] = {

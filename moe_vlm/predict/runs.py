@@ -1,5 +1,5 @@
 """Recorded runs as calibration samples: each run's terms on the workload it measured, and the
-step period it measured (the basis its rates use, moe_vlm/metrics.py time_basis)."""
+step period it measured (the basis its rates use, moe_vlm/perf/metrics.py time_basis)."""
 
 from __future__ import annotations
 
@@ -8,14 +8,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from moe_vlm.files import RUN_JSON, STEPS_JSONL
-from moe_vlm.flops import Workload
-from moe_vlm.metrics import by_step, steady_window, workload_of
+from moe_vlm.base.files import RUN_JSON, STEPS_JSONL
+from moe_vlm.config.spec import RunSpec
+from moe_vlm.perf.flops import Workload
+from moe_vlm.perf.metrics import by_step, steady_window, workload_of
 from moe_vlm.predict.calibration import Sample, stack_of
 from moe_vlm.predict.terms import loads
-from moe_vlm.record import RunRecord, RunStatus, read_steps
-from moe_vlm.shape import RecordError
-from moe_vlm.spec import RunSpec
+from moe_vlm.record.records import RunRecord, RunStatus, read_steps
+from moe_vlm.record.shape import RecordError
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,7 @@
 Each term is a load (FLOPs, bytes) divided by a base rate; the prediction multiplies each by a
 calibrated scale (moe_vlm/predict/calibration.py) and adds them up. Base rates:
 
-compute     the dense peak the FLOPs run at (``moe_vlm.metrics.module_peaks``: the decoder's GEMMs
+compute     the dense peak the FLOPs run at (``moe_vlm.perf.metrics.module_peaks``: the decoder's GEMMs
             at the precision's peak, the vision tower at BF16; the attention core and the output
             layer stay BF16, precision_peak_of's docstring), so a scale of 1 / efficiency. A
             cluster without a peak (cluster=local) gets a nominal 1 GFLOP/s: uncalibrated.
@@ -12,7 +12,7 @@ links       per-GPU NVLink and NIC bandwidth, one direction (moe_vlm/predict/har
 optimizer   Adam's bytes over HBM bandwidth (memory-bound; CPU: nominal 10 GB/s).
 overhead    one second: the per-step constant (data wait, launches, the loop) only a fit knows.
 
-FLOPs are the project's hardware FLOPs (``moe_vlm.flops``: padded tokens, padded vocabulary,
+FLOPs are the project's hardware FLOPs (``moe_vlm.perf.flops``: padded tokens, padded vocabulary,
 frozen-aware, plus recompute's extra forward), split by operation class and divided evenly over
 the world (TP, PP, CP, EP and DP each split the work; imbalance is what calibration absorbs). The
 pipeline bubble multiplies compute by 1 + (p - 1) / (m x vp) (Narayanan et al., SC'21, the
@@ -24,8 +24,17 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from enum import StrEnum
 
-from moe_vlm.arch import Mlp, layer_kinds
-from moe_vlm.flops import (
+from moe_vlm.config.arch import Mlp, layer_kinds
+from moe_vlm.config.schema import (
+    Engine,
+    FlexBackend,
+    ModelConfig,
+    ParallelismFamily,
+    RecomputeGranularity,
+    TokenDispatcher,
+)
+from moe_vlm.config.spec import RunSpec
+from moe_vlm.perf.flops import (
     DecoderForward,
     Workload,
     decoder_forward,
@@ -35,19 +44,10 @@ from moe_vlm.flops import (
     recompute_forward,
     vision_encoder_forward,
 )
-from moe_vlm.memory.megatron import grad_bytes
-from moe_vlm.memory.shared import ParamCounts, param_counts
-from moe_vlm.metrics import module_peaks
+from moe_vlm.perf.memory.megatron import grad_bytes
+from moe_vlm.perf.memory.shared import ParamCounts, param_counts
+from moe_vlm.perf.metrics import module_peaks
 from moe_vlm.predict.hardware import links_of
-from moe_vlm.schema import (
-    Engine,
-    FlexBackend,
-    ModelConfig,
-    ParallelismFamily,
-    RecomputeGranularity,
-    TokenDispatcher,
-)
-from moe_vlm.spec import RunSpec
 
 NOMINAL_CPU_FLOPS = 1e9  # cluster=local: no datasheet peak; the scale carries the calibrated rate
 NOMINAL_CPU_LINK = 1e9
@@ -117,7 +117,7 @@ CLASS_PARTS: dict[Term, tuple[str, ...]] = {
 
 
 def hardware_flops_by_class(spec: RunSpec, workload: Workload) -> dict[Term, float]:
-    """The step's hardware FLOPs (moe_vlm.flops.step_flops's ``hardware``) split by operation class."""
+    """The step's hardware FLOPs (moe_vlm.perf.flops.step_flops's ``hardware``) split by operation class."""
     model = spec.model
     factors = multipliers(spec.freeze.vision, spec.freeze.projector, spec.freeze.language)
     padded = workload.padded()

@@ -6,7 +6,7 @@ expectation of what the data kind draws (the memory estimate plans for the worst
 ``mock``       text only, each row uniform in [seq/2, seq] tokens (moe_vlm/data/mock.py).
 ``synthetic``  per sample a uniform image count, long side, aspect ratio and text length
                (moe_vlm/data/synthetic.py); patches through Qwen2-VL's resize rule
-               (moe_vlm/memory/images.py); a row holds at most seq_length tokens.
+               (moe_vlm/perf/memory/images.py); a row holds at most seq_length tokens.
 ``real``       the mean patches of the first image headers the memory estimate reads, one image
                per sample, the configured text-length range; without readable headers, the
                synthetic expectation.
@@ -17,11 +17,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from moe_vlm.flops import Workload
-from moe_vlm.memory.estimate import REAL_DATA_SAMPLES_READ
-from moe_vlm.memory.images import patches_for_image, real_image_sizes
-from moe_vlm.schema import DataKind, Packing
-from moe_vlm.spec import RunSpec
+from moe_vlm.config.schema import DataKind, Packing
+from moe_vlm.config.spec import RunSpec
+from moe_vlm.perf.flops import Workload
+from moe_vlm.perf.memory.estimate import REAL_DATA_SAMPLES_READ
+from moe_vlm.perf.memory.images import patches_for_image, real_image_sizes
 
 LONG_SIDE_SAMPLES = 33  # long sides averaged over min..max (uniform draw), evenly spaced
 IMAGE_FRAME_TOKENS = 2  # <|vision_start|> and <|vision_end|> around each image's tokens

@@ -11,7 +11,7 @@ involved and a fix. Codes are grouped by concern:
     X  MoE routing (capacity, router dtype, aux loss) and kernel fusions
     O  communication overlap, HSDP, host-memory offload, garbage collection, vision-encoder graphs
     T  profiling and experiment logging (telemetry)
-    M  memory (moe_vlm/memory's per-GPU estimate against cluster.gpu_memory_gib)
+    M  memory (moe_vlm/perf/memory's per-GPU estimate against cluster.gpu_memory_gib)
     B  checks ported from the library code the engine does not run (Megatron-LM's argument validation)
 
 Engine rules cite where Megatron enforces them (MLM = Megatron-LM, MB = Megatron-Bridge).

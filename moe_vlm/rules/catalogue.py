@@ -6,11 +6,11 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from enum import Enum
 
-from moe_vlm.schema import (
+from moe_vlm.config.schema import (
     CudaGraphImpl,
     TokenDispatcher,
 )
-from moe_vlm.spec import RunSpec
+from moe_vlm.config.spec import RunSpec
 
 
 class Level(Enum):

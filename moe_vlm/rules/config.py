@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+from moe_vlm.config.spec import RunSpec
 from moe_vlm.rules.catalogue import (
     Level,
     Violation,
     rule,
 )
-from moe_vlm.spec import RunSpec
 
 
 @rule("C001", Level.error, "sizes must be positive")
@@ -40,7 +40,7 @@ def _positive_sizes(spec: RunSpec) -> Iterator[Violation]:
 
 
 # C002 (parallelism.family must be fsdp or 3d) is gone: the family is an enum in the schema, so
-# Hydra rejects any other value at composition (one line, exit 2: moe_vlm/compose.py).
+# Hydra rejects any other value at composition (one line, exit 2: moe_vlm/config/compose.py).
 
 
 @rule("C003", Level.error, "warm-up must leave a steady window")

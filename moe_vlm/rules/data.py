@@ -6,19 +6,19 @@ import math
 from collections.abc import Iterator
 from pathlib import Path
 
+from moe_vlm.config.schema import (
+    DataKind,
+    Engine,
+    Packing,
+    TokenDispatcher,
+)
+from moe_vlm.config.spec import RunSpec
 from moe_vlm.data.stats import MOCK_SPEEDUP_NOTE
 from moe_vlm.rules.catalogue import (
     Level,
     Violation,
     rule,
 )
-from moe_vlm.schema import (
-    DataKind,
-    Engine,
-    Packing,
-    TokenDispatcher,
-)
-from moe_vlm.spec import RunSpec
 
 
 @rule("A001", Level.error, "real data needs a path")

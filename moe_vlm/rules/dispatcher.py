@@ -4,19 +4,19 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+from moe_vlm.config.schema import (
+    Engine,
+    FlexBackend,
+    RecomputeGranularity,
+    TokenDispatcher,
+)
+from moe_vlm.config.spec import RunSpec, hybridep_topology
 from moe_vlm.rules.catalogue import (
     Level,
     Violation,
     _flex,
     rule,
 )
-from moe_vlm.schema import (
-    Engine,
-    FlexBackend,
-    RecomputeGranularity,
-    TokenDispatcher,
-)
-from moe_vlm.spec import RunSpec, hybridep_topology
 
 
 def _deepep_supported(gpu: str, capability: float) -> bool:

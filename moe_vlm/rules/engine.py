@@ -8,7 +8,14 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from moe_vlm.arch import profile
+from moe_vlm.config.arch import profile
+from moe_vlm.config.schema import (
+    Engine,
+    ParallelismFamily,
+    RecomputeGranularity,
+    RecomputeMethod,
+)
+from moe_vlm.config.spec import RunSpec
 from moe_vlm.knobs.support import TORCH_SELECTIVE_RECOMPUTE, accepts
 from moe_vlm.rules.catalogue import (
     SELECTIVE_RECOMPUTE_MODULES,
@@ -16,13 +23,6 @@ from moe_vlm.rules.catalogue import (
     Violation,
     rule,
 )
-from moe_vlm.schema import (
-    Engine,
-    ParallelismFamily,
-    RecomputeGranularity,
-    RecomputeMethod,
-)
-from moe_vlm.spec import RunSpec
 
 TORCH = Engine.torch
 

@@ -4,19 +4,19 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+from moe_vlm.config.schema import (
+    CudaGraphImpl,
+    Engine,
+    ParallelismFamily,
+    ShardingStrategy,
+)
+from moe_vlm.config.spec import RunSpec
 from moe_vlm.rules.catalogue import (
     Level,
     Violation,
     _uses_graphs,
     rule,
 )
-from moe_vlm.schema import (
-    CudaGraphImpl,
-    Engine,
-    ParallelismFamily,
-    ShardingStrategy,
-)
-from moe_vlm.spec import RunSpec
 
 
 @rule("F001", Level.error, "Megatron FSDP v2 is data-parallel only")

@@ -4,7 +4,15 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from moe_vlm.arch import profile
+from moe_vlm.config.arch import profile
+from moe_vlm.config.schema import (
+    CudaGraphImpl,
+    Engine,
+    Packing,
+    RecomputeGranularity,
+    TokenDispatcher,
+)
+from moe_vlm.config.spec import RunSpec
 from moe_vlm.rules.catalogue import (
     CUDA_GRAPH_SCOPES,
     Level,
@@ -12,14 +20,6 @@ from moe_vlm.rules.catalogue import (
     _uses_graphs,
     rule,
 )
-from moe_vlm.schema import (
-    CudaGraphImpl,
-    Engine,
-    Packing,
-    RecomputeGranularity,
-    TokenDispatcher,
-)
-from moe_vlm.spec import RunSpec
 
 
 @rule("G001", Level.error, "graph scopes are known names")

@@ -4,15 +4,15 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+from moe_vlm.config.schema import (
+    FlexBackend,
+)
+from moe_vlm.config.spec import Layout, RunSpec
 from moe_vlm.rules.catalogue import (
     Level,
     Violation,
     rule,
 )
-from moe_vlm.schema import (
-    FlexBackend,
-)
-from moe_vlm.spec import Layout, RunSpec
 
 
 def etp_replaceable_by_ep(layout: Layout, num_experts: int) -> int | None:

@@ -5,13 +5,13 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 
+from moe_vlm.config.schema import Arch, Engine
+from moe_vlm.config.spec import RunSpec
 from moe_vlm.rules.catalogue import (
     Level,
     Violation,
     rule,
 )
-from moe_vlm.schema import Arch, Engine
-from moe_vlm.spec import RunSpec
 
 
 @rule("L001", Level.error, "world divisible by TP x PP x CP")

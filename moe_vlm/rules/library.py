@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+from moe_vlm.config.schema import Engine, ParallelismFamily
+from moe_vlm.config.spec import RunSpec
 from moe_vlm.rules.catalogue import Level, Violation, rule
-from moe_vlm.schema import Engine, ParallelismFamily
-from moe_vlm.spec import RunSpec
 
 HOPPER_MAJOR = 9  # compute capability; Blackwell (10) lifted the requirement
 

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from moe_vlm.cards import row_as_run
-from moe_vlm.memory import (
+from moe_vlm.config.spec import RunSpec
+from moe_vlm.config.vendor import vendor_recipe
+from moe_vlm.knobs.cards import row_as_run
+from moe_vlm.knobs.recipes import changes
+from moe_vlm.perf.memory import (
     GPU_ESTIMATE_UNCERTAINTY,
     THIN_HEADROOM_FRACTION,
     Fit,
@@ -13,14 +16,11 @@ from moe_vlm.memory import (
     estimate,
     fits_after,
 )
-from moe_vlm.recipes import changes
 from moe_vlm.rules.catalogue import (
     Level,
     Violation,
     rule,
 )
-from moe_vlm.spec import RunSpec
-from moe_vlm.vendor import vendor_recipe
 
 # The last spec estimated and its estimate: the three M rules judge one spec in a row (a third of a
 # plan's validation time otherwise). Held by reference, so `is` cannot match another spec.

@@ -9,12 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from moe_vlm.knobs.support import TORCH_REJECTS_UNLESS_NULL, accepts
-from moe_vlm.memory.images import image_budget
-from moe_vlm.memory.megatron import vision_graph_length
-from moe_vlm.precision import profile as precision_profile
-from moe_vlm.rules.catalogue import Level, Violation, rule
-from moe_vlm.schema import (
+from moe_vlm.config.precision import profile as precision_profile
+from moe_vlm.config.schema import (
     Arch,
     CudaGraphImpl,
     Engine,
@@ -24,8 +20,12 @@ from moe_vlm.schema import (
     RecomputeGranularity,
     ShardingStrategy,
 )
-from moe_vlm.sharding import dp_outer, segment_mismatch, segment_nodes
-from moe_vlm.spec import RunSpec
+from moe_vlm.config.sharding import dp_outer, segment_mismatch, segment_nodes
+from moe_vlm.config.spec import RunSpec
+from moe_vlm.knobs.support import TORCH_REJECTS_UNLESS_NULL, accepts
+from moe_vlm.perf.memory.images import image_budget
+from moe_vlm.perf.memory.megatron import vision_graph_length
+from moe_vlm.rules.catalogue import Level, Violation, rule
 
 # The vision encoder's blocks are dense: of MCore's graph modules only these select anything in them.
 VISION_GRAPH_SCOPES = ("attn", "mlp")

@@ -1,6 +1,6 @@
 """Precision rules (P...): where each number format runs, and what is known about it upstream.
 
-The formats' facts (Bridge recipe, Transformer Engine's capability range) are in moe_vlm/precision.py.
+The formats' facts (Bridge recipe, Transformer Engine's capability range) are in moe_vlm/config/precision.py.
 What Megatron Core and Bridge reject with FP8/FP4 beyond the GPU is out of reach of these knobs:
 delayed scaling's limits (first/last BF16 layers, moe_act/layernorm recompute:
 megatron/core/transformer/transformer_config.py:1400-1403, :1821-1826) are not a recipe offered
@@ -15,11 +15,11 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+from moe_vlm.config.precision import capability_range, profile, quantized, runs_on
+from moe_vlm.config.schema import Engine, ParallelismFamily, Precision
+from moe_vlm.config.spec import RunSpec
 from moe_vlm.knobs.support import accepts
-from moe_vlm.precision import capability_range, profile, quantized, runs_on
 from moe_vlm.rules.catalogue import Level, Violation, rule
-from moe_vlm.schema import Engine, ParallelismFamily, Precision
-from moe_vlm.spec import RunSpec
 
 
 @rule("P001", Level.error, "the number format runs on this GPU (TE quantization checks)")

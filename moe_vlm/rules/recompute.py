@@ -4,7 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from moe_vlm.memory import (
+from moe_vlm.config.schema import (
+    RecomputeGranularity,
+    RecomputeMethod,
+)
+from moe_vlm.config.spec import RunSpec
+from moe_vlm.perf.memory import (
     SELECTIVE_DEFAULT,
     THIN_HEADROOM_FRACTION,
     with_recompute,
@@ -16,11 +21,6 @@ from moe_vlm.rules.catalogue import (
     rule,
 )
 from moe_vlm.rules.memory import estimate_or_none
-from moe_vlm.schema import (
-    RecomputeGranularity,
-    RecomputeMethod,
-)
-from moe_vlm.spec import RunSpec
 
 
 @rule("R001", Level.error, "selective recompute modules are known and apply to the model")

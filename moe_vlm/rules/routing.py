@@ -9,9 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from moe_vlm.knobs.support import TORCH_REJECTS_UNLESS_NULL, accepts
-from moe_vlm.rules.catalogue import Level, Violation, rule
-from moe_vlm.schema import (
+from moe_vlm.config.schema import (
     CrossEntropyFusion,
     CudaGraphImpl,
     Engine,
@@ -19,7 +17,9 @@ from moe_vlm.schema import (
     RouterDtype,
     TokenDispatcher,
 )
-from moe_vlm.spec import RunSpec
+from moe_vlm.config.spec import RunSpec
+from moe_vlm.knobs.support import TORCH_REJECTS_UNLESS_NULL, accepts
+from moe_vlm.rules.catalogue import Level, Violation, rule
 
 # MCore warns from this many experts when the router runs in the model dtype
 # (megatron/core/transformer/transformer_config.py:2795-2803).
@@ -138,7 +138,7 @@ def _dropping_changes_work(spec: RunSpec) -> Iterator[Violation]:
     yield Violation(
         ("router.capacity_factor",),
         f"router.capacity_factor={capacity:g} {how}: the expert GEMMs process a different token count than "
-        "the model FLOPs (top-k per token, moe_vlm/flops.py) assume, so MFU is not comparable with dropless runs.",
+        "the model FLOPs (top-k per token, moe_vlm/perf/flops.py) assume, so MFU is not comparable with dropless runs.",
         "compare only runs with the same capacity factor, or use router.capacity_factor=null (dropless).",
     )
 

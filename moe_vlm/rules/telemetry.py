@@ -1,17 +1,17 @@
 """Profiling and experiment-logging rules (T...): the window, the ranks, what needs a GPU, trackers.
 
-The window and the steps a profiler slows are moe_vlm/profiling.py's; the trackers' packages are
-moe_vlm/explog.py's.
+The window and the steps a profiler slows are moe_vlm/record/profiling.py's; the trackers' packages are
+moe_vlm/record/explog.py's.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 
-from moe_vlm import explog, profiling
+from moe_vlm.config.schema import Engine, Profiler
+from moe_vlm.config.spec import RunSpec
+from moe_vlm.record import explog, profiling
 from moe_vlm.rules.catalogue import Level, Violation, rule
-from moe_vlm.schema import Engine, Profiler
-from moe_vlm.spec import RunSpec
 
 
 def _window_ok(spec: RunSpec) -> bool:

@@ -14,7 +14,7 @@ Classes, most specific first (the first that matches wins):
     python     a Python exception (traceback)
     unknown    none of the above; the log tail says more
 
-Used in three places: the run itself on an exception (moe_vlm/run.py), the batch script after
+Used in three places: the run itself on an exception (moe_vlm/run/task.py), the batch script after
 a failed srun step (`python -m moe_vlm.runtime.failures`, see launch/slurm.py:teardown) and
 `moe-vlm status` / the sweeper for jobs that ended without a record (scancel, node loss).
 """
@@ -30,13 +30,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from moe_vlm.files import RUN_JSON, STEPS_JSONL, write_json_atomic
-from moe_vlm.metrics import summarize
-from moe_vlm.record import REQUEUED, RUNNING, Failure, RunRecord, RunStatus, read_steps
+from moe_vlm.base.files import RUN_JSON, STEPS_JSONL, write_json_atomic
+from moe_vlm.base.safety import scrub_text
+from moe_vlm.config.spec import RunSpec
+from moe_vlm.perf.metrics import summarize
+from moe_vlm.record.records import REQUEUED, RUNNING, Failure, RunRecord, RunStatus, read_steps
 from moe_vlm.runtime import dist_env, points
 from moe_vlm.runtime.heartbeat import gone, read_heartbeat
-from moe_vlm.safety import scrub_text
-from moe_vlm.spec import RunSpec
 
 LOG_TAIL_LINES = 30
 
@@ -235,7 +235,7 @@ def write_failure(
 
 
 def record_exception(spec: Any, config: dict[str, Any], run_dir: Path, exc: BaseException) -> dict[str, Any]:
-    """The run raised: classify the traceback and record it (called from moe_vlm/run.py)."""
+    """The run raised: classify the traceback and record it (called from moe_vlm/run/task.py)."""
     import traceback
 
     text = scrub_text("".join(traceback.format_exception(exc)))

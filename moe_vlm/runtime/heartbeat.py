@@ -18,8 +18,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from moe_vlm.files import HEARTBEAT_JSON, RUN_JSON, write_json_atomic
-from moe_vlm.record import RUNNING
+from moe_vlm.base.files import HEARTBEAT_JSON, RUN_JSON, write_json_atomic
+from moe_vlm.record.records import RUNNING
 
 # A beat is one small atomic file write: every 30 s costs nothing beside a training step.
 HEARTBEAT_S = 30.0

@@ -26,12 +26,12 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from moe_vlm.compose import override_key
-from moe_vlm.files import CANARIES, CANARY_JSON, POINT_JSON, RUN_JSON, RunPaths, write_json_atomic
-from moe_vlm.provenance import point_id
-from moe_vlm.record import TERMINAL, RecordError, RunRecord
-from moe_vlm.safety import scrub
-from moe_vlm.shape import POINT_SHAPE, load_json, problem
+from moe_vlm.base.files import CANARIES, CANARY_JSON, POINT_JSON, RUN_JSON, RunPaths, write_json_atomic
+from moe_vlm.base.provenance import point_id
+from moe_vlm.base.safety import scrub
+from moe_vlm.config.compose import override_key
+from moe_vlm.record.records import TERMINAL, RecordError, RunRecord
+from moe_vlm.record.shape import POINT_SHAPE, load_json, problem
 
 
 def identity(config: dict[str, Any], code_version: str | None) -> str:

@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from moe_vlm.launch.status import collect
-from moe_vlm.report_table import load_table
+from moe_vlm.report.table import load_table
 
 REPO = Path(__file__).resolve().parents[2]
 STEPS = 40

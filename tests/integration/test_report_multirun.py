@@ -9,8 +9,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from moe_vlm import plots, report_table
-from moe_vlm.files import RUN_JSON
+from moe_vlm.base.files import RUN_JSON
+from moe_vlm.report import plots
+from moe_vlm.report import table as report_table
 from tests.conftest import REPO
 
 POINTS = {(mbs, recompute) for mbs in (1, 2) for recompute in ("none", "full")}

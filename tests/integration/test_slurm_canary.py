@@ -119,7 +119,7 @@ def test_a_canary_that_cannot_import_the_stack_holds_and_fails_every_point(
     assert job["JobState"] == "PENDING"
 
     table = subprocess.run(
-        [PYTHON, "-m", "moe_vlm.cli", "status", str(cancelled)], cwd=REPO, capture_output=True, text=True
+        [PYTHON, "-m", "moe_vlm.cli.main", "status", str(cancelled)], cwd=REPO, capture_output=True, text=True
     ).stdout
     assert f"canary job {canary['job_id']} (cluster=local, image (none)): failed: {EVIDENCE}" in table
     assert "2/2 finished: 2 failed" in table

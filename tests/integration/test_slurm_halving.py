@@ -35,7 +35,7 @@ from typing import Any
 
 import pytest
 
-from moe_vlm.files import RunPaths
+from moe_vlm.base.files import RunPaths
 from moe_vlm.launch.halving import Decision, HalvingState, node_steps
 from moe_vlm.launch.status import collect, render
 from moe_vlm.runtime import points
@@ -118,7 +118,15 @@ def test_halving_finds_the_grid_s_best_and_records_its_ladder(
     table = render(sweep_dir, collect(sweep_dir))
     assert "RUNG" in table and "1/2 stopped" in table and "2/2 final" in table
     report = subprocess.run(
-        [sys.executable, "-m", "moe_vlm.cli", "report", str(sweep_dir), "--out", str(tmp_path / "report")],
+        [
+            sys.executable,
+            "-m",
+            "moe_vlm.cli.main",
+            "report",
+            str(sweep_dir),
+            "--out",
+            str(tmp_path / "report"),
+        ],
         cwd=REPO,
         capture_output=True,
         text=True,

@@ -216,7 +216,7 @@ def test_a_sweep_rejects_submits_and_exits_classifies_failures_and_resumes(
         assert earlier["failure"]["class"] == cls  # the failed attempt is kept, not overwritten
 
     table = subprocess.run(
-        [PYTHON, "-m", "moe_vlm.cli", "status", str(sweep_dir)],
+        [PYTHON, "-m", "moe_vlm.cli.main", "status", str(sweep_dir)],
         cwd=REPO,
         capture_output=True,
         text=True,

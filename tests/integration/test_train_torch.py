@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from moe_vlm.files import RUN_JSON, STEPS_JSONL
-from moe_vlm.record import RunRecord, StepRecord, read_steps
+from moe_vlm.base.files import RUN_JSON, STEPS_JSONL
+from moe_vlm.record.records import RunRecord, StepRecord, read_steps
 from tests.conftest import REPO
 
 # The default run (tiny_moe_vlm, synthetic images, 2 CPU ranks, FSDP2) with smaller photos and
@@ -64,7 +64,7 @@ def test_default_run_completes_on_two_ranks(tmp_path: Path) -> None:
     # Console: one progress line per step, then the summary table.
     progress = [line for line in done.stdout.splitlines() if line.startswith("step ")]
     assert len(progress) == 3 and "loss" in progress[0] and "tok/s" in progress[0] and "GiB" in progress[0]
-    # The end-of-run table (moe_vlm/run_summary.py): short, the run directory, the key figure.
+    # The end-of-run table (moe_vlm/engines/run_summary.py): short, the run directory, the key figure.
     table = done.stdout.split("\n" + "-" * 78 + "\n", 1)[1].splitlines()
     assert len(table) <= 25, table
     assert f"run directory             {tmp_path}" in done.stdout

@@ -19,8 +19,8 @@ from typing import Any
 
 import pytest
 
+from moe_vlm.config.spec import RunSpec
 from moe_vlm.engines.megatron.stack import stack_problem
-from moe_vlm.spec import RunSpec
 
 STACK_PROBLEM = stack_problem()
 needs_stack = pytest.mark.skipif(

@@ -24,10 +24,10 @@ from enum import Enum
 from functools import cache
 from typing import Any
 
-from moe_vlm.compose import CONF_DIR, compose_point
+from moe_vlm.config.compose import CONF_DIR, compose_point
+from moe_vlm.config.schema import SYNTHETIC_DRAW_FIELDS, TrainConfig
 from moe_vlm.rules.catalogue import CUDA_GRAPH_SCOPES, SELECTIVE_RECOMPUTE_MODULES
 from moe_vlm.rules.overlap import VISION_GRAPH_SCOPES
-from moe_vlm.schema import SYNTHETIC_DRAW_FIELDS, TrainConfig
 from tests.conftest import SCHEMA_LEAVES, knob_override
 
 CLUSTERS = ("gb200", "gb300", "b200", "b300", "h100", "h200")

@@ -12,9 +12,9 @@ from typing import Any
 
 import torch
 
+from moe_vlm.config.spec import RunSpec
 from moe_vlm.engines.megatron.recording import GIB, MemorySample, StepRecorder
-from moe_vlm.spec import RunSpec
-from moe_vlm.timing import Clock
+from moe_vlm.engines.timing import Clock
 
 BASE_GIB = 40.0  # what stays allocated between steps (weights, optimizer state)
 OUTSIDE_GIB = 3.5  # NCCL / DeepEP / TE userbuffers + CUDA context: cudaMalloc'd, not the allocator's

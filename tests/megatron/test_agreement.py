@@ -32,9 +32,9 @@ from typing import Any
 
 import pytest
 
+from moe_vlm.config.spec import RunSpec
 from moe_vlm.engines.megatron.config import apply_overrides, check_overrides
 from moe_vlm.rules import CATALOGUE, errors, validate
-from moe_vlm.spec import RunSpec
 from tests.conftest import make_spec
 from tests.megatron.conftest import REPORT, RecipeCache, needs_stack
 from tests.megatron.test_config_container import BASE, COMPANIONS, group_options, sweep_points

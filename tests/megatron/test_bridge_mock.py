@@ -27,7 +27,7 @@ def mock_dataset(tmp_path_factory: pytest.TempPathFactory) -> Any:
     from megatron.bridge.data.base import DatasetBuildContext
     from megatron.bridge.data.builders.mock_vlm_sft import MockVLMSFTDatasetBuilder, MockVLMSFTDatasetConfig
 
-    from moe_vlm.compose import compose_config
+    from moe_vlm.config.compose import compose_config
     from moe_vlm.data.bridge_processor import write_processor
     from moe_vlm.engines.megatron.vendor_recipes import build_recipe, library_recipes
 

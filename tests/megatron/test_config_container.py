@@ -15,10 +15,10 @@ from typing import Any
 import pytest
 import yaml
 
+from moe_vlm.config.spec import RunSpec
 from moe_vlm.engines.megatron.config import apply_overrides, check_overrides, get_field, set_field
 from moe_vlm.knobs.bridge_fields import FIELD_MAP
 from moe_vlm.knobs.bridge_recipe import select_recipe
-from moe_vlm.spec import RunSpec
 from tests.conftest import CONF, REPO, make_spec
 from tests.megatron.conftest import REPORT, RecipeCache, needs_stack
 
@@ -188,7 +188,7 @@ def test_new_clusters_run_their_own_perf_recipe_and_its_topology(
     recipes: RecipeCache, overrides: tuple[str, ...], recipe: str
 ) -> None:
     """Bridge's GB300/B300 recipe is picked, and its own HybridEP topology is what our cluster derives."""
-    from moe_vlm.spec import hybridep_topology
+    from moe_vlm.config.spec import hybridep_topology
 
     spec = make_spec("engine=megatron", "dry_run=true", "dispatcher=hybridep", *overrides)
     chosen = select_recipe(spec)
@@ -262,7 +262,7 @@ def test_playbook_says_which_variables_the_recipe_sets(
     recipes: RecipeCache, overrides: tuple[str, ...]
 ) -> None:
     """`moe-vlm advise` prints each variable as set by the recipe, or the user's: the recipe agrees."""
-    from moe_vlm.advise.playbook import PLAYBOOKS
+    from moe_vlm.cli.advise.playbook import PLAYBOOKS
 
     spec = make_spec("engine=megatron", "dry_run=true", *overrides)
     chosen = select_recipe(spec)

@@ -27,10 +27,10 @@ from typing import Any
 import pytest
 import torch
 
+from moe_vlm.config.spec import RunSpec
 from moe_vlm.data import build_batches
 from moe_vlm.engines.megatron.config import apply_overrides, check_overrides
 from moe_vlm.rules import validate
-from moe_vlm.spec import RunSpec
 from tests.conftest import REPO, make_spec
 from tests.megatron.conftest import REPORT, RecipeCache, model_parallel_rank, needs_stack
 

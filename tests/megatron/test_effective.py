@@ -22,10 +22,10 @@ from typing import Any
 import pytest
 import torch
 
+from moe_vlm.config.spec import RunSpec
 from moe_vlm.engines.megatron.config import apply_overrides, build_config, check_overrides
 from moe_vlm.engines.megatron.effective import Effective, differing, effective_config, plan_effective
 from moe_vlm.knobs.bridge_recipe import family_recipes, select_recipe
-from moe_vlm.spec import RunSpec
 from tests.conftest import make_spec
 from tests.megatron.conftest import REPORT, RecipeCache, needs_stack
 
@@ -96,8 +96,8 @@ def test_every_cluster_starts_from_the_model_s_perf_family(recipes: RecipeCache,
 @pytest.mark.parametrize("dispatcher", ["alltoall", "hybridep"])
 def test_gb200_and_h200_plans_show_one_family_and_their_differences(dispatcher: str) -> None:
     """Done-when of issue 12: the same model and knobs on GB200 and H200, side by side."""
-    from moe_vlm.plan import render
     from moe_vlm.rules import validate
+    from moe_vlm.run.plan import render
 
     gb200, h200 = make_spec(*GB200, f"dispatcher={dispatcher}"), make_spec(*H200, f"dispatcher={dispatcher}")
     planned = {"gb200": plan_effective(gb200), "h200": plan_effective(h200)}
@@ -220,11 +220,11 @@ def test_the_family_comparison_builds_every_perf_recipe_of_the_model() -> None:
 @needs_stack
 def test_run_json_records_the_effective_config_and_report_diff_reads_it(tmp_path: Path) -> None:
     """run.json as the engine writes it (launch._write_run_json), for a GB200 and an H200 run."""
-    from moe_vlm import report_cli
+    from moe_vlm.base.files import STEPS_JSONL
+    from moe_vlm.cli import report as report_cli
     from moe_vlm.engines.megatron.launch import _write_run_json
-    from moe_vlm.files import STEPS_JSONL
-    from moe_vlm.record import StepWriter
-    from moe_vlm.run import resolved_config
+    from moe_vlm.record.records import StepWriter
+    from moe_vlm.run.task import resolved_config
     from tests.conftest import compose_cfg
     from tests.unit.test_metrics import step_records
 

@@ -27,11 +27,11 @@ from typing import Any
 import pytest
 import torch
 
+from moe_vlm.config.spec import RunSpec
 from moe_vlm.engines.megatron.config import apply_overrides
 from moe_vlm.engines.megatron.recording import BridgeComponentTimer, CountingIterator, StepStats
+from moe_vlm.engines.timing import Clock
 from moe_vlm.rules import validate
-from moe_vlm.spec import RunSpec
-from moe_vlm.timing import Clock
 from tests.conftest import make_spec
 from tests.megatron.conftest import RecipeCache, model_parallel_rank, needs_stack
 

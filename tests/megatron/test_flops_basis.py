@@ -1,6 +1,6 @@
 """Bridge's logged FLOPs, from the library's own function on the real ConfigContainer, against ours.
 
-`moe_vlm.flops.bridge_count` claims to be the number Bridge 0.6.2 logs for a step
+`moe_vlm.perf.flops.bridge_count` claims to be the number Bridge 0.6.2 logs for a step
 (training/utils/flop_utils.py `num_floating_point_operations`, with the statistics qwen3_vl_step
 hands it: whole padded rows, qwen3_vl_step.py:183-197, 282-288). Here the library computes it for
 the vendor's workload (4,096 positions per row, 784 ViT patches per sample) and for a ragged
@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from moe_vlm.flops import Workload, bridge_count, step_flops
-from moe_vlm.flops_basis import flops_basis
+from moe_vlm.perf.flops import Workload, bridge_count, step_flops
+from moe_vlm.perf.flops_basis import flops_basis
 from tests.megatron.conftest import REPORT, RecipeCache, needs_stack, runtime_updated
 
 pytestmark = needs_stack

@@ -19,11 +19,11 @@ import random
 import time
 from typing import Any
 
+from moe_vlm.config.spec import RunSpec
 from moe_vlm.engines.megatron.config import apply_overrides
 from moe_vlm.knobs.bridge_fields import bridge_overrides
 from moe_vlm.knobs.bridge_recipe import select_recipe
 from moe_vlm.rules import errors, validate
-from moe_vlm.spec import RunSpec
 from tests.megatron.conftest import REPORT, RecipeCache, needs_stack
 from tests.megatron.fuzz_space import assemble, draw, gpus_per_node, space, unplaced
 
@@ -44,7 +44,7 @@ def test_every_knob_is_in_the_fuzzers_space() -> None:
 def test_assembled_points_are_what_hydra_composes() -> None:
     """The fuzzer assembles points from cached compositions; Hydra's compose of the same command
     line gives the same TrainConfig (so the fuzzer judges what a user would run)."""
-    from moe_vlm.compose import compose_config
+    from moe_vlm.config.compose import compose_config
 
     rng = random.Random(SEED + 1)
     per_node = gpus_per_node()

@@ -14,11 +14,11 @@ from typing import Any
 
 import pytest
 
+from moe_vlm.config.schema import Engine
+from moe_vlm.config.spec import RunSpec
 from moe_vlm.engines.megatron.config import apply_overrides
 from moe_vlm.knobs import bridge_fields
 from moe_vlm.knobs.support import MODEL_CONFIG_KNOBS, NOT_ENGINE_KNOBS, Honoured, support
-from moe_vlm.schema import Engine
-from moe_vlm.spec import RunSpec
 from tests.conftest import SCHEMA_LEAVES
 from tests.knob_reading import MEGATRON_OUTSIDE_TABLE, megatron_problem
 from tests.megatron.conftest import RecipeCache, needs_stack

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from moe_vlm.engines.megatron.config import apply_overrides
-from moe_vlm.plan import library_findings
+from moe_vlm.run.plan import library_findings
 from tests.conftest import make_spec
 from tests.megatron.conftest import RecipeCache, needs_stack
 

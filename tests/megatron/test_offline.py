@@ -102,7 +102,7 @@ from megatron.bridge.data.builders.energon import build_energon_task_encoder
 from megatron.bridge.training.setup import _validate_and_set_vocab_size
 from megatron.bridge.training.tokenizers.tokenizer import build_tokenizer
 
-from moe_vlm.errors import EngineUnavailable
+from moe_vlm.base.errors import EngineUnavailable
 from moe_vlm.engines.megatron.config import build_config
 from moe_vlm.engines.megatron.launch import _check_processor
 from tests.conftest import make_spec

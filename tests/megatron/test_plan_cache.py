@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 
+from moe_vlm.config.spec import RunSpec
 from moe_vlm.engines.megatron import plan_cache
-from moe_vlm.plan import render
 from moe_vlm.rules import validate
-from moe_vlm.spec import RunSpec
+from moe_vlm.run.plan import render
 from tests.conftest import REPO, make_spec
 from tests.megatron.conftest import needs_stack
 

@@ -21,10 +21,10 @@ from typing import Any
 import pytest
 import torch
 
+from moe_vlm.config.precision import PROFILES, profile, runs_on, weight_bytes
+from moe_vlm.config.schema import Precision
 from moe_vlm.knobs.bridge_recipe import select_recipe
-from moe_vlm.precision import PROFILES, profile, runs_on, weight_bytes
 from moe_vlm.rules import validate
-from moe_vlm.schema import Precision
 from tests.conftest import CONF, make_spec
 from tests.megatron.conftest import REPORT, needs_stack
 

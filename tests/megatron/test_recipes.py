@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from moe_vlm.recipes import option_names
+from moe_vlm.knobs.recipes import option_names
 from moe_vlm.rules.catalogue import validate
 from tests.conftest import make_spec
 from tests.megatron.conftest import REPORT, needs_stack
@@ -122,7 +122,7 @@ def test_the_library_fails_each_rejected_recipe(name: str, workdir: Path) -> Non
     from megatron.core.transformer.transformer_block import get_num_layers_to_build
     from megatron.core.transformer.transformer_layer import get_transformer_layer_offset
 
-    from moe_vlm.compose import compose_config
+    from moe_vlm.config.compose import compose_config
     from moe_vlm.engines.megatron.effective import runtime_update
     from moe_vlm.engines.megatron.vendor_recipes import build_recipe, library_recipes
 
@@ -181,7 +181,7 @@ LIBRARY_LAYOUTS = {  # name: (TP, PP, VP, EP, MBS, GBS)
 
 @needs_stack
 def test_the_reference_tables_layouts_against_the_library(workdir: Path) -> None:
-    from moe_vlm.compose import compose_config
+    from moe_vlm.config.compose import compose_config
     from moe_vlm.engines.megatron.vendor_recipes import build_recipe, library_recipes
 
     by_name = {r.name: r for r in library_recipes()}

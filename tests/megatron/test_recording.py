@@ -21,10 +21,10 @@ from typing import Any
 import pytest
 import torch
 
+from moe_vlm.base.files import STEPS_JSONL
 from moe_vlm.engines.megatron.recording import StepRecorder
-from moe_vlm.files import STEPS_JSONL
-from moe_vlm.metrics import summarize
-from moe_vlm.record import StepRecord, read_steps
+from moe_vlm.perf.metrics import summarize
+from moe_vlm.record.records import StepRecord, read_steps
 from moe_vlm.runtime.dist_env import free_port
 from tests.conftest import make_spec
 from tests.megatron.conftest import needs_stack

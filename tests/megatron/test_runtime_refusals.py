@@ -451,7 +451,7 @@ def test_nsys_on_one_node_is_refused_before_torchrun_starts(
 ) -> None:
     """The engine's single-node path relaunches itself with torchrun (launch.py), which runs no
     nsys: Bridge's cudaProfilerStart/Stop (training/profiling.py) would record nothing, silently."""
-    from moe_vlm.errors import EngineUnavailable
+    from moe_vlm.base.errors import EngineUnavailable
 
     # The module (moe_vlm.engines.megatron re-exports its `launch` function under the same name).
     megatron_launch = importlib.import_module("moe_vlm.engines.megatron.launch")

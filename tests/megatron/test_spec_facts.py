@@ -1,4 +1,4 @@
-"""The RunSpec's derived facts and the architecture profiles (moe_vlm/arch.py) against the library.
+"""The RunSpec's derived facts and the architecture profiles (moe_vlm/config/arch.py) against the library.
 
 The provider comes from the recipe the engine picks, converted from our offline HF config, with
 THE field table applied; its own finalize, Megatron Core's layer-pattern parser and its
@@ -12,7 +12,7 @@ import warnings
 
 import pytest
 
-from moe_vlm.arch import Mixer, layer_kinds
+from moe_vlm.config.arch import Mixer, layer_kinds
 from moe_vlm.engines.megatron.config import apply_overrides
 from tests.conftest import make_spec
 from tests.megatron.conftest import RecipeCache, needs_stack

@@ -24,10 +24,10 @@ from typing import Any
 import pytest
 import torch
 
-from moe_vlm import profiling
+from moe_vlm.config.spec import RunSpec
 from moe_vlm.knobs.telemetry_fields import RUN_DIR
-from moe_vlm.module_table import DISPATCH_FUNCTIONS, PATTERNS
-from moe_vlm.spec import RunSpec
+from moe_vlm.record import profiling
+from moe_vlm.report.module_table import DISPATCH_FUNCTIONS, PATTERNS
 from tests.conftest import CONF, make_spec
 from tests.megatron.conftest import REPORT, RecipeCache, needs_stack
 

@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 
+from moe_vlm.config.spec import RunSpec
 from moe_vlm.engines.megatron.config import apply_overrides, check_overrides
 from moe_vlm.rules import validate
-from moe_vlm.spec import RunSpec
 from tests.conftest import make_spec
 from tests.megatron.conftest import REPORT, RecipeCache, needs_stack, runtime_updated
 

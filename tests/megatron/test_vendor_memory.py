@@ -4,7 +4,7 @@ Bridge's estimate (training/utils/theoretical_memory_utils.py:118-214) models th
 per parameter (bf16 weight + fp32 gradient) + 12 B of Adam state sharded over the optimizer's
 group, routed experts over EP x ETP, embeddings on the first and last stages; no vision tower or
 projector, no freezing, every mixer as standard attention (Qwen3.5's Gated DeltaNet layers too),
-no router or QK-norm weights. Ours (moe_vlm/memory/megatron.py) is compared on the same thing: the
+no router or QK-norm weights. Ours (moe_vlm/perf/memory/megatron.py) is compared on the same thing: the
 same layout with nothing frozen and fp32 gradients, the vision tower and projector taken out;
 they must agree within 5 %. What differs where both run the recipe as written is listed by
 `test_what_differs_as_the_recipes_run` and in docs/memory-and-advisor.md.
@@ -16,11 +16,11 @@ from typing import Any
 
 import pytest
 
-from moe_vlm.memory.estimate import GIB
-from moe_vlm.memory.images import image_budget
-from moe_vlm.memory.megatron import megatron_stage, sharding
-from moe_vlm.memory.shared import param_counts
-from moe_vlm.spec import RunSpec
+from moe_vlm.config.spec import RunSpec
+from moe_vlm.perf.memory.estimate import GIB
+from moe_vlm.perf.memory.images import image_budget
+from moe_vlm.perf.memory.megatron import megatron_stage, sharding
+from moe_vlm.perf.memory.shared import param_counts
 from tests.megatron.conftest import REPORT, RecipeCache, needs_stack, runtime_updated
 
 pytestmark = needs_stack
@@ -141,7 +141,7 @@ def test_the_combine_keeps_no_expert_output() -> None:
     megatron-core 0.19 multiplies the routing probs inside the experts' activation (experts.py:807-886)
     and calls unpermute WITHOUT probs (token_dispatcher.py:884-891 all-to-all, 1451-1458 flex/HybridEP).
     Run on CPU, the library's unpermute then keeps no floating-point tensor for backward; with probs it
-    would keep the k x h expert output (what moe_vlm/memory/megatron_saved.py still counts)."""
+    would keep the k x h expert output (what moe_vlm/perf/memory/megatron_saved.py still counts)."""
     import torch
     from megatron.core.transformer.moe.moe_utils import permute, unpermute
 
@@ -167,12 +167,12 @@ def test_the_combine_keeps_no_expert_output() -> None:
 
 @pytest.mark.xfail(
     strict=True,
-    reason="moe_vlm/memory/megatron_saved.py still counts the expert output for a prob-weighted combine "
+    reason="moe_vlm/perf/memory/megatron_saved.py still counts the expert output for a prob-weighted combine "
     "(k x h x 2 B per token per MoE layer: 32 KiB of Qwen3.5's 163); kept until GPU calibration confirms "
     "(docs/memory-and-advisor.md). Remove this mark when the table drops it.",
 )
 def test_our_table_matches_the_combine_as_run() -> None:
-    from moe_vlm.memory.megatron_saved import megatron_layer_saved
+    from moe_vlm.perf.memory.megatron_saved import megatron_layer_saved
     from tests.conftest import make_spec
 
     model = make_spec("model=qwen35_vl_35b_a3b", "cluster=gb200", "nodes=2").model

@@ -1,6 +1,6 @@
 """`moe-vlm advise` before any run and on a recorded sweep with known right answers.
 
-tests/fixtures/advise/gb200_30b_sweep holds hand-made run.json records (the record.py format)
+tests/fixtures/advise/gb200_30b_sweep holds hand-made run.json records (the record/records.py format)
 of a Qwen3-VL-30B-A3B sweep on 2 GB200 nodes submitted through hydra/launcher=slurm_gb200, each
 with the .hydra/overrides.yaml Hydra writes and the point.json the sweeper writes (its
 `launcher_overrides` name the launcher):
@@ -27,10 +27,10 @@ from pathlib import Path
 
 import pytest
 
-from moe_vlm.advise import compose_spec, main
-from moe_vlm.cli import main as cli_main
-from moe_vlm.compose import compose_point
-from moe_vlm.memory import estimate
+from moe_vlm.cli.advise import compose_spec, main
+from moe_vlm.cli.main import main as cli_main
+from moe_vlm.config.compose import compose_point
+from moe_vlm.perf.memory import estimate
 from moe_vlm.rules import errors, validate
 
 SWEEP = Path(__file__).resolve().parent.parent / "fixtures" / "advise" / "gb200_30b_sweep"
@@ -231,7 +231,7 @@ def test_cli_dispatches_advise(capsys: pytest.CaptureFixture[str]) -> None:
     assert "goal=nope" in capsys.readouterr().err
 
 
-# --- the per-platform playbooks (moe_vlm/advise/playbook.py) -------------------------------------
+# --- the per-platform playbooks (moe_vlm/cli/advise/playbook.py) -------------------------------------
 
 
 def playbook_section(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
@@ -337,7 +337,10 @@ def test_no_playbook_on_the_local_cpu(capsys: pytest.CaptureFixture[str]) -> Non
 @pytest.mark.parametrize("argv", [["nodes=0"], ["mbs=[1,2"], ["sweep="], ["seq_length=-5", "cluster=b200"]])
 def test_bad_input_through_the_command_is_one_line_exit_2(argv: list[str]) -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "moe_vlm.cli", "advise", *argv], capture_output=True, text=True, timeout=300
+        [sys.executable, "-m", "moe_vlm.cli.main", "advise", *argv],
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert done.returncode == 2 and done.stdout == "", done.stderr
     assert len(done.stderr.strip().splitlines()) == 1 and "Traceback" not in done.stderr

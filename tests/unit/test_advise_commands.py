@@ -14,9 +14,9 @@ import pytest
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.override_parser.overrides_parser import OverridesParser
 
-from moe_vlm.advise import main
-from moe_vlm.compose import compose_point, compose_spec, override_key
-from moe_vlm.preflight import preflight
+from moe_vlm.cli.advise import main
+from moe_vlm.config.compose import compose_point, compose_spec, override_key
+from moe_vlm.config.preflight import preflight
 from moe_vlm.rules import errors, validate
 
 SETUPS = [

@@ -13,12 +13,12 @@ from typing import Any
 import pytest
 from omegaconf import OmegaConf
 
-from moe_vlm.compose import compose_config
-from moe_vlm.errors import BadInput
+from moe_vlm.base.errors import BadInput
+from moe_vlm.config.compose import compose_config
+from moe_vlm.config.spec import hybridep_topology
 from moe_vlm.launch import slurm
-from moe_vlm.metrics import mfu_of, peak_of
+from moe_vlm.perf.metrics import mfu_of, peak_of
 from moe_vlm.rules import validate
-from moe_vlm.spec import hybridep_topology
 from tests.conftest import make_spec
 
 

@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
+from moe_vlm.base.files import STEPS_JSONL
+from moe_vlm.config.spec import RunSpec
 from moe_vlm.engines import torch_engine
-from moe_vlm.files import STEPS_JSONL
-from moe_vlm.run import resolved_config
+from moe_vlm.run.task import resolved_config
 from moe_vlm.runtime.dist_env import ENV_POINT_RESTARTS
-from moe_vlm.spec import RunSpec
 from tests.conftest import REPO, compose_cfg
 
 STEPS = REPO / "tests" / "fixtures" / "cpu_sweep" / "4b3021dc6b3c834c" / STEPS_JSONL

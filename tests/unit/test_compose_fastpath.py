@@ -1,6 +1,6 @@
 """compose_point (the planners' fast path) gives exactly what Hydra's compose gives.
 
-A corpus of more than 500 points, each composed twice: by `moe_vlm.compose.compose_point`
+A corpus of more than 500 points, each composed twice: by `moe_vlm.config.compose.compose_point`
 (Hydra once per set of structural overrides, scalars applied to the cached result) and by
 Hydra's public compose API (`hydra.compose`, the whole point every time). For every point:
 
@@ -31,10 +31,10 @@ from hydra.core.global_hydra import GlobalHydra
 from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.nodes import BooleanNode, EnumNode, FloatNode, IntegerNode, StringNode, ValueNode
 
-from moe_vlm.compose import CONF_DIR, HYDRA_KEYS, compose_config, compose_point
-from moe_vlm.errors import BadInput
-from moe_vlm.preflight import explain
-from moe_vlm.spec import RunSpec
+from moe_vlm.base.errors import BadInput
+from moe_vlm.config.compose import CONF_DIR, HYDRA_KEYS, compose_config, compose_point
+from moe_vlm.config.preflight import explain
+from moe_vlm.config.spec import RunSpec
 
 GROUP_SETS = [
     [],

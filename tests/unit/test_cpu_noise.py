@@ -1,4 +1,4 @@
-"""On CPU, library noise a user cannot act on stays off the console (moe_vlm/noise.py).
+"""On CPU, library noise a user cannot act on stays off the console (moe_vlm/base/noise.py).
 
 Each test first shows the noise is there without the filter (otherwise the library no longer
 prints it and the test skips, saying so), then that the project's code path keeps it out.
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from moe_vlm.noise import CPP_EXTENSION_LOGGER, NO_CUDA_RUNTIME
+from moe_vlm.base.noise import CPP_EXTENSION_LOGGER, NO_CUDA_RUNTIME
 from tests.conftest import REPO
 
 KINETO_NOISE = ("gpuGetDeviceCount failed", "USDT:")
@@ -28,7 +28,7 @@ with profile(activities=[ProfilerActivity.CPU]):
 STEP_PROFILER = """
 import sys, torch
 from pathlib import Path
-from moe_vlm.profiling import StepProfiler, window
+from moe_vlm.record.profiling import StepProfiler, window
 from tests.conftest import make_spec
 spec = make_spec("profiling=torch")
 profiler = StepProfiler(spec, Path(sys.argv[1]), 0, torch.device("cpu"))

@@ -8,14 +8,14 @@ from itertools import islice
 import pytest
 import torch
 
+from moe_vlm.config.schema import Packing
+from moe_vlm.config.spec import RunSpec
 from moe_vlm.data import DataStats, build_batches
 from moe_vlm.data.batch import IGNORE_INDEX, Batch
 from moe_vlm.data.errors import TokenizerMismatch
 from moe_vlm.data.sequence import EncodedSample, RawSample, SampleEncoder, collate
 from moe_vlm.data.tokenizer import ByteTokenizer
 from moe_vlm.data.vision import ImagePreprocessor, image_tokens_for
-from moe_vlm.schema import Packing
-from moe_vlm.spec import RunSpec
 from tests.conftest import make_spec
 
 # The tiny model: patch 16, temporal patch 2, spatial merge 2; image 500, start 501, end 502, pad 503.

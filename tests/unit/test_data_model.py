@@ -10,10 +10,10 @@ import pytest
 import torch
 from transformers import Qwen3VLMoeForConditionalGeneration
 
+from moe_vlm.config.spec import RunSpec
 from moe_vlm.data import build_batches
 from moe_vlm.engines.hf_config import transformers_config
 from moe_vlm.engines.torch_model import packed_position_ids
-from moe_vlm.spec import RunSpec
 from tests.conftest import REPO, make_spec
 
 

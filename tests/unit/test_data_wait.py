@@ -14,7 +14,7 @@ import torch.distributed as dist
 from moe_vlm.data import Batch, build_batches
 from moe_vlm.engines.megatron.recording import CountingIterator, StepStats
 from moe_vlm.engines.torch_engine import Trainer
-from moe_vlm.metrics import summarize
+from moe_vlm.perf.metrics import summarize
 from tests.conftest import make_spec
 
 PAUSE_S = 0.25

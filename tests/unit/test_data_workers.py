@@ -9,8 +9,8 @@ import pytest
 
 from moe_vlm.data.workers import MAX_AUTO_WORKERS, PREFETCH_PER_WORKER, data_workers
 from moe_vlm.knobs.bridge_fields import bridge_overrides
-from moe_vlm.plan import layout_lines
 from moe_vlm.rules import errors, validate
+from moe_vlm.run.plan import layout_lines
 from tests.conftest import make_spec
 
 # 2 GB200 nodes: 4 GPUs (ranks) per node.

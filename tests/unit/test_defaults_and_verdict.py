@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import pytest
 
-from moe_vlm.compose import CONF_DIR
-from moe_vlm.plan import render
+from moe_vlm.config.compose import CONF_DIR
 from moe_vlm.rules import validate
+from moe_vlm.run.plan import render
 from tests.conftest import make_spec
 
 CLUSTERS = sorted(p.stem for p in (CONF_DIR / "cluster").glob("*.yaml"))

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from moe_vlm.plan import SHALLOW_ENV
+from moe_vlm.run.plan import SHALLOW_ENV
 from tests.conftest import REPO
 
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]

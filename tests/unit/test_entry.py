@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from moe_vlm.errors import BadInput
+from moe_vlm.base.errors import BadInput
 from moe_vlm.launch.entry import ENV_GPUS_VISIBLE, command_line, in_allocation
 
 REPO = Path(__file__).resolve().parents[2]
@@ -129,7 +129,7 @@ def test_the_bare_command_is_rejected_on_a_laptop_and_planned_for_the_cluster_on
     assert "#SBATCH --gpus-per-node=4" in out and "#SBATCH --dependency=afterok:CANARY_JOB_ID" in out
     assert "-m moe_vlm.launch.canary --probe parallelism=fsdp dispatcher=hybridep cluster=gb200" in out
     assert "nothing was submitted" in out
-    # The one point's plan.json (moe_vlm/plan_record.py) and nothing else.
+    # The one point's plan.json (moe_vlm/run/plan_record.py) and nothing else.
     written = [
         p.relative_to(tmp_path / "sweep").parts for p in (tmp_path / "sweep").rglob("*") if p.is_file()
     ]

@@ -1,4 +1,4 @@
-"""One place for the names of a run's files (moe_vlm/files.py: RunPaths and its constants)."""
+"""One place for the names of a run's files (moe_vlm/base/files.py: RunPaths and its constants)."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from moe_vlm import files, safety
-from moe_vlm.files import RunPaths
-from moe_vlm.record import SCHEMA_VERSION, RunRecord, RunStatus
+from moe_vlm.base import files, safety
+from moe_vlm.base.files import RunPaths
+from moe_vlm.record.records import SCHEMA_VERSION, RunRecord, RunStatus
 from moe_vlm.runtime import failures, points
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -47,8 +47,8 @@ def spelled(path: Path) -> list[str]:
 
 def test_only_files_py_spells_a_run_file_name() -> None:
     sources = [ROOT / "train.py", *(ROOT / "moe_vlm").rglob("*.py"), *(ROOT / "hydra_plugins").rglob("*.py")]
-    found = [hit for path in sources if path != ROOT / "moe_vlm" / "files.py" for hit in spelled(path)]
-    assert found == [], "use moe_vlm.files (RunPaths or its constants):\n" + "\n".join(found)
+    found = [hit for path in sources if path != ROOT / "moe_vlm" / "base" / "files.py" for hit in spelled(path)]
+    assert found == [], "use moe_vlm.base.files (RunPaths or its constants):\n" + "\n".join(found)
 
 
 def test_the_checker_sees_a_spelled_name(tmp_path: Path) -> None:
@@ -80,7 +80,7 @@ def test_one_atomic_writer() -> None:
     """Only write_atomic renames a file over another (energon.py and bridge_processor.py rename a
     staging directory into place)."""
     allowed = {
-        ROOT / "moe_vlm" / "files.py",
+        ROOT / "moe_vlm" / "base" / "files.py",
         ROOT / "moe_vlm" / "data" / "energon.py",
         ROOT / "moe_vlm" / "data" / "bridge_processor.py",
     }
@@ -92,7 +92,7 @@ def test_one_atomic_writer() -> None:
         for node in ast.walk(ast.parse(path.read_text()))
         if isinstance(node, ast.Attribute) and node.attr in {"replace", "rename"} and _is_os(node.value)
     ]
-    assert found == [], "write through moe_vlm.files.write_atomic:\n" + "\n".join(found)
+    assert found == [], "write through moe_vlm.base.files.write_atomic:\n" + "\n".join(found)
 
 
 def _is_os(node: ast.expr) -> bool:

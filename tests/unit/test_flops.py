@@ -11,8 +11,9 @@ from functools import cache
 
 import pytest
 
-from moe_vlm.arch import is_full_attention
-from moe_vlm.flops import (
+from moe_vlm.config.arch import is_full_attention
+from moe_vlm.config.spec import RunSpec
+from moe_vlm.perf.flops import (
     Workload,
     attention_projection_flops_per_token,
     decoder_forward,
@@ -24,8 +25,7 @@ from moe_vlm.flops import (
     step_flops,
     vision_encoder_forward,
 )
-from moe_vlm.memory import param_counts
-from moe_vlm.spec import RunSpec
+from moe_vlm.perf.memory import param_counts
 from tests.conftest import make_spec
 
 

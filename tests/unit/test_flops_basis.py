@@ -11,17 +11,17 @@ from functools import cache
 
 import pytest
 
+from moe_vlm.config.spec import RunSpec
+from moe_vlm.config.vendor import BRIDGE_MOCK_PATCHES, BRIDGE_MOCK_REAL_TOKENS
 from moe_vlm.data.synthetic import image_hw
-from moe_vlm.flops import Workload, step_flops
-from moe_vlm.flops_basis import (
+from moe_vlm.perf.flops import Workload, step_flops
+from moe_vlm.perf.flops_basis import (
     _image_hw,
     expected_basis,
     expected_shape,
     flops_basis,
 )
-from moe_vlm.report_basis import diff_rows
-from moe_vlm.spec import RunSpec
-from moe_vlm.vendor import BRIDGE_MOCK_PATCHES, BRIDGE_MOCK_REAL_TOKENS
+from moe_vlm.report.basis import diff_rows
 from tests.conftest import make_spec
 
 # Qwen3-VL-30B-A3B as its 8-GPU GB200 perf recipe runs it: EP 8, MBS 4, GBS 512, the provider's

@@ -16,8 +16,7 @@ from types import SimpleNamespace
 import pytest
 
 from hydra_plugins.moe_vlm_sweeper.halving import first_rung_order
-from moe_vlm import halving_report
-from moe_vlm.errors import BadInput
+from moe_vlm.base.errors import BadInput
 from moe_vlm.launch.halving import (
     STATE_JSON,
     Decision,
@@ -36,7 +35,8 @@ from moe_vlm.launch.halving import (
     search_of,
 )
 from moe_vlm.launch.status import PointStatus, in_flight
-from moe_vlm.plan import prediction_of
+from moe_vlm.report import halving as halving_report
+from moe_vlm.run.plan import prediction_of
 from moe_vlm.runtime import points
 from tests.conftest import make_spec
 

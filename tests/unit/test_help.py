@@ -13,11 +13,11 @@ import pytest
 import yaml
 from omegaconf import MISSING
 
-from moe_vlm import help as train_help
-from moe_vlm.cli import SUBCOMMANDS
-from moe_vlm.cli import main as moe_vlm
-from moe_vlm.compose import CONF_DIR
-from moe_vlm.schema import TrainConfig
+from moe_vlm.cli import train_help
+from moe_vlm.cli.main import SUBCOMMANDS
+from moe_vlm.cli.main import main as moe_vlm
+from moe_vlm.config.compose import CONF_DIR
+from moe_vlm.config.schema import TrainConfig
 from tests.conftest import REPO
 
 
@@ -65,7 +65,7 @@ def test_the_help_is_rendered_from_conf_so_it_cannot_drift(tmp_path: Path) -> No
 
 
 def test_the_top_level_keys_are_declared_once_in_the_schema() -> None:
-    """Every top-level knob: a default and a help line in moe_vlm/schema.py (schema.knob), none in
+    """Every top-level knob: a default and a help line in moe_vlm/config/schema.py (schema.knob), none in
     conf/train.yaml, where a second default would silently win over the schema's."""
     keys = train_help.keys()
     for f in dataclasses.fields(TrainConfig):
@@ -87,7 +87,7 @@ def test_help_parts_escape_dollars_for_hydra_template() -> None:
 @pytest.mark.parametrize("command", list(SUBCOMMANDS))
 def test_every_moe_vlm_command_has_help(command: str) -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "moe_vlm.cli", command, "--help"],
+        [sys.executable, "-m", "moe_vlm.cli.main", command, "--help"],
         env={**os.environ, "PYTHONPATH": str(REPO)},
         capture_output=True,
         text=True,

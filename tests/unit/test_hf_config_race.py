@@ -20,9 +20,9 @@ from pathlib import Path
 
 import pytest
 
+from moe_vlm.base.files import write_atomic
+from moe_vlm.config.schema import ModelConfig
 from moe_vlm.engines.hf_config import transformers_config, write_hf_config
-from moe_vlm.files import write_atomic
-from moe_vlm.schema import ModelConfig
 from tests.conftest import make_spec
 
 RANKS = 8

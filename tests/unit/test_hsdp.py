@@ -1,14 +1,14 @@
-"""HSDP's outer data-parallel size and the launcher's --segment (moe_vlm/sharding.py)."""
+"""HSDP's outer data-parallel size and the launcher's --segment (moe_vlm/config/sharding.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from moe_vlm.errors import BadInput
+from moe_vlm.base.errors import BadInput
+from moe_vlm.config.sharding import block_gpus, dp_outer, segment_nodes
 from moe_vlm.knobs.bridge_fields import bridge_overrides
 from moe_vlm.launch import slurm
 from moe_vlm.rules import validate
-from moe_vlm.sharding import block_gpus, dp_outer, segment_nodes
 from tests.conftest import make_spec
 
 # Qwen3-VL-235B with EP 8 on GB200 (4 GPUs/node, 18 nodes per NVL72 domain).

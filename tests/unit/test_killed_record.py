@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from moe_vlm.files import HEARTBEAT_JSON
+from moe_vlm.base.files import HEARTBEAT_JSON
 from moe_vlm.runtime.heartbeat import STALE_AFTER_S, Heartbeat, gone, process_info, read_heartbeat
 
 HERE = socket.gethostname()

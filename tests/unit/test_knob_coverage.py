@@ -2,7 +2,7 @@
 
 A knob an engine silently ignores is how dispatcher.fp8_dispatch and the torch engine's
 data.num_workers shipped (fixed by D004 and E010 in 00735de). This test walks every leaf of
-moe_vlm.schema.TrainConfig and, per engine, holds it to moe_vlm/knobs/support.py:
+moe_vlm.config.schema.TrainConfig and, per engine, holds it to moe_vlm/knobs/support.py:
 
 - honoured for every value: the engine READS it (tests/knob_reading.py). Torch: what the engine
   builds (loader, Trainer and two steps, or a tiny run of its own launch) changes when the knob
@@ -28,7 +28,9 @@ from typing import Any
 
 import pytest
 
-from moe_vlm.compose import compose_spec
+from moe_vlm.config.compose import compose_spec
+from moe_vlm.config.schema import Engine
+from moe_vlm.config.spec import RunSpec
 from moe_vlm.knobs.bridge_fields import FIELD_MAP
 from moe_vlm.knobs.support import (
     FIELD_MAP_GROUP_READS,
@@ -45,8 +47,6 @@ from moe_vlm.knobs.support import (
 )
 from moe_vlm.rules import errors, validate
 from moe_vlm.rules.catalogue import CUDA_GRAPH_SCOPES, SELECTIVE_RECOMPUTE_MODULES
-from moe_vlm.schema import Engine
-from moe_vlm.spec import RunSpec
 from tests.conftest import SCHEMA_LEAVES, knob_override
 from tests.knob_reading import (
     MEGATRON_OUTSIDE_TABLE,

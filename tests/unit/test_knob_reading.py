@@ -16,9 +16,9 @@ import pytest
 import torch
 
 from moe_vlm import data
+from moe_vlm.config.schema import Packing, VisionFreezeConfig
+from moe_vlm.config.spec import RunSpec
 from moe_vlm.engines import torch_engine
-from moe_vlm.schema import Packing, VisionFreezeConfig
-from moe_vlm.spec import RunSpec
 from tests.knob_reading import TORCH_BASE, TORCH_DATA_BASE, Level, TorchChecker, cached_spec, observe
 
 

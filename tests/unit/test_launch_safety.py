@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from moe_vlm import safety
-from moe_vlm.errors import BadInput
+from moe_vlm.base import safety
+from moe_vlm.base.errors import BadInput
 
 
 @pytest.mark.parametrize(

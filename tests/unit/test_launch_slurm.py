@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from moe_vlm.errors import BadInput
+from moe_vlm.base.errors import BadInput
 from moe_vlm.launch import slurm
 from tests.conftest import make_spec
 

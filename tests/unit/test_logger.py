@@ -11,14 +11,14 @@ from pathlib import Path
 
 import pytest
 
-from moe_vlm import explog
-from moe_vlm.errors import BadInput
-from moe_vlm.files import RUN_JSON
+from moe_vlm.base.errors import BadInput
+from moe_vlm.base.files import RUN_JSON
+from moe_vlm.base.safety import SECRET_NAME
+from moe_vlm.config.preflight import preflight
+from moe_vlm.config.schema import ExperimentLogger
 from moe_vlm.knobs.bridge_fields import KEEP, bridge_overrides
 from moe_vlm.knobs.telemetry_fields import RUN_DIR
-from moe_vlm.preflight import preflight
-from moe_vlm.safety import SECRET_NAME
-from moe_vlm.schema import ExperimentLogger
+from moe_vlm.record import explog
 from tests.conftest import REPO, make_spec
 
 MEG = ("engine=megatron", "dry_run=true", "cluster=gb200", "model=qwen3_vl_30b_a3b")

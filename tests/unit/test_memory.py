@@ -13,7 +13,7 @@ import transformers
 from PIL import Image
 from transformers.models.qwen2_vl.image_processing_qwen2_vl import smart_resize
 
-from moe_vlm.memory import (
+from moe_vlm.perf.memory import (
     GIB,
     GPU_FRAGMENTATION_FRACTION,
     GPU_FRAMEWORK_CONSTANT_GIB,
@@ -29,8 +29,8 @@ from moe_vlm.memory import (
     training_of,
     with_recompute,
 )
-from moe_vlm.plan import render
 from moe_vlm.rules import validate
+from moe_vlm.run.plan import render
 from tests.conftest import make_spec
 
 # 30B on 2 B200 nodes, 3D: TP2 (sequence parallel) PP2 EP4 -> DP = 16/(2x2) = 4, expert DP = 16/(4x1x2) = 2.

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from moe_vlm.memory import estimate, fits_after, memory_variants
+from moe_vlm.perf.memory import estimate, fits_after, memory_variants
 from moe_vlm.rules import validate
 from tests.conftest import make_spec
 from tests.unit.test_memory import (

@@ -1,4 +1,4 @@
-"""The metrics contract on steps.jsonl records built by hand, following moe_vlm/record.py."""
+"""The metrics contract on steps.jsonl records built by hand, following moe_vlm/record/records.py."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-from moe_vlm.flops import Workload, step_flops
-from moe_vlm.metrics import summarize
-from moe_vlm.spec import RunSpec
+from moe_vlm.config.spec import RunSpec
+from moe_vlm.perf.flops import Workload, step_flops
+from moe_vlm.perf.metrics import summarize
 from tests.conftest import make_spec
 
 
@@ -159,7 +159,7 @@ def test_frozen_vision_and_bridge_figures_in_summary() -> None:
     assert flops["bridge"] - flops["model"] == pytest.approx(
         2 * 32 * 972_331_941_888 - 32 * 9 * 15_703_474_176
     )
-    # The same difference, term by term, in summary.flops_basis (moe_vlm/flops_basis.py).
+    # The same difference, term by term, in summary.flops_basis (moe_vlm/perf/flops_basis.py).
     basis = summary["flops_basis"]
     assert basis["bridge_flops"] == pytest.approx(flops["bridge"]) and basis["model_flops"] == flops["model"]
     terms = {t["name"]: t["flops"] for t in basis["terms"]}

@@ -5,9 +5,9 @@ from __future__ import annotations
 from itertools import islice
 
 from moe_vlm.data import build_batches
-from moe_vlm.flops import Workload, step_flops
-from moe_vlm.memory import estimate
-from moe_vlm.memory.micro_batch import micro_batch_positions, micro_batch_shape
+from moe_vlm.perf.flops import Workload, step_flops
+from moe_vlm.perf.memory import estimate
+from moe_vlm.perf.memory.micro_batch import micro_batch_positions, micro_batch_shape
 from tests.conftest import make_spec
 
 # Every synthetic sample alike: one 448 x 448 image (28 x 28 = 784 patches, 196 tokens + 2

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from moe_vlm.errors import BadInput
-from moe_vlm.names import ascii_fold, lookalike_error
-from moe_vlm.preflight import preflight
+from moe_vlm.base.errors import BadInput
+from moe_vlm.config.names import ascii_fold, lookalike_error
+from moe_vlm.config.preflight import preflight
 from tests.conftest import REPO
 
 CYRILLIC_E = "\u0435"  # е

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from moe_vlm.files import write_json_atomic
+from moe_vlm.base.files import write_json_atomic
 from moe_vlm.launch import pack, slurm
 from moe_vlm.runtime import failures
 from tests.conftest import make_spec

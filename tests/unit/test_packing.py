@@ -15,10 +15,10 @@ import pytest
 import torch
 from torch.nn import functional
 
+from moe_vlm.config.spec import RunSpec
 from moe_vlm.data import build_batches
 from moe_vlm.data.batch import IGNORE_INDEX, Batch
 from moe_vlm.engines.torch_model import build_model, packed_position_ids
-from moe_vlm.spec import RunSpec
 from tests.conftest import make_spec
 
 # Relative. fp32 on CPU: the two layouts differ by ~1e-10 here; a leak across samples moves a later

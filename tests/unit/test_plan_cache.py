@@ -153,14 +153,14 @@ def test_the_code_version_follows_the_modules_the_build_imports(
     try:
         before = version()
         # config.build_config imports megatron/data.py inside a function, which imports moe_vlm.data.
-        for module in ("engines/megatron/data.py", "data/sequence.py", "arch.py"):
+        for module in ("engines/megatron/data.py", "data/sequence.py", "config/arch.py"):
             path = root / "moe_vlm" / module
             text = path.read_text()
             path.write_text(text + "\n# changed\n")
             assert version() != before, module
             path.write_text(text)
         assert version() == before
-        (root / "moe_vlm" / "report_diff.py").write_text("# not imported by the build\n")
+        (root / "moe_vlm" / "report" / "diff.py").write_text("# not imported by the build\n")
         assert version() == before
     finally:
         plan_cache._project_modules.cache_clear()

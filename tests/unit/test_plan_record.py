@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from moe_vlm.plan import gather
-from moe_vlm.plan_record import PLAN_JSON, PLAN_SCHEMA_VERSION, Plan, PlanError, plan_of, read_plan
 from moe_vlm.rules import validate
+from moe_vlm.run.plan import gather
+from moe_vlm.run.plan_record import PLAN_JSON, PLAN_SCHEMA_VERSION, Plan, PlanError, plan_of, read_plan
 from tests.conftest import make_spec
 
 ROOT = Path(__file__).resolve().parents[2]

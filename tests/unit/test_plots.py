@@ -21,8 +21,11 @@ from matplotlib.container import ErrorbarContainer
 from matplotlib.patches import Rectangle
 from matplotlib.text import Annotation
 
-from moe_vlm import plots, report, report_format, report_table
-from moe_vlm.files import RUN_JSON, write_json_atomic
+from moe_vlm.base.files import RUN_JSON, write_json_atomic
+from moe_vlm.report import build as report
+from moe_vlm.report import markdown as report_format
+from moe_vlm.report import plots
+from moe_vlm.report import table as report_table
 from tests.unit.test_report import GB200, run_report, section, table_rows, write_run
 
 N_RUNS = 1000

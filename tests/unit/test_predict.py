@@ -11,17 +11,17 @@ from pathlib import Path
 import pytest
 
 from hydra_plugins.moe_vlm_sweeper.sweeper import Point, keep_predicted_top
-from moe_vlm.errors import BadInput
-from moe_vlm.flops import step_flops
-from moe_vlm.metrics import by_step, steady_window, workload_of
-from moe_vlm.plan import render
+from moe_vlm.base.errors import BadInput
+from moe_vlm.perf.flops import step_flops
+from moe_vlm.perf.metrics import by_step, steady_window, workload_of
 from moe_vlm.predict import calibration as cal
 from moe_vlm.predict.model import FLAG_SIGMAS, predict, record_section
 from moe_vlm.predict.report_section import row_fields, section
 from moe_vlm.predict.runs import find_runs, recorded
 from moe_vlm.predict.terms import Term, bubble_factor, hardware_flops_by_class, loads
 from moe_vlm.predict.workload import expected_workload
-from moe_vlm.record import read_steps
+from moe_vlm.record.records import read_steps
+from moe_vlm.run.plan import render
 from tests.conftest import REPO, make_spec
 
 FIXTURE = REPO / "tests" / "fixtures" / "cpu_sweep"
@@ -141,7 +141,7 @@ def test_calibration_file_is_what_the_plan_reads(calibration_file: Path):
 def test_calibrate_command_on_the_fixture_sweep(tmp_path: Path):
     out = tmp_path / "cal.json"
     done = subprocess.run(
-        [sys.executable, "-m", "moe_vlm.cli", "calibrate", str(FIXTURE), "--out", str(out)],
+        [sys.executable, "-m", "moe_vlm.cli.main", "calibrate", str(FIXTURE), "--out", str(out)],
         capture_output=True,
         text=True,
         cwd=REPO,
@@ -151,7 +151,7 @@ def test_calibrate_command_on_the_fixture_sweep(tmp_path: Path):
     [found] = cal.read_calibrations(out)
     assert found.cluster == "local" and found.stack.startswith("torch ") and found.sigma is None
     bad = subprocess.run(
-        [sys.executable, "-m", "moe_vlm.cli", "calibrate", str(tmp_path / "nothing")],
+        [sys.executable, "-m", "moe_vlm.cli.main", "calibrate", str(tmp_path / "nothing")],
         capture_output=True,
         text=True,
         cwd=REPO,
@@ -207,7 +207,16 @@ def test_no_nan_in_the_terms_of_every_sweep_preset_layout():
 def test_probe_gives_a_first_compute_calibration(tmp_path: Path):
     out = tmp_path / "probe.json"
     done = subprocess.run(
-        [sys.executable, "-m", "moe_vlm.cli", "calibrate", "--probe", "cluster=local", "--out", str(out)],
+        [
+            sys.executable,
+            "-m",
+            "moe_vlm.cli.main",
+            "calibrate",
+            "--probe",
+            "cluster=local",
+            "--out",
+            str(out),
+        ],
         capture_output=True,
         text=True,
         cwd=REPO,
@@ -217,7 +226,7 @@ def test_probe_gives_a_first_compute_calibration(tmp_path: Path):
     assert found.sigma is None and found.scale(Term.vision) > 0 and found.scale(Term.overhead) == 0
     assert found.lower_bound and found.scale(Term.fsdp) > 0 and found.source.startswith("probe: GEMMs")
     bad = subprocess.run(
-        [sys.executable, "-m", "moe_vlm.cli", "calibrate", "--probe", "nodes=0"],
+        [sys.executable, "-m", "moe_vlm.cli.main", "calibrate", "--probe", "nodes=0"],
         capture_output=True,
         text=True,
         cwd=REPO,

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from moe_vlm import run_summary
+from moe_vlm.engines import run_summary
 from moe_vlm.launch.canary import PROBE_PREFIX, main
 from moe_vlm.predict import calibration as cal
 from moe_vlm.predict.collectives import Collective, CollectiveRate, cases
@@ -114,7 +114,7 @@ def test_the_cli_probe_stores_where_no_defaults_apply_and_only_prints_on_gpu_clu
     out = tmp_path / "probe.json"
     command = ["calibrate", "--probe", "cluster=gb200", "model=tiny_moe_vlm", "--out", str(out)]
     gpu = subprocess.run(
-        [sys.executable, "-m", "moe_vlm.cli", *command],
+        [sys.executable, "-m", "moe_vlm.cli.main", *command],
         capture_output=True,
         text=True,
         cwd=REPO,

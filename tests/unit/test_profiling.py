@@ -17,11 +17,13 @@ import pytest
 import torch
 from torch import nn
 
-from moe_vlm import module_table, profiling
-from moe_vlm.errors import EngineUnavailable
-from moe_vlm.files import RUN_JSON, STEPS_JSONL
+from moe_vlm.base.errors import EngineUnavailable
+from moe_vlm.base.files import RUN_JSON, STEPS_JSONL
 from moe_vlm.launch import slurm
-from moe_vlm.module_table import (
+from moe_vlm.record import profiling
+from moe_vlm.record.records import read_steps
+from moe_vlm.report import module_table
+from moe_vlm.report.module_table import (
     ATTENTION,
     DATA_PARALLEL,
     DECODER,
@@ -32,7 +34,6 @@ from moe_vlm.module_table import (
     ROUTER,
     VISION,
 )
-from moe_vlm.record import read_steps
 from tests.conftest import REPO, make_spec
 
 GB200 = ("cluster=gb200", "model=qwen3_vl_30b_a3b", "nodes=2")
@@ -100,7 +101,7 @@ def test_dry_run_shows_nsys_in_the_srun_line(tmp_path: Path) -> None:
     assert srun.startswith("srun ") and "exec nsys profile --capture-range=cudaProfilerApi" in srun
     assert "--capture-range-end=stop" in srun and "moe_vlm_nsys 0 " in srun  # rank 0 only (the default)
     assert "export moe_vlm_point" in done.stdout  # the tasks find the point's directory
-    # A plan submits nothing and writes only each point's plan.json (moe_vlm/plan_record.py).
+    # A plan submits nothing and writes only each point's plan.json (moe_vlm/run/plan_record.py).
     written = [
         p.relative_to(tmp_path / "sweep").parts for p in (tmp_path / "sweep").rglob("*") if p.is_file()
     ]
@@ -239,7 +240,7 @@ def test_the_trace_becomes_the_per_module_table(profiled_run: Path) -> None:
 
 @pytest.mark.slow
 def test_the_report_shows_the_table(profiled_run: Path, tmp_path: Path) -> None:
-    from moe_vlm.report_cli import main
+    from moe_vlm.cli.report import main
 
     assert main([str(profiled_run), "--out", str(tmp_path)]) == 0
     text = (tmp_path / "report.md").read_text()
@@ -357,7 +358,7 @@ def _megatron_like_trace(layer: Any, tmp_path: Path) -> dict[str, Any]:
 
 def test_the_module_table_cli_names_a_missing_trace(tmp_path: Path) -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "moe_vlm.module_table", str(tmp_path)],
+        [sys.executable, "-m", "moe_vlm.report.module_table", str(tmp_path)],
         capture_output=True,
         text=True,
         env={**os.environ, "PYTHONPATH": str(REPO)},

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from moe_vlm.names import closest
-from moe_vlm.recipes import changes, listing, option_names, plan_lines
+from moe_vlm.config.names import closest
+from moe_vlm.config.schema import DataKind
+from moe_vlm.knobs.recipes import changes, listing, option_names, plan_lines
 from moe_vlm.rules.catalogue import validate
-from moe_vlm.schema import DataKind
 from tests.conftest import make_spec
 
 GB200_30B = "qwen3_vl_30b_a3b_pretrain_8gpu_gb200_bf16"
@@ -87,7 +87,7 @@ def test_unknown_recipe_names_the_closest_and_exits_2() -> None:
 
 
 def test_moe_vlm_recipes_lists_layout_gpus_and_published_figure() -> None:
-    from moe_vlm.cli import main
+    from moe_vlm.cli.main import main
 
     lines = listing()
     row = next(line for line in lines if line.startswith(GB200_30B))
@@ -104,7 +104,7 @@ def test_h100_qwen3_vl_recipes_say_the_vendor_recipe_fails() -> None:
 
 
 def test_record_rebuilds_a_recipe_run_from_its_config() -> None:
-    from moe_vlm.record import GROUPS
+    from moe_vlm.record.records import GROUPS
 
     assert "recipe" not in GROUPS  # optional: never `recipe=none` in a rebuilt command line
 
@@ -136,8 +136,8 @@ def test_bridge_mock_samples_have_the_vendor_shapes() -> None:
 def test_bridge_mock_is_labelled_mock_and_ranked_apart() -> None:
     import pandas as pd
 
-    from moe_vlm.report_table import is_mock
-    from moe_vlm.run_summary import _labels
+    from moe_vlm.engines.run_summary import _labels
+    from moe_vlm.report.table import is_mock
 
     assert is_mock(pd.DataFrame({"data": ["bridge_mock", "mock", "synthetic", "real"]})).tolist() == [
         True, True, False, False,

@@ -1,4 +1,4 @@
-"""The typed records of moe_vlm/record.py: a steps.jsonl line is a StepRecord, a run.json a RunRecord.
+"""The typed records of moe_vlm/record/records.py: a steps.jsonl line is a StepRecord, a run.json a RunRecord.
 
 Real parts: RunSpecs and configs composed by Hydra, the rule catalogue's findings, the advise
 fixtures (run.json as an older version wrote them, before the spec held the layout), the report's
@@ -17,18 +17,26 @@ from typing import Any
 
 import pytest
 
-from moe_vlm.columns import GROUPS, KNOBS, choices, identity_field
-from moe_vlm.compose import compose_spec
+from moe_vlm.base.files import RUN_JSON, STEPS_JSONL
+from moe_vlm.config.compose import compose_spec
+from moe_vlm.config.schema import TrainConfig
+from moe_vlm.config.spec import RunSpec
 from moe_vlm.data.batch import BatchStats
 from moe_vlm.engines.megatron.recording import StepStats
-from moe_vlm.files import RUN_JSON, STEPS_JSONL
-from moe_vlm.metrics import summarize
-from moe_vlm.record import TOKEN_KINDS, Failure, RunRecord, RunStatus, StepRecord, StepWriter, read_steps
-from moe_vlm.report_table import row_of
+from moe_vlm.perf.metrics import summarize
+from moe_vlm.record.columns import GROUPS, KNOBS, choices, identity_field
+from moe_vlm.record.records import (
+    TOKEN_KINDS,
+    Failure,
+    RunRecord,
+    RunStatus,
+    StepRecord,
+    StepWriter,
+    read_steps,
+)
+from moe_vlm.report.table import row_of
 from moe_vlm.rules import errors, validate
-from moe_vlm.run import resolved_config
-from moe_vlm.schema import TrainConfig
-from moe_vlm.spec import RunSpec
+from moe_vlm.run.task import resolved_config
 from tests.conftest import REPO, compose_cfg
 from tests.unit.test_metrics import step_records
 

@@ -25,11 +25,11 @@ from typing import Any
 
 import pytest
 
-from moe_vlm import report_cli
-from moe_vlm.advise import main as advise_main
-from moe_vlm.files import POINT_JSON, RUN_JSON, STEPS_JSONL
+from moe_vlm.base.files import POINT_JSON, RUN_JSON, STEPS_JSONL
+from moe_vlm.cli import report as report_cli
+from moe_vlm.cli.advise import main as advise_main
 from moe_vlm.launch import status
-from moe_vlm.record import RecordError, RunRecord, read_steps
+from moe_vlm.record.records import RecordError, RunRecord, read_steps
 from moe_vlm.runtime import points
 from tests.conftest import REPO
 

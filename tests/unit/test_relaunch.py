@@ -23,7 +23,7 @@ import pytest
 from hydra.core.override_parser.overrides_parser import OverridesParser
 
 from moe_vlm.engines.megatron.launch import torchrun_command
-from moe_vlm.run import resolved_config
+from moe_vlm.run.task import resolved_config
 from tests.conftest import compose_cfg
 
 REPO = Path(__file__).resolve().parents[2]
@@ -35,10 +35,10 @@ from pathlib import Path
 import hydra
 from hydra.core.hydra_config import HydraConfig
 
-import moe_vlm.schema  # registers the schema, as train.py does
+import moe_vlm.config.schema  # registers the schema, as train.py does
 from moe_vlm.engines.megatron.launch import point_overrides, torchrun_command
-from moe_vlm.run import resolved_config
-from moe_vlm.spec import RunSpec
+from moe_vlm.run.task import resolved_config
+from moe_vlm.config.spec import RunSpec
 
 
 @hydra.main(version_base=None, config_path={str(REPO / "conf")!r}, config_name="train")

@@ -17,12 +17,16 @@ import pytest
 from matplotlib.lines import Line2D
 from matplotlib.patches import Rectangle
 
-from moe_vlm import plots, report, report_cli, report_compare, report_table
-from moe_vlm.files import RUN_JSON, write_json_atomic
-from moe_vlm.metrics import summarize
-from moe_vlm.record import base_record
-from moe_vlm.run import resolved_config
-from moe_vlm.spec import RunSpec
+from moe_vlm.base.files import RUN_JSON, write_json_atomic
+from moe_vlm.cli import report as report_cli
+from moe_vlm.config.spec import RunSpec
+from moe_vlm.perf.metrics import summarize
+from moe_vlm.record.records import base_record
+from moe_vlm.report import build as report
+from moe_vlm.report import compare as report_compare
+from moe_vlm.report import plots
+from moe_vlm.report import table as report_table
+from moe_vlm.run.task import resolved_config
 from tests.conftest import REPO, compose_cfg
 from tests.unit.test_metrics import step_records
 
@@ -332,7 +336,7 @@ def test_impossible_values_exit_2_from_the_console_script(
 
 def test_console_script_reaches_report(tmp_path: Path) -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "moe_vlm.cli", "report", str(tmp_path)],
+        [sys.executable, "-m", "moe_vlm.cli.main", "report", str(tmp_path)],
         capture_output=True,
         text=True,
         cwd=REPO,

@@ -1,11 +1,11 @@
-"""The end-of-run console table (moe_vlm/run_summary.py), from recorded run.json summaries."""
+"""The end-of-run console table (moe_vlm/engines/run_summary.py), from recorded run.json summaries."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-from moe_vlm.run_summary import summary_lines
+from moe_vlm.engines.run_summary import summary_lines
 from tests.conftest import REPO, make_spec
 
 RECORD = REPO / "tests" / "fixtures" / "advise" / "gb200_30b_sweep" / "p02_full_mbs1" / "run.json"
@@ -51,7 +51,7 @@ def test_a_cpu_run_says_why_there_is_no_mfu_once_and_hides_raw_dicts(tmp_path: P
     assert "21.378404" not in text and "median_s" not in text and "errors" not in text
     assert "effective tokens/s/rank   207.9" in text and "21.378 s (p10-p90 19.740-23.020 s)" in text
     assert "MOCK: image-free" in text and "4.2% of the step (mean 0.899 s)" in text
-    assert f"python -m moe_vlm.module_table {tmp_path}" in text
+    assert f"python -m moe_vlm.report.module_table {tmp_path}" in text
     assert f"tensorboard --logdir {tmp_path / 'tensorboard'}" in text
 
 

@@ -18,11 +18,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from moe_vlm import safety
-from moe_vlm.compose import CONF_DIR
-from moe_vlm.errors import BadInput
-from moe_vlm.preflight import preflight
-from moe_vlm.schema import TrainConfig
+from moe_vlm.base import safety
+from moe_vlm.base.errors import BadInput
+from moe_vlm.config.compose import CONF_DIR
+from moe_vlm.config.preflight import preflight
+from moe_vlm.config.schema import TrainConfig
 from tests.conftest import REPO
 
 SECRET = "s3cretpw-7f2a91"

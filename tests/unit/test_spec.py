@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import pytest
 
-from moe_vlm.advise import _pipeline_split
-from moe_vlm.arch import PROFILES
+from moe_vlm.cli.advise import _pipeline_split
+from moe_vlm.config.arch import PROFILES
+from moe_vlm.config.schema import Arch, Engine, ParallelismFamily
+from moe_vlm.config.spec import PipelineSplit
 from moe_vlm.knobs.bridge_fields import bridge_overrides
 from moe_vlm.rules import validate
-from moe_vlm.schema import Arch, Engine, ParallelismFamily
-from moe_vlm.spec import PipelineSplit
 from tests.conftest import make_spec
 
 B200_3D = ["cluster=b200", "parallelism=3d"]

@@ -1,6 +1,6 @@
 """The torch engine's step period: what its loop runs between two steps (the gather, steps.jsonl,
 the console, the tracker, the profiler's export) is outside step_time_s and inside step_period_s,
-and the run's rates divide by the period (moe_vlm.metrics.time_basis)."""
+and the run's rates divide by the period (moe_vlm.perf.metrics.time_basis)."""
 
 from __future__ import annotations
 
@@ -12,10 +12,10 @@ from typing import Any
 
 import pytest
 
+from moe_vlm.base.files import RUN_JSON, STEPS_JSONL
 from moe_vlm.engines import torch_engine
 from moe_vlm.engines.torch_engine import Console, run_rank
-from moe_vlm.files import RUN_JSON, STEPS_JSONL
-from moe_vlm.record import read_steps
+from moe_vlm.record.records import read_steps
 from moe_vlm.runtime.dist_env import DistEnv
 from tests.conftest import make_spec
 

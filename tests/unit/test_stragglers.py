@@ -1,6 +1,6 @@
 """The straggler view: per-rank steps.jsonl records with one slow rank and one slow node.
 
-The fixture is a Qwen3-VL-30B job on 2 GB200 nodes (8 ranks, 4 per host, the record.py format via
+The fixture is a Qwen3-VL-30B job on 2 GB200 nodes (8 ranks, 4 per host, the record/records.py format via
 tests/unit/test_metrics.step_records): every rank steps in 2.0 s with a 1.2 s decoder, except
 
     rank 6 (node gb200-b)          step time 2.5 s (1.25x), from the steady window on
@@ -21,12 +21,13 @@ from typing import Any
 
 import pytest
 
-from moe_vlm import report_cli, stragglers
-from moe_vlm.files import RUN_JSON, STEPS_JSONL, write_json_atomic
-from moe_vlm.metrics import by_step, steady_window, summarize
-from moe_vlm.record import base_record
-from moe_vlm.run import resolved_config
-from moe_vlm.spec import RunSpec
+from moe_vlm.base.files import RUN_JSON, STEPS_JSONL, write_json_atomic
+from moe_vlm.cli import report as report_cli
+from moe_vlm.config.spec import RunSpec
+from moe_vlm.perf import stragglers
+from moe_vlm.perf.metrics import by_step, steady_window, summarize
+from moe_vlm.record.records import base_record
+from moe_vlm.run.task import resolved_config
 from tests.conftest import compose_cfg
 from tests.unit.test_metrics import step_records
 

@@ -17,14 +17,14 @@ import pandas as pd
 import pytest
 from omegaconf import OmegaConf
 
-from moe_vlm import report_card
-from moe_vlm.cards import GIVEN, card_changes, card_row, plan_lines, row_as_run
-from moe_vlm.columns import identity_field
-from moe_vlm.compose import compose_config
-from moe_vlm.memory import estimate
-from moe_vlm.report_table import load_table
+from moe_vlm.config.compose import compose_config
+from moe_vlm.config.spec import RunSpec
+from moe_vlm.knobs.cards import GIVEN, card_changes, card_row, plan_lines, row_as_run
+from moe_vlm.perf.memory import estimate
+from moe_vlm.record.columns import identity_field
+from moe_vlm.report import card as report_card
+from moe_vlm.report.table import load_table
 from moe_vlm.rules import errors, validate
-from moe_vlm.spec import RunSpec
 from tests.conftest import REPO, make_spec
 from tests.unit.test_report import run_report, write_run
 

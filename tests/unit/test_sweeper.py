@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from moe_vlm.compose import compose_config
+from moe_vlm.config.compose import compose_config
 from moe_vlm.runtime import points
 from moe_vlm.runtime.points import sweep_name
 
@@ -52,7 +52,7 @@ def test_dry_run_prints_each_points_sbatch_and_srun_and_submits_nothing(tmp_path
     assert out.count("-- srun command --") == 1 and "\nsrun --unbuffered" in out
     assert SECRET not in out + done.stderr and "echo ***" in out
     assert "1 valid, 1 would be rejected; nothing was submitted" in out
-    # Nothing but each point's plan.json (moe_vlm/plan_record.py), secrets masked there too.
+    # Nothing but each point's plan.json (moe_vlm/run/plan_record.py), secrets masked there too.
     written = sorted((tmp_path / "sweep").rglob("*"))
     assert [p.name for p in written if p.is_file()] == ["plan.json", "plan.json"]
     assert all(SECRET not in p.read_text() for p in written if p.is_file())
@@ -169,7 +169,7 @@ def test_a_big_dry_run_prints_one_line_per_point_and_writes_each_plan(tmp_path: 
     assert set(re.findall(r"\(id ([0-9a-f]{16})\)", job)) == valid
     assert "moe_vlm.launch.canary" in plans
     assert (sweep / "dry_run.txt").read_text().count("REJECTED") == 6
-    # Besides the two text files, each point's plan.json (moe_vlm/plan_record.py) in its directory.
+    # Besides the two text files, each point's plan.json (moe_vlm/run/plan_record.py) in its directory.
     assert sorted(p.name for p in sweep.iterdir() if p.is_file()) == ["dry_run.txt", "dry_run_plans.txt"]
     assert sorted(p.parent.name for p in sweep.glob("*/plan.json")) == sorted(r.split()[1] for r in rows)
     assert not list(sweep.rglob("point.json")) and not list(sweep.rglob("run.json"))

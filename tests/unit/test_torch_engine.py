@@ -15,12 +15,12 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
+from moe_vlm.config.schema import RecomputeConfig, RecomputeGranularity
 from moe_vlm.data import Batch, build_batches
+from moe_vlm.engines.timing import COMPONENTS
 from moe_vlm.engines.torch_engine import Trainer
 from moe_vlm.engines.torch_model import RECOMPUTED_SDPA, apply_recompute, build_model, model_parts
-from moe_vlm.record import StepRecord
-from moe_vlm.schema import RecomputeConfig, RecomputeGranularity
-from moe_vlm.timing import COMPONENTS
+from moe_vlm.record.records import StepRecord
 from tests.conftest import make_spec
 
 CPU = torch.device("cpu")

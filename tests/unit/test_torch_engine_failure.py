@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import torch.distributed as dist
 
+from moe_vlm.base.errors import RunFailed
+from moe_vlm.base.files import RUN_JSON
 from moe_vlm.engines.torch_engine import run_rank
-from moe_vlm.errors import RunFailed
-from moe_vlm.files import RUN_JSON
 from moe_vlm.runtime.dist_env import DistEnv
 from tests.conftest import make_spec
 
@@ -39,9 +39,9 @@ def test_failure_is_recorded(tmp_path: Path) -> None:
 def test_a_failure_keeps_every_finished_step(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A step's line waits for the next step's start (its period ends there); a rank that fails in
     step 3 still leaves steps 1 and 2 in steps.jsonl (step 2 without a period)."""
+    from moe_vlm.base.files import STEPS_JSONL
     from moe_vlm.engines import torch_engine
-    from moe_vlm.files import STEPS_JSONL
-    from moe_vlm.record import read_steps
+    from moe_vlm.record.records import read_steps
 
     real_step = torch_engine.Trainer.step
 

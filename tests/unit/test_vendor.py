@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
+from moe_vlm.config.vendor import vendor_recipe
 from moe_vlm.rules import memory as memory_rules
 from moe_vlm.rules import validate
-from moe_vlm.vendor import vendor_recipe
 from tests.conftest import make_spec
 
 # Qwen3.5-35B-A3B's 8-GPU GB200 BF16 recipe as written: EP 8, MBS 4, GBS 512, nothing frozen,

@@ -9,7 +9,7 @@ One run, as Megatron experts would set it up by hand:
 3. apply every row of THE mapping table (``apply_overrides``), the same rows ``dry_run=true``
    prints, and read them back (``check_overrides``);
 4. run Bridge's ``pretrain`` with the Qwen3-VL forward step, one process per GPU (torchrun, or
-   Slurm tasks from the launcher), recording ``steps.jsonl`` / ``run.json`` per moe_vlm.record.
+   Slurm tasks from the launcher), recording ``steps.jsonl`` / ``run.json`` per moe_vlm.record.records.
 
 The library is imported lazily: planning (dry_run) and the rest of the project never need it.
 Running needs GPUs; everything before ``pretrain`` also works on a CPU (tests/megatron).

@@ -13,9 +13,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from moe_vlm.base.errors import EngineUnavailable
+from moe_vlm.config.spec import RunSpec
 from moe_vlm.engines.hf_config import hf_model_dir
 from moe_vlm.engines.megatron.stack import PINNED, versions
-from moe_vlm.errors import EngineUnavailable
 from moe_vlm.knobs.bridge_fields import (
     BRIDGE_MOCK_DATASET,
     HYBRID_EP_ENV_NAMES,
@@ -26,7 +27,6 @@ from moe_vlm.knobs.bridge_fields import (
 )
 from moe_vlm.knobs.bridge_recipe import Recipe, select_recipe
 from moe_vlm.knobs.telemetry_fields import RUN_DIR
-from moe_vlm.spec import RunSpec
 
 
 @contextlib.contextmanager

@@ -29,13 +29,13 @@ from megatron.bridge.data.base import DatasetBuildContext, DatasetProvider
 from megatron.bridge.data.packing.in_batch import build_mcore_thd_sequence_batch_from_rows
 from megatron.bridge.training.utils.visual_inputs import GenericVisualInputs
 
+from moe_vlm.config.schema import DataConfig, DataKind, ModelConfig
+from moe_vlm.config.spec import RunSpec
 from moe_vlm.data import indexed_samples
 from moe_vlm.data.batch import IGNORE_INDEX, Batch
 from moe_vlm.data.sequence import EncodedSample, assemble
 from moe_vlm.data.workers import data_workers
 from moe_vlm.knobs.bridge_fields import SEEDED_DATA_FIELDS, SEEDED_MODEL_FIELDS
-from moe_vlm.schema import DataConfig, DataKind, ModelConfig
-from moe_vlm.spec import RunSpec
 
 
 @dataclass(kw_only=True)

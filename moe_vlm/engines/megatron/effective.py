@@ -13,7 +13,7 @@ size from the layout, the GPU the cluster profile declares answering Bridge's de
 (flex-dispatcher check), the recipe's env_vars not shadowed by this shell's. In a run it uses the
 rank's real environment and device, so a variable the launcher set shows with its value.
 
-`dry_run=true` prints it (moe_vlm/plan.py), the Megatron engine records it in run.json
+`dry_run=true` prints it (moe_vlm/run/plan.py), the Megatron engine records it in run.json
 (``bridge.effective``), and ``moe-vlm report --diff`` sets two runs' side by side.
 """
 
@@ -36,11 +36,11 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+from moe_vlm.config.spec import RunSpec
 from moe_vlm.engines.megatron.config import CLASS_ROWS, NAMED_ROWS, build_config, get_field
 from moe_vlm.knobs.bridge_fields import FIELD_MAP, RESOLVED_FIELDS
 from moe_vlm.knobs.bridge_recipe import Recipe, RecipeKind, family_recipes
 from moe_vlm.knobs.telemetry_fields import RUN_DIR  # this run's directory in values
-from moe_vlm.spec import RunSpec
 
 # The sections the issue names first (what a performance engineer reads first), then every other
 # ConfigContainer section in declaration order.
@@ -366,7 +366,7 @@ def effective_config(cfg: Any, spec: RunSpec, run_dir: Path | None = None, *, pl
 # get_vision_model_config, modelling_qwen3_vl/transformer_config.py:63-158). It copies the
 # decoder's recompute, TP size and CUDA-graph settings, takes its graph impl from
 # vision_cuda_graph_impl, and sets neither fp8 nor fp4, so the ViT and mergers run BF16 under an
-# FP8/FP4 decoder (moe_vlm.metrics.BF16_MODULES holds them to the BF16 peak for that reason).
+# FP8/FP4 decoder (moe_vlm.perf.metrics.BF16_MODULES holds them to the BF16 peak for that reason).
 VISION_SECTION = "vision_model"
 # Shown whatever their value: the ViT's precision, CUDA graphs and recompute.
 VISION_FIELDS = (

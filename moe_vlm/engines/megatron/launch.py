@@ -10,25 +10,25 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from moe_vlm import profiling
-from moe_vlm.compose import quote_override_value
+from moe_vlm.base.errors import EngineUnavailable
+from moe_vlm.base.files import STEPS_JSONL, write_json_atomic
+from moe_vlm.base.provenance import REPO_ROOT
+from moe_vlm.config.compose import quote_override_value
+from moe_vlm.config.spec import RunSpec
 from moe_vlm.data.bridge_processor import write_processor
 from moe_vlm.engines.megatron.config import BuiltConfig, build_config, check_overrides, place_in_run_dir
 from moe_vlm.engines.megatron.effective import EFFECTIVE_JSON, Effective, effective_config
 from moe_vlm.engines.megatron.recording import StepRecorder, counting_forward_step
 from moe_vlm.engines.megatron.stack import stack_problem, versions
-from moe_vlm.errors import EngineUnavailable
-from moe_vlm.files import STEPS_JSONL, write_json_atomic
+from moe_vlm.engines.run_summary import summary_lines
 from moe_vlm.knobs.bridge_fields import BRIDGE_PROCESSOR_DIR
 from moe_vlm.knobs.telemetry_fields import RUN_DIR, in_run_dir
-from moe_vlm.metrics import summarize
+from moe_vlm.perf.metrics import summarize
 from moe_vlm.predict.model import record_section
-from moe_vlm.provenance import REPO_ROOT
-from moe_vlm.record import RunRecord, read_steps
-from moe_vlm.run_summary import summary_lines
+from moe_vlm.record import profiling
+from moe_vlm.record.records import RunRecord, read_steps
 from moe_vlm.runtime.dist_env import DistEnv, free_port
 from moe_vlm.runtime.failures import launch_info
-from moe_vlm.spec import RunSpec
 
 
 def point_overrides() -> list[str]:

@@ -45,10 +45,10 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
+from moe_vlm.config.spec import RunSpec
 from moe_vlm.engines.megatron.config import build_config
 from moe_vlm.engines.megatron.effective import rank_environment, runtime_update
 from moe_vlm.engines.megatron.stack import stack_problem, where_raised
-from moe_vlm.spec import RunSpec
 
 
 class Check(StrEnum):

@@ -40,13 +40,13 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from moe_vlm.base.files import write_atomic
+from moe_vlm.base.safety import scrub
+from moe_vlm.config.spec import RunSpec
 from moe_vlm.engines.megatron.effective import Planned, plan_effective
 from moe_vlm.engines.megatron.library_checks import Check, LibraryFinding, check_point
 from moe_vlm.engines.megatron.stack import Probe, probe, required
-from moe_vlm.files import write_atomic
 from moe_vlm.knobs.bridge_recipe import family_recipes
-from moe_vlm.safety import scrub
-from moe_vlm.spec import RunSpec
 
 CACHE_ENV = "MOE_VLM_CACHE_DIR"
 FORMAT = 1  # bumped when an entry's layout changes

@@ -14,20 +14,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from moe_vlm import profiling
+from moe_vlm.base.files import STEPS_JSONL
+from moe_vlm.config.schema import CudaGraphImpl, Profiler
+from moe_vlm.config.spec import RunSpec
 from moe_vlm.data.batch import BatchStats
-from moe_vlm.files import STEPS_JSONL
 from moe_vlm.knobs.bridge_fields import forward_step_path
-from moe_vlm.memory.estimate import GIB
-from moe_vlm.metrics import MemoryKind
-from moe_vlm.record import StepRecord, StepWriter
-from moe_vlm.schema import CudaGraphImpl, Profiler
-from moe_vlm.spec import RunSpec
+from moe_vlm.perf.memory.estimate import GIB
+from moe_vlm.perf.metrics import MemoryKind
+from moe_vlm.record import profiling
+from moe_vlm.record.records import StepRecord, StepWriter
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from moe_vlm.timing import Clock
+    from moe_vlm.engines.timing import Clock
 
 
 @dataclass
@@ -125,7 +125,7 @@ class CountingIterator:
 
 class BridgeComponentTimer:
     """Vision encoder / projector / decoder seconds per step, from CUDA events on Qwen3VLModel's
-    submodules (the torch engine has its own, moe_vlm.timing.ComponentTimer).
+    submodules (the torch engine has its own, moe_vlm.engines.timing.ComponentTimer).
 
     What each figure covers, summed over the step's forward calls and their backward passes:
       vision_encoder  the vision model (patch embedding, ViT blocks, deepstack mergers) minus the
@@ -383,7 +383,7 @@ class StepRecorder:
         from megatron.core import parallel_state as mpu
 
         if self.clock is None:
-            from moe_vlm.timing import clock_for
+            from moe_vlm.engines.timing import clock_for
 
             self.clock = clock_for(torch.device("cuda", torch.cuda.current_device()))
         if self.memory is None:
@@ -557,13 +557,13 @@ class StepRecorder:
             if step_flops is not None and step_time_max > 0
             else None
         )
-        # A skipped iteration, or a step the profiler slows (moe_vlm/profiling.py).
+        # A skipped iteration, or a step the profiler slows (moe_vlm/record/profiling.py).
         exclude = "skipped_iter" if record["skipped"] else profiling.exclude_reason(self.spec, record["step"])
         return StepRecord.measured(
             record["stats"],  # the counts and micro_batches, data_wait_s
             step=record["step"],
             rank=record["dp_rank"],
-            host=record["host"],  # the straggler view names the node (moe_vlm/stragglers.py)
+            host=record["host"],  # the straggler view names the node (moe_vlm/perf/stragglers.py)
             warmup=record["step"] <= self.spec.warmup_steps,
             time_unix_s=record["time_unix_s"],
             step_time_s=record["step_time_s"],

@@ -2,7 +2,7 @@
 whether each one imports here, at which version.
 
 `required(spec)` is the list (cheap: no import). `probe(spec)` imports each entry (seconds: it
-loads Megatron); `dry_run=true` prints it (moe_vlm/plan.py) and `launch()` checks it on every
+loads Megatron); `dry_run=true` prints it (moe_vlm/run/plan.py) and `launch()` checks it on every
 rank before distributed init (`stack_problem(spec)`), so a missing piece costs one line and exit
 status 2, not a crash after the queue wait.
 """
@@ -18,14 +18,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from moe_vlm.arch import profile
+from moe_vlm.config.arch import profile
+from moe_vlm.config.schema import DataKind, ExperimentLogger, FlexBackend, TokenDispatcher
 from moe_vlm.knobs.bridge_fields import forward_step_path
 from moe_vlm.knobs.bridge_recipe import select_recipe
 from moe_vlm.knobs.telemetry_fields import tensorboard_dir
-from moe_vlm.schema import DataKind, ExperimentLogger, FlexBackend, TokenDispatcher
 
 if TYPE_CHECKING:
-    from moe_vlm.spec import RunSpec
+    from moe_vlm.config.spec import RunSpec
 
 PINNED = {"megatron-core": "0.19.2", "megatron-bridge": "0.6.2"}
 # megatron/core/dist_checkpointing/strategies/nvrx.py:15 (NVRX_MIN_VERSION), asserted at :45-46 when

@@ -28,7 +28,9 @@ from typing import Any
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from moe_vlm.compose import CONF_DIR, compose_config
+from moe_vlm.config.compose import CONF_DIR, compose_config
+from moe_vlm.config.schema import TrainConfig
+from moe_vlm.config.spec import RunSpec, build_spec
 from moe_vlm.engines.hf_config import hf_model_dir
 from moe_vlm.engines.megatron.config import (
     apply_overrides,
@@ -42,8 +44,6 @@ from moe_vlm.engines.megatron.effective import ABSENT, leaves, plain, runtime_up
 from moe_vlm.knobs.bridge_fields import FIELD_MAP, FieldMap
 from moe_vlm.knobs.bridge_recipe import RECIPE_NAME, select_recipe
 from moe_vlm.knobs.keep import KEEP
-from moe_vlm.schema import TrainConfig
-from moe_vlm.spec import RunSpec, build_spec
 
 PERF_PACKAGE = "megatron.bridge.perf_recipes.qwen_vl"
 # Issue 21's scope: these models, these GPUs (vr200 recipes exist too; we have no VR200 profile).

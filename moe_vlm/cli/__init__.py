@@ -1,0 +1,1 @@
+"""The commands people type: `moe-vlm report | status | advise | calibrate | recipes` and `train.py --help`."""

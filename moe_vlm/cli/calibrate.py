@@ -1,0 +1,128 @@
+"""`moe-vlm calibrate SWEEP_OR_RUN_DIR...`: fit the step-time model on recorded runs.
+
+One calibration per (cluster, stack version) found among the completed runs, stored (added or
+replaced) in the calibration file the plan reads ($MOE_VLM_CALIBRATION, else
+~/.cache/moe_vlm/step_time_calibration.json), written atomically.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections import defaultdict
+from pathlib import Path
+from typing import NoReturn
+
+from moe_vlm.base.errors import EXIT_INVALID
+from moe_vlm.config.compose import compose_config
+from moe_vlm.config.preflight import COMPOSE_ERRORS, explain
+from moe_vlm.config.spec import RunSpec
+from moe_vlm.predict.calibration import calibrate, calibration_path, store
+from moe_vlm.predict.model import has_defaults
+from moe_vlm.predict.probe import probe as run_probe
+from moe_vlm.predict.runs import RecordedRun, find_runs, recorded
+from moe_vlm.rules import validate
+
+PROG = "moe-vlm calibrate"
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        print(f"{PROG}: error: {message}", file=sys.stderr)
+        sys.exit(EXIT_INVALID)
+
+
+def parser() -> argparse.ArgumentParser:
+    p = _Parser(prog=PROG, description=__doc__.splitlines()[0] if __doc__ else None)
+    p.add_argument(
+        "paths",
+        nargs="+",
+        help="sweep or run directories (every run.json under them); with --probe: the point's overrides",
+    )
+    p.add_argument(
+        "--probe",
+        action="store_true",
+        help="time the point's GEMMs, a copy and its collectives here (seconds) for a first calibration",
+    )
+    p.add_argument(
+        "--store",
+        action="store_true",
+        help="with --probe on a GPU cluster: store the probe's calibration over the published-row defaults",
+    )
+    p.add_argument("--out", default=None, help=f"calibration file (default: {calibration_path()})")
+    p.add_argument("--dry-run", action="store_true", help="print the fit, write nothing")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    if args.probe:
+        return probe(args.paths, args.out, args.dry_run, args.store)
+    paths = [Path(p).expanduser() for p in args.paths]
+    missing = [str(p) for p in paths if not p.exists()]
+    if missing:
+        print(
+            f"{PROG}: error: no such path: {', '.join(missing)}; give sweep or run directories",
+            file=sys.stderr,
+        )
+        return EXIT_INVALID
+    groups: dict[tuple[str, str], list[RecordedRun]] = defaultdict(list)
+    for run_dir in find_runs(paths):
+        found = recorded(run_dir)
+        if isinstance(found, str):
+            print(f"{PROG}: skipped {found}", file=sys.stderr)
+            continue
+        groups[(found.cluster, found.stack)].append(found)
+    if not groups:
+        print(
+            f"{PROG}: error: no completed run with a steady window under {', '.join(map(str, paths))}; "
+            "run a sweep first (python train.py -m ...)",
+            file=sys.stderr,
+        )
+        return EXIT_INVALID
+    made = []
+    for (cluster, stack), runs in sorted(groups.items()):
+        source = f"fitted on the runs under {', '.join(map(str, paths))}"
+        fitted = calibrate(cluster, stack, [r.sample() for r in runs], source)
+        made.append(fitted)
+        spread = (
+            f"{fitted.sigma:.1%} (leave-one-out)" if fitted.sigma is not None else "none (fewer than 3 runs)"
+        )
+        print(f"cluster={cluster} {stack}: {len(runs)} run(s), spread {spread}")
+        for term, scale in sorted(fitted.scales.items()):
+            if scale > 0:
+                print(f"  {term:<12} scale {scale:.4g}")
+    if args.dry_run:
+        return 0
+    out = store(made, Path(args.out).expanduser() if args.out else None)
+    print(f"wrote {out}")
+    return 0
+
+
+def probe(overrides: list[str], out: str | None, dry_run: bool, store_anyway: bool) -> int:
+    """--probe: compose the point (one-line error, exit 2, on bad overrides), time it here, store."""
+    try:
+        spec = RunSpec.from_config(compose_config(overrides))
+    except COMPOSE_ERRORS as exc:
+        print(f"{PROG}: error: {explain(exc, overrides)}", file=sys.stderr)
+        return EXIT_INVALID
+    bad = [f for f in validate(spec) if f.is_error]
+    if bad:
+        print(f"{PROG}: error: the point is invalid: {bad[0].brief()}", file=sys.stderr)
+        return EXIT_INVALID
+    result = run_probe(spec)
+    found = result.calibration()
+    print(f"cluster={found.cluster} {found.stack}:")
+    for line in result.lines():
+        print(f"  {line}")
+    if dry_run:
+        return 0
+    if has_defaults(spec) and not store_anyway:
+        print(
+            f"not stored: cluster={spec.cluster.name} predicts from the defaults fitted on published whole "
+            "steps, which a probe of GEMMs and collectives alone does not beat (docs/step-time-prediction.md); "
+            "--store stores it anyway"
+        )
+        return 0
+    print(f"wrote {store([found], Path(out).expanduser() if out else None)}")
+    return 0

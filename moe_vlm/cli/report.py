@@ -1,0 +1,162 @@
+"""`moe-vlm report PATH...`: every run.json under run dirs, sweep dirs or globs -> ranked tables and plots.
+
+    moe-vlm report multirun/2026-08-30/12-00-00
+    moe-vlm report 'sweeps/*' --out reports/today --compare parallelism
+    moe-vlm report SWEEP --save-baseline baseline.json       # after a good sweep
+    moe-vlm report SWEEP --baseline baseline.json --tolerance 0.05
+    moe-vlm report BIG_SWEEP --top 20                         # the best 20 rows per ranked table
+    moe-vlm report --diff RUN_A RUN_B                         # why is A faster than B?
+
+Reads completed, failed and rejected runs alike into one pandas table (results.csv and
+results.parquet), writes report.md and the plots next to them in the first PATH (or --out), and
+prints the Markdown report. Completed synthetic/real runs with real routing are ranked by
+effective (real) tokens/s/GPU; mock-data runs and forced-balance runs (router=forced_balance) go
+to separate, labelled tables and never into that ranking.
+A ranked table shows the best --top rows (see --help) and one summary line for the rest; each
+plot names at most plots.PLOT_TOP configs and draws the rest as one "+ K more, median X" entry.
+
+Exit status: 0 fine; 1 the --baseline check found a config whose effective throughput dropped by
+more than --tolerance (or that completed in the baseline and no longer does); 2 bad input (a
+missing PATH, no run.json found, unknown --compare knob, missing or unreadable baseline, --top
+below 1), with a one-line error naming the option, what it allows and a fix.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import NoReturn
+
+from moe_vlm.base.errors import BadInput
+from moe_vlm.base.files import write_atomic
+from moe_vlm.record.columns import KNOBS
+from moe_vlm.report import diff as report_diff
+from moe_vlm.report import plots
+from moe_vlm.report.build import (
+    DEFAULT_TOLERANCE,
+    EXIT_BAD_INPUT,
+    EXIT_OK,
+    EXIT_REGRESSED,
+    _png,
+    build_report,
+    output_dir,
+    write_table,
+)
+from moe_vlm.report.compare import load_baseline, regression_check, regression_markdown, save_baseline
+from moe_vlm.report.markdown import DEFAULT_TOP
+from moe_vlm.report.table import load_table
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        print(f"moe-vlm report: error: {message} (see moe-vlm report --help)", file=sys.stderr)
+        sys.exit(EXIT_BAD_INPUT)
+
+
+def parser() -> argparse.ArgumentParser:
+    p = _Parser(
+        prog="moe-vlm report", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("paths", nargs="+", metavar="PATH", help="run dirs, sweep dirs, run.json files or globs")
+    p.add_argument("--out", help="where report.md, results.csv/.parquet and plots go (default: first PATH)")
+    p.add_argument("--compare", metavar="KNOB", help=f"side-by-side by one knob: {', '.join(KNOBS)}")
+    p.add_argument("--baseline", metavar="FILE", help="flag configs slower than this saved baseline")
+    p.add_argument(
+        "--tolerance",
+        type=float,
+        default=DEFAULT_TOLERANCE,
+        help=f"allowed drop vs --baseline, as a fraction (default {DEFAULT_TOLERANCE})",
+    )
+    p.add_argument("--save-baseline", metavar="FILE", help="save this report's throughput as a baseline")
+    p.add_argument(
+        "--diff",
+        action="store_true",
+        help="the two PATHs are runs A and B: their time per component and every configuration difference "
+        "(knobs, Bridge's effective config) side by side; why is A faster than B?",
+    )
+    p.add_argument(
+        "--top",
+        type=_row_count,
+        default=DEFAULT_TOP,
+        metavar="N",
+        help=f"rows per ranked table (default {DEFAULT_TOP}: every row of a sweep up to that size, the "
+        f"best {DEFAULT_TOP} beyond it); plots name at most {plots.PLOT_TOP} configs and summarise the rest",
+    )
+    return p
+
+
+def _row_count(text: str) -> int:
+    """--top's type: argparse prints the message on one line, naming the option."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a row count; use a whole number 1 or more, e.g. --top {DEFAULT_TOP}"
+        )
+    return value
+
+
+def _diff(paths: list[str]) -> int:
+    try:
+        if len(paths) != 2:
+            raise BadInput(f"--diff takes two runs, RUN_A RUN_B; got {len(paths)} PATH(s)")
+        text = report_diff.render(*paths)
+    except BadInput as exc:
+        print(f"moe-vlm report: error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    print(text, end="")
+    return EXIT_OK
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    if args.diff:
+        return _diff(args.paths)
+    try:
+        if args.compare and args.compare not in KNOBS:
+            raise BadInput(f"unknown knob {args.compare!r} for --compare; allowed: {', '.join(KNOBS)}")
+        if not 0.0 <= args.tolerance < 1.0:
+            raise BadInput(
+                f"--tolerance {args.tolerance}: must be a fraction in [0, 1), e.g. --tolerance 0.05"
+            )
+        if args.out and Path(args.out).exists() and not Path(args.out).is_dir():
+            raise BadInput(
+                f"--out {args.out}: not a directory; pass a directory (created if missing), e.g. --out reports/today"
+            )
+        if args.save_baseline and Path(args.save_baseline).is_dir():
+            raise BadInput(
+                f"--save-baseline {args.save_baseline}: a directory; pass a file path, e.g. --save-baseline baseline.json"
+            )
+        baseline = load_baseline(Path(args.baseline)) if args.baseline else None
+        table = load_table(args.paths)
+    except BadInput as exc:
+        print(f"moe-vlm report: error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+
+    out = output_dir(args.paths, args.out)
+    text, made = build_report(table, out, args.compare, args.top)
+    status = EXIT_OK
+    if baseline is not None:
+        check = regression_check(table, baseline, args.tolerance)
+        text += (
+            "\n## Regression check\n\n"
+            + regression_markdown(check, Path(args.baseline), args.tolerance)
+            + "\n"
+        )
+        regressed = check[check["verdict"].str.startswith("REGRESSED")]
+        if not regressed.empty:
+            status = EXIT_REGRESSED
+            text += f"\n**{len(regressed)} config(s) regressed** (exit status {EXIT_REGRESSED}).\n"
+
+    write_table(table, out)
+    for plot in made:
+        write_atomic(out / f"{plot.name}.png", _png(plot))
+    write_atomic(out / "report.md", text)
+    if args.save_baseline:
+        saved = save_baseline(table, Path(args.save_baseline))
+        text += f"\nSaved a baseline of {saved} completed config(s) to {args.save_baseline}.\n"
+    print(text, end="")
+    return status

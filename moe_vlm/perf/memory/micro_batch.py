@@ -1,0 +1,195 @@
+"""What one micro-batch computes: padded positions, or (data.packing=in_batch) the data's own lengths.
+
+Padded (data.packing=none), every micro-batch is MBS rows x seq_length, whatever the samples hold:
+activations are sized on that, exactly. Packed, a micro-batch is its samples' real tokens and no
+more, so its size follows the data. The estimate then sizes activations on a high percentile of
+the data source's tokens (and ViT patches) per micro-batch, PERCENTILE, stated in every term:
+
+- mock: image-free text of uniform seq_length/2 .. seq_length tokens (data/mock.py);
+- synthetic: the data group's distribution (image count, long side, aspect ratio, text length:
+  data/synthetic.py), each image through the Qwen-VL resize (images.patches_for_image), each sample
+  capped at seq_length as the encoder caps it (text cut, images kept);
+- real: the image headers and caption sizes of the first REAL_SAMPLES samples of data.path (nothing
+  decoded; a caption's byte count is its byte-tokenizer length, a JSON caption's is an upper bound),
+  one image per sample; unreadable here (planning on a login node): the padded bound.
+
+A fixed-shape source (every sample alike) makes the percentile the exact size. Micro-batches are
+drawn DRAWS times from a fixed seed, so a plan is reproducible. Static buffers sized by the
+configuration (HybridEP's, memory/megatron.py) stay on MBS x seq_length: they are allocated for it.
+"""
+
+from __future__ import annotations
+
+import functools
+import io
+import json
+import math
+import random
+from dataclasses import dataclass
+from pathlib import Path
+
+from PIL import Image
+
+from moe_vlm.config.schema import DataKind, Packing
+from moe_vlm.config.spec import RunSpec
+from moe_vlm.data.energon import IMAGE_PARTS, iter_samples, read_meta
+from moe_vlm.perf.memory.images import patches_for_image
+
+PERCENTILE = 0.99  # of tokens (and patches) per micro-batch, when packed
+DRAWS = 2000  # micro-batches drawn for the percentile
+REAL_SAMPLES = 256  # samples of data.path read (headers only) for its statistics
+SEED = 20_261_201
+
+
+@dataclass(frozen=True)
+class MicroBatchShape:
+    """Positions one micro-batch computes, and what the memory estimate sizes activations on."""
+
+    packed: bool
+    padded_positions: int  # MBS x seq_length: what a padded micro-batch computes
+    mean_tokens: float | None  # real tokens per micro-batch, mean (None: unknown here)
+    positions: int  # what activations are sized on: padded_positions, or the percentile when packed
+    patches: int | None  # ViT patches per micro-batch at the percentile (packed); None: the image budget's
+    source: str
+
+    @property
+    def padding_fraction(self) -> float | None:
+        """Expected share of the padded micro-batch that is padding."""
+        if self.mean_tokens is None:
+            return None
+        return 1.0 - self.mean_tokens / self.padded_positions
+
+    def text(self) -> str:
+        mean = "unknown" if self.mean_tokens is None else f"{self.mean_tokens:,.0f}"
+        padding = "" if self.padding_fraction is None else f" ({100 * self.padding_fraction:.0f}% padding)"
+        if not self.packed:
+            return (
+                f"padded: {self.padded_positions:,} positions per micro-batch for {mean} real tokens (mean)"
+                f"{padding}; {self.source}"
+            )
+        return (
+            f"packed (data.packing=in_batch): {self.positions:,} positions per micro-batch at p"
+            f"{100 * PERCENTILE:.0f} for {mean} real tokens (mean), vs {self.padded_positions:,} padded"
+            f"{padding}; {self.source}"
+        )
+
+
+def micro_batch_shape(spec: RunSpec) -> MicroBatchShape:
+    data, model = spec.data, spec.model
+    key = (
+        data.kind, data.packing, spec.mbs, spec.seq_length, data.path, data.min_images, data.max_images,
+        data.min_long_side_px, data.max_long_side_px, tuple(data.aspect_ratios), data.min_text_tokens,
+        data.max_text_tokens, data.min_pixels, data.max_pixels, model.vision_patch_size,
+        model.vision_spatial_merge_size,
+    )  # fmt: skip
+    if key not in _SHAPES:
+        _SHAPES[key] = _shape(spec)
+    return _SHAPES[key]
+
+
+def micro_batch_positions(spec: RunSpec) -> int:
+    """Positions (tokens, padding included) of one micro-batch that activations are sized on."""
+    if spec.data.packing is Packing.none:
+        return spec.mbs * spec.seq_length
+    return micro_batch_shape(spec).positions
+
+
+def positions_source(spec: RunSpec) -> str:
+    """How micro_batch_positions was sized, for a term's detail."""
+    if spec.data.packing is Packing.none:
+        return f"MBS {spec.mbs} x seq {spec.seq_length}"
+    return f"packed: p{100 * PERCENTILE:.0f} of the data's tokens per micro-batch, perf/memory/micro_batch.py"
+
+
+def attention_mask_elements(spec: RunSpec) -> int:
+    """Elements of the [rows, 1, s, s] mask transformers builds for a micro-batch: MBS x seq^2
+    padded, (packed row length)^2 packed (the per-sample mask over the one row)."""
+    if spec.data.packing is Packing.none:
+        return spec.mbs * spec.seq_length**2
+    return micro_batch_positions(spec) ** 2
+
+
+_SHAPES: dict[tuple[object, ...], MicroBatchShape] = {}
+
+
+def _shape(spec: RunSpec) -> MicroBatchShape:
+    samples, source = _sample_sizes(spec)
+    padded_positions = spec.mbs * spec.seq_length
+    packed = spec.data.packing is Packing.in_batch
+    if not samples:
+        return MicroBatchShape(packed, padded_positions, None, padded_positions, None, source)
+    rng = random.Random(SEED)
+    draws = [[samples[rng.randrange(len(samples))] for _ in range(spec.mbs)] for _ in range(DRAWS)]
+    tokens = sorted(sum(s[0] for s in batch) for batch in draws)
+    patches = sorted(sum(s[1] for s in batch) for batch in draws)
+    at = min(len(tokens) - 1, math.ceil(PERCENTILE * len(tokens)) - 1)
+    mean = sum(tokens) / len(tokens)
+    if not packed:
+        return MicroBatchShape(False, padded_positions, mean, padded_positions, None, source)
+    return MicroBatchShape(True, padded_positions, mean, tokens[at], patches[at], source)
+
+
+def _sample_sizes(spec: RunSpec) -> tuple[list[tuple[int, int]], str]:
+    """(tokens, ViT patches) of sample draws from the data source, each capped at seq_length."""
+    data, seq = spec.data, spec.seq_length
+    merge = spec.model.vision_spatial_merge_size**2
+    rng = random.Random(SEED + 1)
+    if data.kind is DataKind.mock:
+        sizes = [(rng.randint(seq // 2, seq), 0) for _ in range(DRAWS)]
+        return sizes, f"mock: uniform {seq // 2}-{seq} text tokens per sample"
+    if data.kind is DataKind.synthetic:
+        ratios = list(data.aspect_ratios) or [1.0]
+        sizes = []
+        while len(sizes) < DRAWS:
+            images = []
+            for _ in range(rng.randint(data.min_images, data.max_images)):
+                long_side, ratio = (
+                    rng.randint(data.min_long_side_px, data.max_long_side_px),
+                    rng.choice(ratios),
+                )
+                height, width = (
+                    (max(1, round(long_side / ratio)), long_side)
+                    if ratio >= 1.0
+                    else (long_side, max(1, round(long_side * ratio)))
+                )
+                images.append(patches_for_image(spec, height, width))
+            span = sum(p // merge + 2 for p in images)
+            if span >= seq:
+                continue  # the encoder skips it (and seeded data redraws it)
+            text = rng.randint(data.min_text_tokens, data.max_text_tokens)
+            sizes.append((min(span + text, seq), sum(images)))
+        return sizes, "synthetic: drawn from the data group's distribution"
+    shapes = _real_shapes(str(data.path or ""), REAL_SAMPLES)
+    sizes = []
+    for height, width, caption in shapes:
+        patches = patches_for_image(spec, height, width)
+        span = patches // merge + 2
+        if span < seq:
+            sizes.append((min(span + caption, seq), patches))
+    if not sizes:
+        return [], "real data without readable statistics here: the padded bound"
+    return sizes, f"real: image headers and caption sizes of {len(shapes)} samples of {data.path}"
+
+
+@functools.lru_cache(maxsize=16)
+def _real_shapes(path: str, samples: int) -> tuple[tuple[int, int, int], ...]:
+    """(height, width, caption bytes) of the first `samples` samples (image headers only)."""
+    if not path:
+        return ()
+    shapes: list[tuple[int, int, int]] = []
+    try:
+        for sample in iter_samples(read_meta(Path(path).expanduser())):
+            part = next((p for p in IMAGE_PARTS if p in sample.parts), None)
+            text = sample.parts.get("txt") or sample.parts.get("json") or b""
+            if part is None or not text:
+                continue
+            with Image.open(io.BytesIO(sample.parts[part])) as image:
+                width, height = image.size
+            if "txt" not in sample.parts:
+                json.loads(text)  # a caption the reader could use; its size bounds the caption's
+            shapes.append((height, width, len(text.strip())))
+            if len(shapes) >= samples:
+                break
+    except Exception:  # unreadable here (planning on a login node): the padded bound
+        return ()
+    return tuple(shapes)

@@ -1,0 +1,175 @@
+"""Experiment logging on the torch engine: TensorBoard, Weights & Biases or MLflow, from rank 0.
+
+Rank 0 gathers every rank's step record (moe_vlm/engines/torch_engine.py); the logger turns each
+step into one point per metric (``step_metrics``) and, at the end, the steady-window summary.
+The Megatron engine logs through Bridge's own LoggerConfig (moe_vlm/knobs/bridge_fields.py)
+with the same run name and the same TensorBoard directory inside the run directory.
+
+Keys come from the environment (WANDB_API_KEY, MLFLOW_TRACKING_USERNAME / _PASSWORD / _TOKEN),
+read by the trackers themselves: nothing here reads them, and the configuration each tracker
+stores is scrubbed of every secret value first (moe_vlm/base/safety.py).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from moe_vlm.base.safety import scrub
+from moe_vlm.config.schema import ExperimentLogger
+from moe_vlm.record.profiling import TENSORBOARD_DIR
+
+if TYPE_CHECKING:
+    from moe_vlm.config.spec import RunSpec
+    from moe_vlm.record.records import StepRecord
+
+# The module each backend imports, and the pip distribution that provides it.
+PACKAGES: dict[ExperimentLogger, tuple[str, str]] = {
+    ExperimentLogger.tensorboard: ("tensorboard", "tensorboard"),
+    ExperimentLogger.wandb: ("wandb", "wandb"),
+    ExperimentLogger.mlflow: ("mlflow", "mlflow"),
+}
+MLFLOW_PARAM_CHARS = 500  # MLflow rejects longer parameter values
+
+
+def run_name(spec: RunSpec) -> str:
+    """logger.run_name, or what distinguishes the run: model, cluster, layout, dispatcher, MBS."""
+    if spec.logger.run_name:
+        return spec.logger.run_name
+    lay = spec.layout
+    return (
+        f"{spec.model.name}-{spec.cluster.name}-{spec.family.value}-{spec.dispatcher.name}-"
+        f"{lay.nodes}x{lay.ranks_per_node}-mbs{spec.mbs}"
+    )
+
+
+def missing_package(backend: ExperimentLogger) -> str | None:
+    """The pip distribution a backend needs when its module does not import here (None: it does)."""
+    if backend not in PACKAGES:
+        return None
+    module, distribution = PACKAGES[backend]
+    return None if importlib.util.find_spec(module) is not None else distribution
+
+
+def step_metrics(records: list[StepRecord]) -> dict[str, float]:
+    """One step's points from every rank's record: what the console line shows, by name."""
+    first = records[0]
+    step_time = max(r.step_time_s for r in records)
+    metrics = {
+        "train/loss": sum(r.loss or 0.0 for r in records) / len(records),
+        "perf/step_time_s": step_time,
+        "perf/real_tokens_per_s_per_gpu": sum(r.real_tokens for r in records) / step_time / len(records),
+        "perf/data_wait_s": max(r.data_wait_s or 0.0 for r in records),
+        "memory/peak_gib": max(r.peak_memory_gib or 0.0 for r in records),
+    }
+    periods = [r.step_period_s for r in records if r.step_period_s is not None]
+    if periods:  # to the next step's start (moe_vlm.record.records.StepRecord); none on the last step
+        metrics["perf/step_period_s"] = max(periods)
+    if first.grad_norm is not None:
+        metrics["train/grad_norm"] = first.grad_norm
+    if first.lr is not None:
+        metrics["train/lr"] = first.lr
+    for name, seconds in (first.components_s or {}).items():
+        metrics[f"components/{name}_s"] = seconds
+    return metrics
+
+
+def summary_metrics(summary: dict[str, Any]) -> dict[str, float]:
+    picked = {
+        "summary/effective_tokens_per_s_per_gpu": summary.get("effective_tokens_per_s_per_gpu"),
+        "summary/tflops_per_gpu": summary.get("tflops_per_gpu"),
+        "summary/mfu": summary.get("mfu"),
+        "summary/step_time_p50_s": (summary.get("step_time_s") or {}).get("p50"),
+    }
+    return {k: float(v) for k, v in picked.items() if isinstance(v, int | float)}
+
+
+def flatten(value: Any, prefix: str = "") -> dict[str, Any]:
+    """Nested dicts as one level of dotted keys (the console summary and the tracker's hparams)."""
+    if isinstance(value, dict):
+        flat: dict[str, Any] = {}
+        for key, item in value.items():
+            flat.update(flatten(item, f"{prefix}.{key}" if prefix else str(key)))
+        return flat
+    return {prefix: value}
+
+
+class ExperimentLog:
+    """One tracker; `log` per step, `close` once with the run's status."""
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        raise NotImplementedError
+
+    def close(self, status: str) -> None:
+        raise NotImplementedError
+
+
+class TensorBoardLog(ExperimentLog):
+    def __init__(self, run_dir: Path, config: dict[str, Any]) -> None:
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.directory = run_dir / TENSORBOARD_DIR
+        self.writer = SummaryWriter(log_dir=str(self.directory))
+        self.writer.add_text("config", "```\n" + json.dumps(config, indent=1, default=str) + "\n```")
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        for name, value in metrics.items():
+            self.writer.add_scalar(name, value, step)
+        self.writer.flush()
+
+    def close(self, status: str) -> None:
+        self.writer.add_text("status", status)
+        self.writer.close()
+
+
+class WandbLog(ExperimentLog):
+    def __init__(self, spec: RunSpec, run_dir: Path, config: dict[str, Any]) -> None:
+        import wandb
+
+        self.wandb = wandb
+        self.run = wandb.init(
+            project=spec.logger.project,
+            entity=spec.logger.entity,
+            name=run_name(spec),
+            dir=str(run_dir),  # wandb writes its files under <run_dir>/wandb
+            config=config,
+        )
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        self.run.log(metrics, step=step)
+
+    def close(self, status: str) -> None:
+        self.run.finish(exit_code=0 if status == "completed" else 1)
+
+
+class MlflowLog(ExperimentLog):
+    def __init__(self, spec: RunSpec, config: dict[str, Any]) -> None:
+        import mlflow
+
+        self.mlflow = mlflow
+        if spec.logger.tracking_uri:
+            mlflow.set_tracking_uri(spec.logger.tracking_uri)
+        mlflow.set_experiment(spec.logger.project)
+        mlflow.start_run(run_name=run_name(spec))
+        mlflow.log_params({k: str(v)[:MLFLOW_PARAM_CHARS] for k, v in flatten(config).items()})
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        self.mlflow.log_metrics(metrics, step=step)
+
+    def close(self, status: str) -> None:
+        self.mlflow.end_run(status="FINISHED" if status == "completed" else "FAILED")
+
+
+def open_log(spec: RunSpec, config: dict[str, Any], run_dir: Path) -> ExperimentLog | None:
+    """The run's tracker (None for logger=none), given the configuration with secrets masked."""
+    clean = scrub({"config": config, "run_name": run_name(spec)})
+    backend = spec.logger.backend
+    if backend is ExperimentLogger.tensorboard:
+        return TensorBoardLog(run_dir, clean)
+    if backend is ExperimentLogger.wandb:
+        return WandbLog(spec, run_dir, clean)
+    if backend is ExperimentLogger.mlflow:
+        return MlflowLog(spec, clean)
+    return None

@@ -1,0 +1,1 @@
+"""One run: the Hydra task function, the dry-run plan and plan.json."""

@@ -1,0 +1,99 @@
+"""One run: compose -> spec -> validate -> (plan | engine) -> record.
+
+Rank 0 writes run.json with `status: running` before the engine starts and beats heartbeat.json
+while it runs (moe_vlm/record/records.py), so a run killed without a word still leaves a record.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from pathlib import Path
+from typing import Any
+
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig, OmegaConf
+
+from moe_vlm.base.errors import EXIT_FAILED, EXIT_INVALID, EngineUnavailable, RunFailed
+from moe_vlm.base.files import RUN_JSON
+from moe_vlm.base.safety import scrub, scrub_files, scrub_text
+from moe_vlm.config.spec import RunSpec
+from moe_vlm.data import DataError, check_data
+from moe_vlm.engines import launch
+from moe_vlm.record.records import RUNNING, RunRecord
+from moe_vlm.rules import errors, validate
+from moe_vlm.run.plan import gather, library_findings, render
+from moe_vlm.run.plan_record import plan_of
+from moe_vlm.runtime.dist_env import global_rank
+from moe_vlm.runtime.failures import Diagnosis, launch_info, record_exception, write_failure
+from moe_vlm.runtime.heartbeat import Heartbeat, write_running
+
+
+def resolved_config(cfg: DictConfig) -> dict[str, Any]:
+    plain = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
+    assert isinstance(plain, dict)
+    return {str(k): v for k, v in plain.items()}
+
+
+def run(cfg: DictConfig) -> None:
+    spec = RunSpec.from_config(cfg)
+    findings = validate(spec)
+    bad = errors(findings)
+    if spec.dry_run:
+        if not bad:  # the library's own checks judge what the rules let through (engine=megatron)
+            findings = [*findings, *library_findings(spec)]
+            bad = errors(findings)
+        got = gather(spec, findings)
+        print(
+            scrub_text(render(spec, findings, gathered=got))
+        )  # a data path may hold an ${oc.env:...} secret
+        plan_of(spec, findings, got).write(Path(HydraConfig.get().runtime.output_dir), scrub)
+        if bad:
+            sys.exit(EXIT_INVALID)
+        return
+
+    for finding in findings:
+        print(scrub_text(finding.line()), file=sys.stderr)
+    run_dir = Path(HydraConfig.get().runtime.output_dir)
+    # Secrets from the environment never reach a record, even through ${oc.env:...}.
+    config = scrub(resolved_config(cfg))
+    if bad:
+        RunRecord.rejected(spec, config, findings).write(run_dir)
+        print(
+            f"moe_vlm: rejected before any work: {len(bad)} error(s) above; nothing was run.", file=sys.stderr
+        )
+        sys.exit(EXIT_INVALID)
+
+    try:
+        check_data(spec)  # an unreadable dataset fails here, not inside every rank
+    except DataError as exc:
+        RunRecord.rejected(spec, config, invalid=str(exc)).write(run_dir)
+        print(scrub_text(f"moe_vlm: error: {exc}"), file=sys.stderr)
+        sys.exit(EXIT_INVALID)
+
+    main = global_rank() == 0
+    if main:
+        write_running(run_dir, RunRecord.new(spec, config, RUNNING).with_launch(launch_info()).to_json())
+    try:
+        with Heartbeat(run_dir) if main else contextlib.nullcontext():
+            launch(spec, config, run_dir)
+    except EngineUnavailable as exc:
+        if main:  # the running record must not outlive the run: say why it never started
+            message = str(exc)
+            diagnosis = Diagnosis(
+                "stack", f"the engine cannot run here: {message}", (message.splitlines() or [""])[0][:300]
+            )
+            write_failure(run_dir, diagnosis, [], RunRecord.failed(spec, config).to_json(), launch_info())
+        print(scrub_text(f"moe_vlm: error: {exc}"), file=sys.stderr)
+        sys.exit(EXIT_INVALID)
+    except RunFailed as exc:
+        print(f"moe_vlm: run failed ({exc}); see {run_dir / RUN_JSON}", file=sys.stderr)
+        sys.exit(EXIT_FAILED)
+    except (Exception, KeyboardInterrupt) as exc:
+        # Classified into run.json unless the engine already recorded something more specific.
+        record_exception(spec, config, run_dir, exc)
+        raise
+    finally:
+        # The spec in a record holds raw values (a data path from ${oc.env:...}); mask secrets there too.
+        if main:
+            scrub_files([run_dir / RUN_JSON, *(run_dir / ".hydra").glob("*.yaml")])
