@@ -50,7 +50,7 @@ from moe_vlm.config.spec import RunSpec
 from moe_vlm.launch.halving import Search, search_of
 from moe_vlm.launch.status import collect
 from moe_vlm.perf.memory import MemoryEstimate
-from moe_vlm.predict import Prediction
+from moe_vlm.predict.model import Prediction
 from moe_vlm.record.records import RunRecord
 from moe_vlm.rules import Finding, errors, validate
 from moe_vlm.run.plan import POINT_LINE_HEADER, gather, memory_of, point_line, prediction_of, render

@@ -1,7 +1,7 @@
-"""`python -m moe_vlm.cli.main`: the `moe-vlm` console script."""
+"""`python -m moe_vlm.cli`: the `moe-vlm` console script."""
 
 import sys
 
-from moe_vlm.cli.main.main import main
+from moe_vlm.cli.main import main
 
 sys.exit(main())

@@ -43,10 +43,9 @@ from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 from omegaconf.errors import OmegaConfBaseException
 from omegaconf.nodes import AnyNode, ValueNode
 
-from moe_vlm.config.schema import TrainConfig
+from moe_vlm.config.schema import CONF_DIR, TrainConfig
 from moe_vlm.config.spec import RunSpec
 
-CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 CONFIG_NAME = "train"
 # hydra.* values a planner reads from a point (the launcher: its directory; pre-flight: a preset's axes).
 HYDRA_KEYS = ("hydra.sweep.dir", "hydra.sweep.subdir", "hydra.sweeper.params")

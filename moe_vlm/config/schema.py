@@ -10,12 +10,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum, StrEnum
+from pathlib import Path
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
 from moe_vlm.base.errors import BadInput
+
+# The config groups' YAML options this schema types (conf/ beside the moe_vlm/ package).
+CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 
 # Engine, parallelism family and architecture are StrEnums: a member equals its value, so a
 # member prints as the value users type and compares equal to it.

@@ -12,15 +12,14 @@ import argparse
 import enum
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from omegaconf import OmegaConf
 
+from moe_vlm.config.schema import CONF_DIR
 from moe_vlm.config.spec import RunSpec
 from moe_vlm.record.columns import identity_field
 
-CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 RECIPE_DIR = CONF_DIR / "recipe"
 
 

@@ -24,7 +24,7 @@ from moe_vlm.perf.flops_basis import FlopsBasis, basis_lines, expected_basis
 from moe_vlm.perf.memory import MemoryEstimate, estimate
 from moe_vlm.perf.memory.micro_batch import micro_batch_shape
 from moe_vlm.perf.metrics import peak_of, precision_peak_of
-from moe_vlm.predict import Prediction, predict
+from moe_vlm.predict.model import Prediction, predict
 from moe_vlm.record.columns import choices
 from moe_vlm.rules import Finding, Level
 

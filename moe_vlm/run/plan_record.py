@@ -117,7 +117,7 @@ class Plan:
     flops_basis: FlopsBasis | None
     flops_basis_note: str | None  # why there is no basis before the run
     bridge: PlanBridge | None  # engine=megatron only
-    prediction: dict[str, Any] | None = None  # moe_vlm.predict.Prediction.to_json()
+    prediction: dict[str, Any] | None = None  # moe_vlm.predict.model.Prediction.to_json()
     prediction_note: str | None = None  # why there is no prediction
 
     @property
