@@ -86,6 +86,8 @@ def build_report(
         f"{len(table)} runs: " + ", ".join(f"{n} {status}" for status, n in sorted(counts.items())) + ".",
         "Ranked by effective (real, unpadded) tokens/s/GPU = real tokens / (step time x world size); "
         "nominal = GBS x seq_length. TFLOP/s/GPU and MFU use our model FLOPs (real tokens, frozen-aware).",
+        "Order: the median step's rate; runs whose p10-p90 bands overlap a better run's share its place "
+        "(#2=) and are listed by name: their difference is inside the step-time noise, a tie.",
     ]
     made: list[plots.Plot] = []
     mock_title = (

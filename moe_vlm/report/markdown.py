@@ -105,7 +105,7 @@ def results_table(rows: pd.DataFrame, knobs: list[str], top: int | None = None) 
     for rank, row in enumerate(records(rows if top is None else rows.head(top)), start=1):
         body.append(
             [
-                str(rank),
+                str(row.get("place") or rank),
                 str(row["run"]),
                 *(_cell(row[k]) for k in knobs),
                 _number(row["effective_tokens_per_s_per_gpu"]),

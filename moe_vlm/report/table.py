@@ -111,8 +111,23 @@ def row_of(run_file: Path, run: RunRecord) -> dict[str, Any]:
         **report_card.rows_of((run.spec or {}).get("card")),
         "errors": "; ".join(summary.get("errors") or []) or None,
     }
+    row |= _throughput_band(summary)
     row |= prediction_report.row_fields(run.sections)  # predicted vs measured (moe_vlm/predict)
     return row
+
+
+def _throughput_band(summary: dict[str, Any]) -> dict[str, float | None]:
+    """Effective tokens/s/GPU at the p50, p90 and p10 seconds of the steps the rates are over
+    (the time basis: step periods where recorded, else step times): the run's median rate and its
+    noise band. The mean rate is over the same steps' mean seconds, so rate x mean / seconds."""
+    effective = summary.get("effective_tokens_per_s_per_gpu")
+    spread = summary.get("step_period_s") or summary.get("step_time_s") or {}
+    mean = spread.get("mean")
+    band: dict[str, float | None] = {}
+    for column, quantile in (("eff_p50", "p50"), ("eff_low", "p90"), ("eff_high", "p10")):
+        seconds = spread.get(quantile)
+        band[column] = effective * mean / seconds if effective is not None and mean and seconds else None
+    return band
 
 
 def stragglers_of_run(run_file: Path, record: RunRecord) -> stragglers.Stragglers | None:
@@ -174,8 +189,46 @@ def is_forced_balance(table: pd.DataFrame) -> pd.Series:
 
 
 def ranked(table: pd.DataFrame, mock: bool, forced: bool = False) -> pd.DataFrame:
-    """Completed runs of one class, best effective tokens/s/GPU first: mock data (whatever the
-    routing), forced-balance routing on synthetic/real data, or neither (the ranked class)."""
+    """Completed runs of one class: mock data (whatever the routing), forced-balance routing on
+    synthetic/real data, or neither (the ranked class). Best median effective tokens/s/GPU first,
+    with a `place`: runs whose p10-p90 band overlaps a better run's share its place (`2=`) and
+    are listed by name, since which of them is faster is inside the step-time noise."""
     forced_class = is_forced_balance(table) & ~is_mock(table)
     done = table[(table["status"] == "completed") & (is_mock(table) == mock) & (forced_class == forced)]
-    return done.sort_values("effective_tokens_per_s_per_gpu", ascending=False, na_position="last")
+    if done.empty:
+        return done.assign(place=pd.Series(dtype=str))
+    # A record without the band (written before it, or one step) ranks on its mean rate, band-less.
+    middle = done["eff_p50"].fillna(done["effective_tokens_per_s_per_gpu"]) if "eff_p50" in done else None
+    done = done.assign(_middle=middle if middle is not None else done["effective_tokens_per_s_per_gpu"])
+    done = done.sort_values(["_middle", "run"], ascending=[False, True], na_position="last")
+    groups = _tie_groups(done)
+    done = done.assign(_group=groups).sort_values(["_group", "run"], kind="stable")
+    sizes = done["_group"].map(done["_group"].value_counts())
+    places = [
+        "-" if pd.isna(m) else f"{g + 1}{'=' if n > 1 else ''}"
+        for g, n, m in zip(done["_group"], sizes, done["_middle"], strict=True)
+    ]
+    return done.assign(place=places).drop(columns=["_middle", "_group"])
+
+
+def _tie_groups(rows: pd.DataFrame) -> list[int]:
+    """For rows best first: each row's group, numbered by the position of the group's first row
+    (its leader). A row joins the open group while its best (p10) rate reaches the leader's worst
+    (p90) rate: the two bands overlap."""
+
+    def band(row: dict[str, Any], column: str) -> float:
+        value = row.get(column)
+        return float(row["_middle"]) if value is None or pd.isna(value) else float(value)
+
+    groups: list[int] = []
+    leader_low: float | None = None
+    for position, row in enumerate(rows.to_dict("records")):
+        if pd.isna(row["_middle"]):
+            groups.append(position)
+            leader_low = None
+        elif leader_low is not None and band(row, "eff_high") >= leader_low:
+            groups.append(groups[-1])
+        else:
+            groups.append(position)
+            leader_low = band(row, "eff_low")
+    return groups

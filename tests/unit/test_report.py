@@ -390,3 +390,50 @@ def test_precision_runs_show_mfu_against_their_own_peak(tmp_path: Path) -> None:
     ) in text
     # These records carry no step period: the report says what their rates divide by.
     assert "Rates of 2 run(s) over the step time alone (no step period recorded)" in text
+
+
+def write_steps(run_dir: Path, overrides: tuple[str, ...], step_times_s: list[float]) -> None:
+    """A completed run whose steps took `step_times_s` (warm-up steps included)."""
+    spec, config = composed((*overrides, f"train_iters={len(step_times_s)}"))
+    record = base_record(spec, config, status="completed")
+    record["summary"] = summarize(step_records(spec, step_times_s, sequences_per_rank=8), spec)
+    write_json_atomic(run_dir / RUN_JSON, record)
+
+
+def places(text: str) -> dict[str, str]:
+    """run -> its '#' cell in the ranked section."""
+    return {row[1]: row[0] for row in table_rows(section(text, "Ranked"))}
+
+
+def test_a_sweep_of_identical_points_is_a_tie(tmp_path: Path) -> None:
+    """Six points of one configuration, their steps drawn from one distribution: no order among
+    them is real, so the report calls them tied and lists them by name."""
+    rng = np.random.default_rng(0)
+    for index in range(6):
+        times = [float(t) for t in 2.0 + 0.1 * rng.standard_normal(12)]
+        write_steps(tmp_path / f"p{index}", (*GB200, "data=synthetic", "mbs=1"), times)
+    code, text = run_report(str(tmp_path))
+    assert code == 0
+    assert places(text) == {f"p{index}": "1=" for index in range(6)}
+    assert list(places(text)) == [f"p{index}" for index in range(6)]  # by name, not by noise
+
+
+def test_points_apart_beyond_the_noise_keep_their_order(tmp_path: Path) -> None:
+    rng = np.random.default_rng(1)
+    for name, base in (("slow", 3.0), ("fast", 1.0), ("middle", 2.0)):
+        times = [float(t) for t in base + 0.02 * rng.standard_normal(12)]
+        write_steps(tmp_path / name, (*GB200, "data=synthetic", "mbs=1"), times)
+    code, text = run_report(str(tmp_path))
+    assert code == 0 and places(text) == {"fast": "1", "middle": "2", "slow": "3"}
+
+
+def test_the_order_follows_the_median_step_the_table_prints(tmp_path: Path) -> None:
+    """One slow step lowers a run's mean rate, not its median: a run that is faster at p50 (and
+    beyond the other's band) ranks first, as the p50 column it prints says."""
+    write_steps(tmp_path / "spiky", (*GB200, "data=synthetic", "mbs=1"), [1.0] * 19 + [30.0])
+    write_steps(tmp_path / "steady", (*GB200, "data=synthetic", "mbs=1"), [2.4] * 20)
+    table = report_table.load_table([str(tmp_path)])
+    by_mean = table.sort_values("effective_tokens_per_s_per_gpu", ascending=False)
+    assert list(by_mean["run"]) == ["steady", "spiky"]  # the mean alone would put steady first
+    code, text = run_report(str(tmp_path))
+    assert code == 0 and places(text) == {"spiky": "1", "steady": "2"}
