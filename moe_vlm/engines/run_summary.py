@@ -59,7 +59,7 @@ def _step_time(summary: Mapping[str, Any]) -> str:
 
 
 def _predicted(record: Mapping[str, Any]) -> str:
-    """Predicted vs measured mean step time (run.json "prediction", moe_vlm/predict)."""
+    """Predicted vs the measured window's median step (run.json "prediction", moe_vlm/predict)."""
     section = record.get("prediction")
     section = section if isinstance(section, Mapping) else {}
     predicted = section.get("predicted")
@@ -77,8 +77,8 @@ def _predicted(record: Mapping[str, Any]) -> str:
     else:
         text = f"{step:.3f} s +-{sigma or 0:.0%}"
     if error is not None:
-        text += f"; measured mean {error:+.0%} vs predicted"
-    flag = section.get("flag")
+        text += f"; measured p50 {error:+.0%} vs predicted"
+    flag = section.get("flag") or section.get("note")
     return text + (f" ({flag})" if isinstance(flag, str) else "")
 
 

@@ -205,6 +205,10 @@ def predict(
 
 
 FLAG_SIGMAS = 2.0  # a run this many sigmas slower than predicted is flagged (regression or fault)
+# Fewer steady steps than this and the error is recorded, never judged: one step (a short run, a
+# halving rung) can be a profiler, a GC pause or a compile, and its +28 % reads as "2.5 sigma"
+# while the median of a longer window sits inside the band.
+MIN_JUDGED_STEPS = 5
 
 
 def deviation(predicted_s: float, sigma: float, measured_s: float) -> tuple[float, float]:
@@ -213,9 +217,26 @@ def deviation(predicted_s: float, sigma: float, measured_s: float) -> tuple[floa
     return error, error / sigma if sigma > 0 else 0.0
 
 
+def measured_window(summary: Mapping[str, Any] | None) -> tuple[Mapping[str, Any], int | None] | None:
+    """The steady window's seconds the rates divide by (step periods, else step times: p10, p50,
+    p90, mean) and how many steps it holds (None in a record written before it counted them)."""
+    for key in ("step_period_s", "step_time_s"):
+        spread = (summary or {}).get(key)
+        if isinstance(spread, Mapping) and any(_positive(spread.get(q)) for q in ("p50", "mean")):
+            window = (summary or {}).get("steady_window")
+            steps = window.get("steps") if isinstance(window, Mapping) else None
+            return spread, steps if isinstance(steps, int) else None
+    return None
+
+
+def _positive(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and value > 0
+
+
 def record_section(spec: RunSpec, summary: Mapping[str, Any] | None) -> dict[str, Any]:
     """run.json's "prediction": what was predicted for this point when it ran, and how the
-    measured step time (the rates' basis: the mean step period) compares."""
+    measured window's median step (p50 of the rates' basis, with its p10-p90 spread) compares.
+    A run is flagged only on a window of at least MIN_JUDGED_STEPS steps."""
     found = predict(spec)
     out: dict[str, Any] = {
         "predicted": found.to_json(),
@@ -223,22 +244,31 @@ def record_section(spec: RunSpec, summary: Mapping[str, Any] | None) -> dict[str
         "error": None,
         "sigmas": None,
     }
-    measured = None
-    for key in ("step_period_s", "step_time_s"):
-        value = ((summary or {}).get(key) or {}).get("mean")
-        if isinstance(value, int | float) and value > 0:
-            measured = float(value)
-            break
-    out["measured_step_s"] = measured
-    if measured is not None and found.step_time_s:
-        error, sigmas = deviation(found.step_time_s, found.sigma, measured)
-        out["error"] = error
-        if found.lower_bound:  # a probe's bound: a whole step is slower by design, never a fault
-            return out
-        out["sigmas"] = sigmas
-        out["flag"] = (
-            f"{sigmas:.1f} sigma slower than predicted: a likely regression or fault"
-            if sigmas > FLAG_SIGMAS
-            else None
-        )
+    window = measured_window(summary)
+    if window is None:
+        return out
+    spread, steps = window
+    measured = float(spread["p50"] if _positive(spread.get("p50")) else spread["mean"])
+    out |= {
+        "measured_step_s": measured,
+        "measured_p10_s": spread.get("p10"),
+        "measured_p90_s": spread.get("p90"),
+        "measured_steps": steps,
+    }
+    if not found.step_time_s:
+        return out
+    error, sigmas = deviation(found.step_time_s, found.sigma, measured)
+    out["error"] = error
+    if found.lower_bound:  # a probe's bound: a whole step is slower by design, never a fault
+        return out
+    out["sigmas"] = sigmas
+    if steps is not None and steps < MIN_JUDGED_STEPS:
+        out["flag"] = None
+        out["note"] = f"{steps} steady step(s): too few to judge (at least {MIN_JUDGED_STEPS})"
+        return out
+    out["flag"] = (
+        f"{sigmas:.1f} sigma slower than predicted: a likely regression or fault"
+        if sigmas > FLAG_SIGMAS
+        else None
+    )
     return out

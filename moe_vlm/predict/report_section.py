@@ -1,15 +1,24 @@
 """The report's "Predicted vs measured" section: each completed run's recorded prediction (run.json
-"prediction", written when it ran) against its measured mean step time; a run more than
-FLAG_SIGMAS slower than predicted is flagged as a likely regression or fault."""
+"prediction", written when it ran) against the median step of its measured window, with the
+window's p10-p90; a run the record flagged (more than FLAG_SIGMAS slower than predicted over at
+least MIN_JUDGED_STEPS steps) is shown as a likely regression or fault."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any
 
-from moe_vlm.predict.model import FLAG_SIGMAS
+from moe_vlm.predict.model import FLAG_SIGMAS, MIN_JUDGED_STEPS
 
-COLUMNS = ("predicted_step_s", "predicted_sigma", "prediction_error", "prediction_sigmas")
+COLUMNS = (
+    "predicted_step_s",
+    "predicted_sigma",
+    "prediction_error",
+    "prediction_sigmas",
+    "prediction_flagged",
+    "measured_p10_s",
+    "measured_p90_s",
+)
 
 
 def row_fields(sections: Mapping[str, Any]) -> dict[str, Any]:
@@ -27,6 +36,12 @@ def row_fields(sections: Mapping[str, Any]) -> dict[str, Any]:
         "predicted_sigma": number(predicted.get("sigma")),
         "prediction_error": number(section.get("error")),
         "prediction_sigmas": number(section.get("sigmas")),
+        # a record written before the judgement moved to the p50 carries no flag key: its sigmas
+        "prediction_flagged": bool(section.get("flag"))
+        if "flag" in section
+        else (number(section.get("sigmas")) or 0.0) > FLAG_SIGMAS,
+        "measured_p10_s": number(section.get("measured_p10_s")),
+        "measured_p90_s": number(section.get("measured_p90_s")),
     }
 
 
@@ -38,14 +53,15 @@ def section(rows: list[dict[str, Any]], top: int) -> list[str]:
     if not known:
         return []
     known.sort(key=lambda r: -(r.get("prediction_sigmas") or 0.0))
-    flagged = [r for r in known if (r.get("prediction_sigmas") or 0.0) > FLAG_SIGMAS]
+    flagged = [r for r in known if r.get("prediction_flagged")]
     errors = [abs(r["prediction_error"]) for r in known]
     lines = [
         "",
         "## Predicted vs measured (moe_vlm/predict: the prediction recorded when each run ran)",
         "",
         f"{len(known)} run(s): mean absolute error {sum(errors) / len(errors):.1%}; "
-        f"{len(flagged)} more than {FLAG_SIGMAS:g} sigma slower than predicted"
+        f"{len(flagged)} more than {FLAG_SIGMAS:g} sigma slower than predicted at the window's median step "
+        f"(judged over at least {MIN_JUDGED_STEPS} steady steps)"
         + (
             " (FLAGGED below: a likely regression or fault; rerun or compare with moe-vlm report --diff)"
             if flagged
@@ -53,18 +69,20 @@ def section(rows: list[dict[str, Any]], top: int) -> list[str]:
         )
         + ".",
         "",
-        "| run | measured s | predicted s | 1 sigma | error | sigmas | flag |",
+        "| run | measured s p50 (p10-p90) | predicted s | 1 sigma | error | sigmas | flag |",
         "|---|---|---|---|---|---|---|",
     ]
     for r in known[:top]:
         sigmas = r.get("prediction_sigmas") or 0.0
         measured = r["predicted_step_s"] * (1 + r["prediction_error"])
+        p10, p90 = r.get("measured_p10_s"), r.get("measured_p90_s")
+        spread = f" ({p10:.3f}-{p90:.3f})" if p10 is not None and p90 is not None else ""
         sigma = r.get("predicted_sigma")
         bound = sigma is None  # a probe's lower bound: no band, so no sigmas and no flag
         lines.append(
-            f"| {r.get('run')} | {measured:.3f} | {r['predicted_step_s']:.3f} "
+            f"| {r.get('run')} | {measured:.3f}{spread} | {r['predicted_step_s']:.3f} "
             f"| {'lower bound' if bound else f'{sigma:.0%}'} | {r['prediction_error']:+.1%} "
-            f"| {'-' if bound else f'{sigmas:+.1f}'} | {'FLAGGED' if sigmas > FLAG_SIGMAS else ''} |"
+            f"| {'-' if bound else f'{sigmas:+.1f}'} | {'FLAGGED' if r.get('prediction_flagged') else ''} |"
         )
     if len(known) > top:
         lines.append(f"+ {len(known) - top} more; every row is in results.csv.")

@@ -15,7 +15,7 @@ from moe_vlm.base.errors import BadInput
 from moe_vlm.perf.flops import step_flops
 from moe_vlm.perf.metrics import by_step, steady_window, workload_of
 from moe_vlm.predict import calibration as cal
-from moe_vlm.predict.model import FLAG_SIGMAS, predict, record_section
+from moe_vlm.predict.model import FLAG_SIGMAS, MIN_JUDGED_STEPS, predict, record_section
 from moe_vlm.predict.report_section import row_fields, section
 from moe_vlm.predict.runs import find_runs, recorded
 from moe_vlm.predict.terms import Term, bubble_factor, hardware_flops_by_class, loads
@@ -172,6 +172,44 @@ def test_record_section_flags_a_run_2_sigma_slower():
     ]
     text = "\n".join(section(rows, 10))
     assert "1 more than 2 sigma slower" in text and text.count("FLAGGED") == 2  # the note and the row
+
+
+def test_judged_on_the_windows_median_not_one_slow_step():
+    """Ten steady steps, one of them slow: the mean is +28 % ("2.5 sigma"), the median +3 %. The
+    record judges the median, keeps the spread, and flags nothing."""
+    spec = make_spec(*GB200)
+    predicted = predict(spec).step_time_s or 0.0
+    spread = {
+        "p10": predicted * 1.01,
+        "p50": predicted * 1.03,
+        "p90": predicted * 1.06,
+        "mean": predicted * 1.28,
+    }
+    found = record_section(spec, {"step_period_s": spread, "steady_window": {"steps": 10}})
+    assert found["error"] == pytest.approx(0.03) and found["flag"] is None
+    assert found["measured_p10_s"] == spread["p10"] and found["measured_p90_s"] == spread["p90"]
+    text = "\n".join(section([{"run": "r", **row_fields({"prediction": found})}], 10))
+    assert (
+        "FLAGGED" not in text
+        and f"{predicted * 1.03:.3f} ({predicted * 1.01:.3f}-{predicted * 1.06:.3f})" in text
+    )
+
+
+def test_a_window_too_short_is_recorded_never_judged():
+    spec = make_spec(*GB200)
+    predicted = predict(spec).step_time_s or 0.0
+    one_step = {
+        "p10": predicted * 1.28,
+        "p50": predicted * 1.28,
+        "p90": predicted * 1.28,
+        "mean": predicted * 1.28,
+    }
+    short = record_section(spec, {"step_time_s": one_step, "steady_window": {"steps": 1}})
+    assert short["error"] == pytest.approx(0.28) and short["flag"] is None
+    assert "too few to judge" in short["note"]
+    slow = {q: predicted * (1 + 3 * 0.24) for q in ("p10", "p50", "p90", "mean")}
+    judged = record_section(spec, {"step_time_s": slow, "steady_window": {"steps": MIN_JUDGED_STEPS}})
+    assert "regression" in judged["flag"]
 
 
 def _point(index: int, *overrides: str) -> Point:
