@@ -89,7 +89,7 @@ class Prediction:
             "note": self.note,
         }
 
-    def _range(self, value: float, fmt: str, unit: str, rate: bool = False) -> str:
+    def range_text(self, value: float, fmt: str, unit: str, rate: bool = False) -> str:
         if self.lower_bound:
             return (
                 "(at most: a probe's bound)"
@@ -104,14 +104,19 @@ class Prediction:
         head = "-- predicted speed (moe_vlm/predict; docs/step-time-prediction.md) --"
         if self.step_time_s is None:
             return [head, f"not predicted: {self.note}"]
-        out = [head, f"step time      {self.step_time_s:.4g} s  {self._range(self.step_time_s, '.4g', ' s')}"]
+        out = [
+            head,
+            f"step time      {self.step_time_s:.4g} s  {self.range_text(self.step_time_s, '.4g', ' s')}",
+        ]
         tokens = self.effective_tokens_per_s_per_gpu
         if tokens is not None:
             label = f"tokens/s/{self.unit}"
-            out.append(f"{label:<14} {tokens:,.0f} effective {self._range(tokens, ',.0f', '', rate=True)}")
+            out.append(
+                f"{label:<14} {tokens:,.0f} effective {self.range_text(tokens, ',.0f', '', rate=True)}"
+            )
         if self.mfu is not None:
             out.append(
-                f"MFU            {self.mfu:.1%} {self._range(self.mfu, '.1%', '', rate=True)} vs {self.peak_name}"
+                f"MFU            {self.mfu:.1%} {self.range_text(self.mfu, '.1%', '', rate=True)} vs {self.peak_name}"
             )
         else:
             out.append("MFU            none: the cluster declares no peak")

@@ -142,7 +142,9 @@ def basis_table(a: RunRecord, b: RunRecord) -> str:
 def _class(row: Mapping[str, Any]) -> str:
     if row.get("data") in {kind.value for kind in MOCK_KINDS}:
         return "mock data"
-    return "forced-balance routing" if row.get("forced_balance") else "synthetic/real data, real routing"
+    if row.get("forced_balance"):
+        return "forced-balance routing"
+    return f"{row.get('data') or 'unknown'} data, real routing"  # the run's own kind, never "synthetic/real"
 
 
 def flags(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[str]:

@@ -31,6 +31,7 @@ from moe_vlm.cli.advise import compose_spec, main
 from moe_vlm.cli.main import main as cli_main
 from moe_vlm.config.compose import compose_point
 from moe_vlm.perf.memory import estimate
+from moe_vlm.predict.model import predict
 from moe_vlm.rules import errors, validate
 
 SWEEP = Path(__file__).resolve().parent.parent / "fixtures" / "advise" / "gb200_30b_sweep"
@@ -173,6 +174,15 @@ def test_bring_up_on_gb200_starts_on_fsdp_with_full_recompute(capsys: pytest.Cap
     assert not errors(validate(spec)) and estimate(spec).fits
     assert spec.layout.ep == 64 and spec.layout.etp == 1
     assert "next, once stable on FSDP (3D candidate)" in out and "sweep=mbs_recompute" in out
+
+
+def test_advise_quotes_the_plans_own_prediction(capsys: pytest.CaptureFixture[str]) -> None:
+    """advise's words come from the numbers the plan shows: the start's predicted MFU is the
+    plan's, and no utilisation is promised beside it ("high-teens % MFU" against a 6 % plan)."""
+    code, out, _ = advise(capsys, "model=qwen3_vl_30b_a3b", "cluster=gb200", "nodes=2")
+    assert code == 0 and "teens" not in out
+    found = predict(compose_spec(shlex.split(commands(out)[0])[2:]))
+    assert found.mfu is not None and f"predicted step {found.step_time_s:.3g} s, MFU {found.mfu:.1%}" in out
 
 
 def test_peak_throughput_on_b200_uses_selective_and_narrow_graphs(capsys: pytest.CaptureFixture[str]) -> None:

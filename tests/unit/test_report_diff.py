@@ -43,7 +43,8 @@ def test_diff_flags_runs_that_are_not_like_for_like(tmp_path: Path) -> None:
     write_run(tmp_path / "b", (*TORCH, "data=mock"), 1.0, sequences_per_rank=8)
     code, text = run_report("--diff", str(tmp_path / "a"), str(tmp_path / "b"))
     assert code == 0
-    assert "**FLAG**: A is synthetic/real data, real routing, B is mock data: not a like-for-like" in text
+    # each run's own data kind: a synthetic run is never labelled "synthetic/real"
+    assert "**FLAG**: A is synthetic data, real routing, B is mock data: not a like-for-like" in text
     assert "**FLAG**: A and B do different effective work: image tokens/step" in text
 
 

@@ -18,6 +18,7 @@ from moe_vlm.config.spec import PipelineSplit, RunSpec
 from moe_vlm.data.stats import MOCK_SPEEDUP_NOTE
 from moe_vlm.knobs.support import accepts
 from moe_vlm.perf.memory import THIN_HEADROOM_FRACTION, MemoryEstimate, estimate, memory_variants
+from moe_vlm.predict.model import predict
 from moe_vlm.rules import Finding, errors, validate
 from moe_vlm.rules.catalogue import CATALOGUE
 from moe_vlm.runtime.points import sweep_name
@@ -274,7 +275,8 @@ def family_reasons(goal: str, cluster: str) -> tuple[str, list[str]]:
         family = "fsdp"
     if cluster == "gb200":
         reasons.append(
-            "GB200: FSDP already reaches healthy utilisation (high-teens % MFU) with a simple setup"
+            "GB200: FSDP already reaches healthy utilisation with a simple setup (the card's measured "
+            "FSDP rows, card=qwen3_vl_fsdp_gb200); this start's own predicted MFU is printed with it below"
         )
     elif cluster == "b200":
         reasons.append(
@@ -369,6 +371,20 @@ def _reject_impossible(spec: RunSpec) -> None:
         raise BadInput(f"{', '.join(found.keys)}: {found.message} Fix: {found.fix}")
 
 
+def _predicted(spec: RunSpec) -> str:
+    """The plan's own prediction for the start (the numbers `dry_run=true` prints), never a
+    promise of our own: advise and the plan agree by construction."""
+    found = predict(spec)
+    if found.step_time_s is None:
+        return f"predicted speed: none ({found.note})"
+    mfu = (
+        "no peak declared"
+        if found.mfu is None
+        else f"MFU {found.mfu:.1%} {found.range_text(found.mfu, '.1%', '', rate=True)} vs {found.peak_name}"
+    )
+    return f"predicted step {found.step_time_s:.3g} s, {mfu} (moe_vlm/predict; as dry_run=true prints it)"
+
+
 def _describe_start(title: str, start: Start) -> list[str]:
     memory = start.memory
     warnings = [f for f in start.findings if not f.is_error]
@@ -384,6 +400,7 @@ def _describe_start(title: str, start: Start) -> list[str]:
         f"  {command(start.overrides)}",
         f"  {fit}; validation: 0 errors, {len(warnings)} warning(s)"
         + (f" ({', '.join(sorted({f.code for f in warnings}))})" if warnings else ""),
+        f"  {_predicted(start.spec)}",
     ]
     lines += warning_lines(start.findings, start.goal)
     lines += [f"  - {w}" for w in start.why]
