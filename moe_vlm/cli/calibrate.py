@@ -21,9 +21,17 @@ from moe_vlm.predict.calibration import calibrate, calibration_path, store
 from moe_vlm.predict.model import has_defaults
 from moe_vlm.predict.probe import probe as run_probe
 from moe_vlm.predict.runs import RecordedRun, find_runs, recorded
+from moe_vlm.predict.terms import NOMINAL_CPU_FLOPS, NOMINAL_CPU_LINK, NOMINAL_CPU_MEMORY, Term
 from moe_vlm.rules import validate
 
 PROG = "moe-vlm calibrate"
+# What a printed scale is, in the words a reader needs to use it.
+SCALES_MEAN = (
+    "scale = measured seconds / the term's base seconds (its work at the cluster's datasheet rates; "
+    f"cluster=local: a nominal {NOMINAL_CPU_FLOPS / 1e9:g} GFLOP/s, {NOMINAL_CPU_LINK / 1e9:g} GB/s links, "
+    f"{NOMINAL_CPU_MEMORY / 1e9:g} GB/s memory): 1 = as fast as those rates, 2 = twice as slow; "
+    "a term not listed has no scale (its work is absent here)"
+)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -89,9 +97,10 @@ def main(argv: list[str] | None = None) -> int:
             f"{fitted.sigma:.1%} (leave-one-out)" if fitted.sigma is not None else "none (fewer than 3 runs)"
         )
         print(f"cluster={cluster} {stack}: {len(runs)} run(s), spread {spread}")
+        print(f"  {SCALES_MEAN}")
         for term, scale in sorted(fitted.scales.items()):
             if scale > 0:
-                print(f"  {term:<12} scale {scale:.4g}")
+                print(f"  {term:<12} scale {scale:<8.4g} {Term(term).meaning}")
     if args.dry_run:
         return 0
     out = store(made, Path(args.out).expanduser() if args.out else None)

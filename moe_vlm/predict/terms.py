@@ -69,19 +69,24 @@ EP_PASSES = 4
 class Term(StrEnum):
     """Every term a step time is made of (the calibration fits one scale per term)."""
 
-    vision = "vision"  # ViT blocks + projector mergers
-    dense = "dense"  # decoder attention projections, Gated DeltaNet projections, shared experts, dense MLPs
-    attention = "attention"  # attention core (sum of squared lengths) and the delta-rule recurrence
-    experts = "experts"  # routed experts' grouped GEMMs
-    logits = "logits"  # the output layer
-    ep_alltoall = "ep_alltoall"  # EP token exchange, per dispatcher
+    vision = "vision"
+    dense = "dense"
+    attention = "attention"
+    experts = "experts"
+    logits = "logits"
+    ep_alltoall = "ep_alltoall"
     ep_deepep = "ep_deepep"
     ep_hybridep = "ep_hybridep"
-    fsdp = "fsdp"  # parameter all-gathers + gradient reduce-scatters of FSDP
-    dp_grad = "dp_grad"  # 3D: the distributed optimizer's gradient reduce-scatter + parameter all-gather
-    tp = "tp"  # sequence-parallel all-gathers / reduce-scatters
-    optimizer = "optimizer"  # the Adam step, memory-bound
-    overhead = "overhead"  # the per-step constant
+    fsdp = "fsdp"
+    dp_grad = "dp_grad"
+    tp = "tp"
+    optimizer = "optimizer"
+    overhead = "overhead"
+
+    @property
+    def meaning(self) -> str:
+        """What the term's seconds are spent on (printed beside its fitted scale)."""
+        return _MEANINGS[self]
 
     @property
     def is_compute(self) -> bool:
@@ -91,6 +96,22 @@ class Term(StrEnum):
     def is_comm(self) -> bool:
         return self in COMM
 
+
+_MEANINGS = {
+    Term.vision: "ViT blocks + projector mergers",
+    Term.dense: "decoder attention projections, Gated DeltaNet projections, shared experts, dense MLPs",
+    Term.attention: "attention core (sum of squared lengths) and the delta-rule recurrence",
+    Term.experts: "routed experts' grouped GEMMs",
+    Term.logits: "the output layer",
+    Term.ep_alltoall: "EP token exchange, all-to-all dispatcher",
+    Term.ep_deepep: "EP token exchange, DeepEP dispatcher",
+    Term.ep_hybridep: "EP token exchange, HybridEP dispatcher",
+    Term.fsdp: "FSDP's parameter all-gathers + gradient reduce-scatters",
+    Term.dp_grad: "3D: the distributed optimizer's gradient reduce-scatter + parameter all-gather",
+    Term.tp: "sequence-parallel all-gathers / reduce-scatters",
+    Term.optimizer: "the Adam step, memory-bound",
+    Term.overhead: "the per-step constant",
+}
 
 COMPUTE = (Term.vision, Term.dense, Term.attention, Term.experts, Term.logits)
 COMM = (Term.ep_alltoall, Term.ep_deepep, Term.ep_hybridep, Term.fsdp, Term.dp_grad, Term.tp)

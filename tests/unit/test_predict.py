@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -148,6 +149,10 @@ def test_calibrate_command_on_the_fixture_sweep(tmp_path: Path):
     )
     assert done.returncode == 0, done.stderr
     assert "2 run(s), spread none (fewer than 3 runs)" in done.stdout
+    # every printed scale says what it multiplies and what it means
+    assert "scale = measured seconds / the term's base seconds" in done.stdout
+    scale_lines = [line for line in done.stdout.splitlines() if re.match(r"\s+\w+\s+scale \d", line)]
+    assert scale_lines and all(Term(line.split()[0]).meaning in line for line in scale_lines)
     [found] = cal.read_calibrations(out)
     assert found.cluster == "local" and found.stack.startswith("torch ") and found.sigma is None
     bad = subprocess.run(
