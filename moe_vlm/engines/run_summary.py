@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from moe_vlm.base.files import RunPaths
-from moe_vlm.config.schema import DataKind, ExperimentLogger, Profiler
+from moe_vlm.config.schema import DataKind, ExperimentLogger, Packing, Profiler
 from moe_vlm.config.spec import RunSpec
 from moe_vlm.perf.memory.predict import estimate
 from moe_vlm.record.profiling import TENSORBOARD_DIR, TORCH_PROFILE_DIR
@@ -43,6 +43,8 @@ def _labels(spec: RunSpec) -> str:
         )
     if spec.router.force_load_balancing:
         labels.append("FORCED BALANCE routing: benchmark only, ranked apart")
+    if spec.data.packing is not Packing.none:
+        labels.append(f"PACKED (data.packing={spec.data.packing.value}): rates count real tokens, not rows")
     return f"{spec.data.kind.value}" + (f" ({'; '.join(labels)})" if labels else "")
 
 

@@ -76,6 +76,15 @@ def _step_time(row: Row) -> str:
     return f"{p50:.3f}" + ("" if _missing(p10) or _missing(p90) else f" ({p10:.3f}-{p90:.3f})")
 
 
+def _data(row: Row) -> str:
+    """The data kind, and `packed` where the run packed its rows: a packed point is never read as a
+    padded one beside it (its pad % and rates come from other shapes)."""
+    packing = row.get("packing")
+    return f"{row['data']}" + (
+        f", packed ({packing})" if packing not in (None, "none") and not _missing(packing) else ""
+    )
+
+
 def markdown_table(header: list[str], rows: list[list[str]]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     lines += ["| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |" for row in rows]
@@ -118,7 +127,7 @@ def results_table(rows: pd.DataFrame, knobs: list[str], top: int | None = None) 
                 str(row["steady_steps"] or "-"),
                 _number(row["peak_memory_gib"], 2),
                 _shares(row),
-                str(row["data"]),
+                _data(row),
                 str(row["status"]),
             ]
         )

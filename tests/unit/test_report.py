@@ -437,3 +437,11 @@ def test_the_order_follows_the_median_step_the_table_prints(tmp_path: Path) -> N
     assert list(by_mean["run"]) == ["steady", "spiky"]  # the mean alone would put steady first
     code, text = run_report(str(tmp_path))
     assert code == 0 and places(text) == {"spiky": "1", "steady": "2"}
+
+
+def test_a_packed_run_is_marked_packed_in_its_data_cell(tmp_path: Path) -> None:
+    write_steps(tmp_path / "padded", (*GB200, "data=synthetic", "mbs=2"), [2.0] * 8)
+    write_steps(tmp_path / "packed", (*GB200, "data=synthetic", "mbs=2", "data.packing=in_batch"), [1.5] * 8)
+    code, text = run_report(str(tmp_path))
+    cells = {row[1]: row[-2] for row in table_rows(section(text, "Ranked"))}
+    assert code == 0 and cells == {"packed": "synthetic, packed (in_batch)", "padded": "synthetic"}

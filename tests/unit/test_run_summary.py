@@ -62,3 +62,10 @@ def test_a_record_with_odd_values_still_prints(tmp_path: Path) -> None:
     }
     lines = summary_lines(make_spec(), odd, tmp_path)
     assert any("no steady-state step" in line for line in lines) and len(lines) <= 25
+
+
+def test_a_packed_run_says_so_in_its_data_row(tmp_path: Path) -> None:
+    record = {"status": "completed", "summary": CPU_SUMMARY}
+    packed = "\n".join(summary_lines(make_spec("data.packing=in_batch"), record, tmp_path))
+    padded = "\n".join(summary_lines(make_spec(), record, tmp_path))
+    assert "PACKED (data.packing=in_batch)" in packed and "PACKED" not in padded
