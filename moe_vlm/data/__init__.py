@@ -86,7 +86,7 @@ def indexed_samples(model: ModelConfig, data: DataConfig, seed: int, seq_length:
     """mock, synthetic or bridge_mock sample i, encoded: what both engines feed (data/indexed.py)."""
     from functools import partial
 
-    from moe_vlm.data.bridge_mock import bridge_mock_sample
+    from moe_vlm.data.bridge_mock import bridge_mock, bridge_mock_sample
     from moe_vlm.data.indexed import Draw, IndexedSamples
     from moe_vlm.data.mock import mock_sample
     from moe_vlm.data.synthetic import synthetic_sample
@@ -97,7 +97,8 @@ def indexed_samples(model: ModelConfig, data: DataConfig, seed: int, seq_length:
     elif data.kind is DataKind.synthetic:
         draw = partial(synthetic_sample, data, seed)
     elif data.kind is DataKind.bridge_mock:
-        draw = bridge_mock_sample  # Bridge's workload: its own seed, whatever the run's
+        # Bridge's workload: its own seed, whatever the run's; longer answers when it packs
+        draw = partial(bridge_mock_sample, mock=bridge_mock(data.packing))
     else:
         raise ValueError(f"data={data.kind.value} is read from shards, not drawn by index")
     return IndexedSamples(draw, sample_encoder(model, data, seq_length), data.kind.value)

@@ -2,8 +2,8 @@
 
 Bridge's MockVLMSFTDataset (megatron/bridge/data/builders/mock_vlm_sft.py; the Megatron engine
 runs it itself) draws, from numpy's default_rng(0), 1,000 base examples, each an answer of
-10-29 words (`integers(10, 30)`, :110), those words, and one 256x256 noise image, and cycles
-over them. Its collate renders each as a ChatML conversation, `<|im_start|>user\\n`, the image
+10-29 words (`integers(10, 30)`; 10-99 words, `integers(10, 100)`, when the dataset packs,
+`enable_in_batch_packing`, :110), those words, and one 256x256 noise image, and cycles over them. Its collate renders each as a ChatML conversation, `<|im_start|>user\\n`, the image
 (`<|vision_start|>`, 196 `<|image_pad|>`, `<|vision_end|>`), "Describe this image."
 (4 tokens), `<|im_end|>\\n<|im_start|>assistant\\n`, the answer (one token per word),
 `<|im_end|>\\n`, and pads the row to seq_length.
@@ -19,11 +19,12 @@ byte ids); the loss covers the text, where Bridge's covers the answer. Labelled 
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy
 import torch
 
+from moe_vlm.config.schema import Packing
 from moe_vlm.data.indexed import sample_generator
 from moe_vlm.data.sequence import RawSample
 from moe_vlm.data.tokenizer import BYTE_VOCAB
@@ -38,7 +39,7 @@ class BridgeMock:
     random_seed: int = 0  # MockVLMSFTDatasetConfig.random_seed
     base_examples: int = 1000  # num_base_examples
     image_size: tuple[int, int] = (256, 256)  # (width, height)
-    answer_words: tuple[int, int] = (10, 30)  # numpy integers' [low, high)
+    answer_words: tuple[int, int] = (10, 30)  # numpy integers' [low, high); packed: PACKED_ANSWER_WORDS
     vocabulary_size: int = 110  # len(_MOCK_RESPONSE_VOCABULARY): rng.choice's draws depend on it
     # Chat tokens around the turns (3 + 2 + 3 + 2) and the prompt "Describe this image." (4).
     text_tokens_besides_answer: int = 14
@@ -55,6 +56,15 @@ class BridgeMock:
 
 
 BRIDGE_MOCK = BridgeMock()
+# With enable_in_batch_packing Bridge draws longer answers, so packing has something to pack
+# (mock_vlm_sft.py:110): mean ~278 real tokens a sample where the padded mock has ~232.
+PACKED_ANSWER_WORDS = (10, 100)
+BRIDGE_MOCK_PACKED = replace(BRIDGE_MOCK, answer_words=PACKED_ANSWER_WORDS)
+
+
+def bridge_mock(packing: Packing) -> BridgeMock:
+    """The workload Bridge's mock draws for this packing mode."""
+    return BRIDGE_MOCK if packing is Packing.none else BRIDGE_MOCK_PACKED
 
 
 @functools.cache
@@ -71,11 +81,11 @@ def _answer_lengths(mock: BridgeMock) -> tuple[int, ...]:
     return tuple(lengths)
 
 
-def bridge_mock_sample(index: int, attempt: int = 0) -> RawSample:
-    generator = sample_generator(BRIDGE_MOCK.random_seed, BRIDGE_MOCK_STREAM, index, attempt)
-    width, height = BRIDGE_MOCK.image_size
+def bridge_mock_sample(index: int, attempt: int = 0, mock: BridgeMock = BRIDGE_MOCK) -> RawSample:
+    generator = sample_generator(mock.random_seed, BRIDGE_MOCK_STREAM, index, attempt)
+    width, height = mock.image_size
     image = torch.randint(0, 256, (3, height, width), dtype=torch.uint8, generator=generator)
-    count = BRIDGE_MOCK.text_tokens_besides_answer + BRIDGE_MOCK.answer_length(index)
+    count = mock.text_tokens_besides_answer + mock.answer_length(index)
     text = torch.randint(0, BYTE_VOCAB, (count,), generator=generator).tolist()
     key = f"bridge_mock/{index}" + (f"/redraw{attempt}" if attempt else "")
     return RawSample(key=key, images=[image], text_ids=text)

@@ -97,3 +97,19 @@ def test_the_engine_points_the_recipes_dataset_at_the_offline_processor(tmp_path
         built = build_config(spec, tmp_path)
     assert type(built.cfg.dataset).__name__ == "MockVLMSFTDatasetConfig"
     assert built.cfg.dataset.hf_processor_path == "<run_dir>/hf_processor"  # placed in the run dir at launch
+
+
+@needs_stack
+def test_the_packed_replay_draws_what_bridges_generator_draws(mock_dataset: Any) -> None:
+    """Bridge's own make_mock_vlm_examples with enable_in_batch_packing (longer answers, :110):
+    the torch engine's packed replay has the same answer length, example by example."""
+    from dataclasses import replace
+
+    from megatron.bridge.data.builders.mock_vlm_sft import make_mock_vlm_examples
+
+    from moe_vlm.data.bridge_mock import BRIDGE_MOCK_PACKED
+
+    config, _, _ = mock_dataset
+    examples = make_mock_vlm_examples(replace(config, enable_in_batch_packing=True, num_base_examples=200))
+    words = [len(e["conversation"][1]["content"][0]["text"].split()) for e in examples]
+    assert words == [BRIDGE_MOCK_PACKED.answer_length(i) for i in range(200)]

@@ -133,6 +133,24 @@ def test_bridge_mock_samples_have_the_vendor_shapes() -> None:
     assert min(lengths) == 10 and max(lengths) == 29  # numpy integers(10, 30)
 
 
+def test_packed_bridge_mock_draws_bridges_longer_answers() -> None:
+    """With packing Bridge draws 10-99 answer words (mock_vlm_sft.py:110), so the torch engine's
+    packed bridge_mock rows hold what Bridge's do (tests/megatron/test_bridge_mock.py checks the
+    draws against the library's own generator)."""
+    from moe_vlm.data import indexed_samples
+    from moe_vlm.data.bridge_mock import BRIDGE_MOCK, BRIDGE_MOCK_PACKED
+
+    spec = make_spec("model=qwen3_vl_30b_a3b", "data=bridge_mock", "data.packing=in_batch")
+    source = indexed_samples(spec.model, spec.data, spec.seed, spec.seq_length)
+    lengths = [source.encoder.encode(source.draw(i, 0)).length for i in range(8)]
+    assert lengths == [BRIDGE_MOCK_PACKED.real_tokens(i) for i in range(8)]
+    words = [BRIDGE_MOCK_PACKED.answer_length(i) for i in range(1000)]
+    assert min(words) == 10 and max(words) == 99  # numpy integers(10, 100)
+    padded = sum(BRIDGE_MOCK.real_tokens(i) for i in range(1000)) / 1000
+    packed = sum(BRIDGE_MOCK_PACKED.real_tokens(i) for i in range(1000)) / 1000
+    assert packed - padded > 30  # the replay of the padded mock's lengths was ~45 tokens short a sample
+
+
 def test_bridge_mock_is_labelled_mock_and_ranked_apart() -> None:
     import pandas as pd
 
