@@ -204,6 +204,17 @@ class RunSpec(RunKnobs):
         return self.parallelism.sequence_parallel or self.arch_profile.provider_forces_sp
 
     @property
+    def collate_padding_multiple(self) -> int:
+        """The multiple Bridge pads a VLM batch's sequence to, and with in-batch packing every packed
+        sample (megatron/bridge/training/config.py:1213-1220, handed to the packer at :1239):
+        lcm(2 x CP if CP > 1, CP x TP with sequence parallelism). Each CP rank holds its share of the
+        TP-sharded sequence, so SP's multiple is TP per CP rank: CP x TP, not TP. validate refuses a
+        seq_length that is not a multiple of it (:1221-1230; rule L007)."""
+        cp, tp = self.layout.cp, self.layout.tp
+        cp_multiple = 2 * cp if cp > 1 else 1
+        return math.lcm(cp_multiple, cp * tp if self.sequence_parallel else 1)
+
+    @property
     def pipeline(self) -> PipelineSplit:
         par = self.parallelism
         return PipelineSplit(

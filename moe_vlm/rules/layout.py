@@ -106,14 +106,12 @@ def _gbs(spec: RunSpec) -> Iterator[Violation]:
 
 @rule("L007", Level.error, "sequence length divisible by the CP/SP padding multiple (MB ConfigContainer)")
 def _seq_cp(spec: RunSpec) -> Iterator[Violation]:
-    # Bridge pads VLM batches to lcm(2 x CP, TP x CP with sequence parallelism) and rejects a
-    # seq_length that is not a multiple of it.
+    # Bridge pads VLM batches to spec.collate_padding_multiple and rejects a seq_length that is not
+    # a multiple of it (megatron/bridge/training/config.py:1213-1230).
     lay = spec.layout
     if lay.cp < 1 or lay.tp < 1:
         return
-    multiple = 2 * lay.cp if lay.cp > 1 else 1
-    if spec.engine is Engine.megatron and spec.sequence_parallel:
-        multiple = math.lcm(multiple, lay.tp * lay.cp)
+    multiple = spec.collate_padding_multiple
     if multiple > 1 and spec.seq_length % multiple:
         yield Violation(
             ("seq_length", "cp", "tp"),

@@ -2,7 +2,9 @@
 option's effective ConfigContainer equal, field by field, to the function's own after Bridge's
 runtime update, except the documented deliberate differences (vendor_recipes.DELIBERATE).
 
-Also the verdict on the recipes our rules reject (L014, D008): the library's own code fails them.
+Also every recipe= dry run as the plan judges it, the library's own checks included (about 30 s
+with a cold plan cache), and the verdict on the recipes our rules reject (L004, L013, L014, D008):
+the library's own code fails them.
 """
 
 from __future__ import annotations
@@ -94,6 +96,36 @@ def test_rules_reject_exactly_these_recipes() -> None:
         if found:
             rejected[name] = found
     assert rejected == REJECTED
+
+
+@needs_stack
+def test_every_recipe_dry_run_with_the_library_checks() -> None:
+    """recipe=X dry_run=true judged as the plan judges it (moe_vlm/run/task.py): the rules, then, on
+    what they let through, the library's own checks (through the plan cache). Only REJECTED is
+    refused, by the rules that name the library line that fails it (shown below); every other recipe
+    the vendor ran passes Bridge, the ViT config, TE and Megatron-LM's validate_args. The six
+    235B GB200/B200 recipes split 94 layers 10 + 6 x 12 + 12: LIB-ARGS refused them while the
+    argument mapping dropped the first/last stage layers (arguments.py:951-963)."""
+    from moe_vlm.run.plan import library_findings
+
+    refused: dict[str, set[str]] = {}
+    library: dict[str, list[str]] = {}
+    for name in NAMES:
+        spec = make_spec(f"recipe={name}", "dry_run=true")
+        found = {f.code for f in validate(spec) if f.is_error}
+        if not found:
+            refusals = [f for f in library_findings(spec) if f.is_error]
+            found = {f.code for f in refusals}
+            if refusals:
+                library[name] = [f"{f.code}: {f.message}" for f in refusals]
+        if found:
+            refused[name] = found
+    assert not library, library
+    assert refused == REJECTED
+    REPORT.append(
+        f"recipe= dry runs with the library checks: {len(NAMES) - len(refused)} of {len(NAMES)} pass; "
+        f"{len(refused)} refused by rules citing the library ({', '.join(sorted(refused))})"
+    )
 
 
 def _call_keywords(function: Any, callee: str) -> set[str]:
