@@ -100,8 +100,14 @@ class PipelineSplit:
 
     @property
     def even(self) -> bool:
-        """The middle layers divide over the middle stages x VP chunks."""
-        return self.middle_stages <= 0 or self.middle_layers % (self.middle_stages * self.vp) == 0
+        """The middle layers divide over the middle stages x VP chunks, and a set first/last stage's
+        layers over its VP chunks: Megatron Core asserts both when it builds a stage
+        (megatron/core/transformer/transformer_block.py:122-125 the middle, :136-140 a set first/last
+        stage's count, :166-169 its division by VP)."""
+        chunks = self.vp if self.pp > 1 else 1
+        if any(stage % chunks for stage in (self.first, self.last) if stage > 0):
+            return False
+        return self.middle_stages <= 0 or self.middle_layers % (self.middle_stages * chunks) == 0
 
     @property
     def counts(self) -> tuple[int, ...]:

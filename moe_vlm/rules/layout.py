@@ -65,10 +65,19 @@ def _layers_pp_vp(spec: RunSpec) -> Iterator[Violation]:
         )
         return
     if not split.even:
+        # Megatron Core asserts it while building the stage (core/transformer/transformer_block.py:
+        # 122-125, 148-150, 166-169); tests/megatron/test_recipes.py runs it on the H100 recipes.
         uneven = " (after the first/last stage layers)" if first or last else ""
+        staged = (
+            f"; the first/last stage's {first}/{last} over VP={lay.vp}"
+            if (first or last) and lay.vp > 1
+            else ""
+        )
         yield Violation(
             ("pp", "vp"),
-            f"{middle_layers} decoder layers{uneven} do not split evenly over {middle_stages} stages x VP={lay.vp}.",
+            f"{middle_layers} decoder layers{uneven} must split evenly over {middle_stages} stages x VP={lay.vp}"
+            f"{staged}: Megatron Core asserts it when it builds the stages "
+            "(megatron/core/transformer/transformer_block.py:122-125, 148-150, 166-169).",
             "pick pp/vp that divide the layer count, or set parallelism.first_stage_layers / "
             "last_stage_layers for an uneven split.",
         )

@@ -21,7 +21,7 @@ import pytest
 from moe_vlm.knobs.recipes import option_names
 from moe_vlm.rules.catalogue import validate
 from tests.conftest import make_spec
-from tests.megatron.conftest import REPORT, needs_stack
+from tests.megatron.conftest import REPORT, RecipeCache, needs_stack
 
 NAMES = option_names()
 
@@ -189,6 +189,32 @@ def test_the_library_fails_each_rejected_recipe(name: str, workdir: Path) -> Non
     if "D008" in codes:
         assert update.config.comm_overlap.overlap_moe_expert_parallel_comm is True
         assert not hasattr(Qwen3VLModel, "build_schedule_plan")
+
+
+@needs_stack
+def test_l004_is_megatron_cores_split(recipes: RecipeCache) -> None:
+    """L004 against Megatron Core's own stage split (transformer_block.py:96-170) on the engine's
+    config: with a set first stage under VP, the first stage's layers must divide by VP too."""
+    from megatron.core.transformer.transformer_block import get_num_layers_to_build
+
+    from moe_vlm.engines.megatron.config import apply_overrides
+
+    base = ("engine=megatron", "dry_run=true", "cluster=b200", "nodes=1", "model=qwen35_vl_35b_a3b",
+            "parallelism=3d", "pp=4", "vp=2", "ep=2")  # fmt: skip
+    for first, last in ((3, 5), (4, 4), (5, 5)):
+        spec = make_spec(
+            *base, f"parallelism.first_stage_layers={first}", f"parallelism.last_stage_layers={last}"
+        )
+        cfg = recipes.config(spec)
+        apply_overrides(cfg, spec)
+        fired = "L004" in {f.code for f in validate(spec) if f.is_error}
+        try:
+            for rank in range(spec.layout.pp):
+                get_num_layers_to_build(cfg.model, vp_stage=0, pp_rank=rank)
+        except AssertionError:
+            assert fired, (first, last)
+        else:
+            assert not fired, (first, last)
 
 
 # shared/reference/vendor-workload.md's BF16 table (TP/PP/VP/EP, MBS/GBS), as the library has it. One

@@ -293,6 +293,14 @@ def test_packing_with_a_quantized_format_is_refused_at_every_cp_sp_layout(fmt: s
     assert "A012" not in codes(*MEG, f"precision={fmt}")
 
 
+def test_l004_divides_a_set_first_or_last_stage_over_its_vp_chunks() -> None:
+    """Qwen3.5-35B's 40 layers, PP 4 x VP 2: 3 + 2 x 16 + 5 leaves the middle even but the first stage's
+    3 layers cannot split into 2 chunks (Megatron Core asserts it: tests/megatron/test_recipes.py)."""
+    base = [*MEG, "model=qwen35_vl_35b_a3b", "parallelism=3d", "pp=4", "vp=2", "ep=2"]
+    assert "L004" in codes(*base, "parallelism.first_stage_layers=3", "parallelism.last_stage_layers=5")
+    assert "L004" not in codes(*base, "parallelism.first_stage_layers=4", "parallelism.last_stage_layers=4")
+
+
 def test_fp8_dispatch_is_never_silently_dropped() -> None:
     # DeepEP accepts FP8 dispatch upstream, but no field of the installed engine carries the knob.
     assert "D004" in codes(*MEG, "dispatcher=deepep", "dispatcher.fp8_dispatch=true")
