@@ -203,7 +203,8 @@ def _deepstack_first_stage(spec: RunSpec) -> Iterator[Violation]:
         yield Violation(
             ("parallelism.first_stage_layers", "pp", "vp"),
             f"the first pipeline chunk holds {first_chunk} decoder layer(s), fewer than the {deepstack} deepstack "
-            f"levels {model.name} injects there.",
+            f"levels {model.name} injects there: Qwen3VLModel asserts it at model build "
+            "(megatron/bridge/models/qwen_vl/modelling_qwen3_vl/model.py:360).",
             f"give the first stage at least {deepstack * lay.vp} layers (parallelism.first_stage_layers) or "
             "lower pp/vp.",
         )
@@ -221,6 +222,7 @@ def _vp_qwen3vl_moe(spec: RunSpec) -> Iterator[Violation]:
         yield Violation(
             ("vp",),
             f"vp={lay.vp}: Megatron Bridge's Qwen3-VL-MoE provider does not pass the virtual pipeline stage "
-            f"to the model, so building {spec.model.name} with VP > 1 fails at start-up.",
+            f"to the model (qwen3_vl_provider.py:322-331), so building {spec.model.name} with VP > 1 fails at "
+            "start-up: 'vp_stage must be provided' (megatron/core/transformer/transformer_layer.py:117-119).",
             "set vp=1 (more pp, or parallelism.first_stage_layers / last_stage_layers, balance the stages).",
         )
