@@ -47,6 +47,13 @@ class PrecisionProfile:
     #   fp8mx: 1 B row-wise + 1 B column-wise + one E8M0 byte per 32 values each (mxfp8_tensor.py:83-94).
     #   nvfp4: 1/2 B row-wise + 1/2 B column-wise + one E4M3 byte per 16 values each (nvfp4_tensor.py:379-398).
     weight_bytes: float
+    # The multiple a GEMM input's token count (the product of its leading dimensions, one rank's
+    # shard under sequence parallelism) must be for TE to run it quantized: assert_dim_for_fp8_exec
+    # wants 8 for every quantized format (transformer_engine/pytorch/utils.py:704-714, called by
+    # module/linear.py:472, layernorm_linear.py:184, layernorm_mlp.py:356), the block formats'
+    # quantizers a whole block (is_quantizable: MXFP8 32, tensor/mxfp8_tensor.py:125-133; NVFP4 16,
+    # tensor/nvfp4_tensor.py:261-271; constants.py:185-187). tests/megatron/test_precision.py runs both.
+    token_multiple: int = 1
     weight_bytes_tn_only: float | None = None  # where it differs on a GPU without non-TN FP8 GEMMs
 
 
@@ -63,6 +70,7 @@ PROFILES: dict[Precision, PrecisionProfile] = {
         "_compute_fp8_support",
         PeakKind.fp8,
         weight_bytes=1.0,
+        token_multiple=8,
         weight_bytes_tn_only=2.0,
     ),
     Precision.fp8mx: PrecisionProfile(
@@ -74,6 +82,7 @@ PROFILES: dict[Precision, PrecisionProfile] = {
         "_compute_mxfp8_support",
         PeakKind.fp8,
         weight_bytes=2 * (1 + 1 / 32),
+        token_multiple=32,
     ),
     Precision.nvfp4: PrecisionProfile(
         "NVFP4, E2M1 with a scale per 16 values",
@@ -84,6 +93,7 @@ PROFILES: dict[Precision, PrecisionProfile] = {
         "_compute_nvfp4_support",
         PeakKind.fp4,
         weight_bytes=2 * (0.5 + 1 / 16),
+        token_multiple=16,
     ),
 }
 

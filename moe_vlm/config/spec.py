@@ -100,8 +100,14 @@ class PipelineSplit:
 
     @property
     def even(self) -> bool:
-        """The middle layers divide over the middle stages x VP chunks."""
-        return self.middle_stages <= 0 or self.middle_layers % (self.middle_stages * self.vp) == 0
+        """The middle layers divide over the middle stages x VP chunks, and a set first/last stage's
+        layers over its VP chunks: Megatron Core asserts both when it builds a stage
+        (megatron/core/transformer/transformer_block.py:122-125 the middle, :136-140 a set first/last
+        stage's count, :166-169 its division by VP)."""
+        chunks = self.vp if self.pp > 1 else 1
+        if any(stage % chunks for stage in (self.first, self.last) if stage > 0):
+            return False
+        return self.middle_stages <= 0 or self.middle_layers % (self.middle_stages * chunks) == 0
 
     @property
     def counts(self) -> tuple[int, ...]:
@@ -202,6 +208,17 @@ class RunSpec(RunKnobs):
         if self.layout.tp <= 1:
             return False
         return self.parallelism.sequence_parallel or self.arch_profile.provider_forces_sp
+
+    @property
+    def collate_padding_multiple(self) -> int:
+        """The multiple Bridge pads a VLM batch's sequence to, and with in-batch packing every packed
+        sample (megatron/bridge/training/config.py:1213-1220, handed to the packer at :1239):
+        lcm(2 x CP if CP > 1, CP x TP with sequence parallelism). Each CP rank holds its share of the
+        TP-sharded sequence, so SP's multiple is TP per CP rank: CP x TP, not TP. validate refuses a
+        seq_length that is not a multiple of it (:1221-1230; rule L007)."""
+        cp, tp = self.layout.cp, self.layout.tp
+        cp_multiple = 2 * cp if cp > 1 else 1
+        return math.lcm(cp_multiple, cp * tp if self.sequence_parallel else 1)
 
     @property
     def pipeline(self) -> PipelineSplit:

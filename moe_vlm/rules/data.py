@@ -6,6 +6,7 @@ import math
 from collections.abc import Iterator
 from pathlib import Path
 
+from moe_vlm.config.precision import profile, quantized
 from moe_vlm.config.schema import (
     DataKind,
     Engine,
@@ -19,6 +20,7 @@ from moe_vlm.rules.catalogue import (
     Violation,
     rule,
 )
+from moe_vlm.rules.precision import tp_overlap_on
 
 
 @rule("A001", Level.error, "real data needs a path")
@@ -183,10 +185,11 @@ def _packing_allgather(spec: RunSpec) -> Iterator[Violation]:
 
 @rule("A011", Level.warning, "in-batch packing pads each sample to the CP/SP multiple")
 def _packing_alignment(spec: RunSpec) -> Iterator[Violation]:
-    # Bridge hands the collate lcm(2 x CP, TP with SP) (training/config.py:1213-1218, 1236-1239) and
-    # the packing collate pads EVERY sample to it (data/packing/in_batch.py:172-175, 196-205): the
-    # padding packing removed comes back, up to multiple - 1 positions per sample.
-    multiple = packing_multiple(spec)
+    # Bridge hands the packer the collate padding multiple, lcm(2 x CP, CP x TP with SP)
+    # (training/config.py:1213-1220, 1236-1239), and the packing collate pads EVERY sample to it
+    # (data/packing/in_batch.py:172-175, 196-205): the padding packing removed comes back, up to
+    # multiple - 1 positions per sample.
+    multiple = spec.collate_padding_multiple
     if spec.engine == Engine.megatron and spec.data.packing is Packing.in_batch and multiple > 1:
         yield Violation(
             ("data.packing", "cp", "tp"),
@@ -197,11 +200,69 @@ def _packing_alignment(spec: RunSpec) -> Iterator[Violation]:
         )
 
 
-def packing_multiple(spec: RunSpec) -> int:
-    """The per-sample alignment of in-batch packing: lcm(2 x CP if CP > 1, TP if SP and TP > 1)
-    (megatron/bridge/training/config.py:1213-1218)."""
-    cp, tp = spec.layout.cp, spec.layout.tp
-    return math.lcm(2 * cp if cp > 1 else 1, tp if spec.sequence_parallel and tp > 1 else 1)
+def packed_shard_multiple(spec: RunSpec) -> int:
+    """What one rank's share of a packed row is guaranteed a multiple of: the row is the packed
+    samples, each padded to the collate padding multiple (data/packing/in_batch.py:161-166), split
+    over CP and, under sequence parallelism, over TP."""
+    return max(
+        spec.collate_padding_multiple // (spec.layout.cp * (spec.layout.tp if spec.sequence_parallel else 1)),
+        1,
+    )
+
+
+@rule(
+    "A012",
+    Level.error,
+    "in-batch packing with FP8/FP4: TE's quantized GEMMs need a token multiple (TE utils)",
+)
+def _packing_quantized(spec: RunSpec) -> Iterator[Violation]:
+    # A packed row is as long as its samples, padded only to the CP/SP multiple (Bridge,
+    # training/config.py:1213-1220, 1239; data/packing/in_batch.py:161-166); TE quantizes a GEMM
+    # input only if its token count is a multiple of 8 (assert_dim_for_fp8_exec, transformer_engine/
+    # pytorch/utils.py:704-714, raised from module/linear.py:472, layernorm_linear.py:184,
+    # layernorm_mlp.py:356), for MXFP8 of 32 and NVFP4 of 16 (their quantizers' blocks:
+    # precision.py token_multiple). Nothing pads the row to it, so most micro-batches fail at the
+    # first GEMM (tests/megatron/test_packing.py runs Bridge's packer into TE's checks).
+    fmt = spec.precision.format
+    if spec.engine != Engine.megatron or spec.data.packing is not Packing.in_batch or not quantized(fmt):
+        return
+    needed, shard = profile(fmt).token_multiple, packed_shard_multiple(spec)
+    if shard % needed:
+        yield Violation(
+            ("data.packing", "precision"),
+            f"data.packing=in_batch pads each packed sample only to {spec.collate_padding_multiple} (Bridge's "
+            f"CP/SP multiple, training/config.py:1213-1220), so one rank's packed row is a multiple of {shard} "
+            f"tokens; precision={fmt.value} needs a multiple of {needed} in every quantized GEMM and Transformer "
+            "Engine raises 'FP8 execution requires the product of all dimensions except the last to be divisible "
+            "by 8' (transformer_engine/pytorch/utils.py:704-714) or cannot quantize the blocks "
+            "(tensor/mxfp8_tensor.py:125-133, nvfp4_tensor.py:261-271) on the first micro-batch that misses it.",
+            f"use data.packing=none with precision={fmt.value}, or precision=bf16 with data.packing=in_batch.",
+        )
+
+
+@rule(
+    "A013",
+    Level.error,
+    "in-batch packing with TE userbuffer TP overlap: buffers are seq_length x MBS (MB, TE)",
+)
+def _packing_userbuffers(spec: RunSpec) -> Iterator[Violation]:
+    # Bridge allocates TE's userbuffers once, for (seq_length x MBS / CP) x hidden tokens
+    # (training/initialize.py:236-237, 355-358); TE copies each all-gather input into them and asserts
+    # the size is exactly that ('Tried to copy an invalid tensor into a local chunk of a Userbuffers
+    # buffer', input_size * _tp_size == ubuf_size, common/comm_gemm_overlap/comm_gemm_overlap.cpp,
+    # reached from module/base.py:652, 668, 706). A packed row holds its samples' own tokens, fewer unless
+    # every sample fills seq_length.
+    if spec.engine != Engine.megatron or spec.data.packing is not Packing.in_batch or not tp_overlap_on(spec):
+        return
+    why = "overlap.tp_comm=true" if spec.overlap.tp_comm else "the recipe's TP overlap (overlap.tp_comm=null)"
+    yield Violation(
+        ("data.packing", "overlap.tp_comm", "tp"),
+        f"data.packing=in_batch with {why} at TP={spec.layout.tp}: Bridge sizes TE's userbuffers for "
+        f"seq_length x MBS = {spec.seq_length} x {spec.mbs} tokens (training/initialize.py:355-358), and TE "
+        "asserts every all-gather input fills them exactly ('Tried to copy an invalid tensor into a local chunk "
+        "of a Userbuffers buffer', from transformer_engine/pytorch/module/base.py:652): a packed row is shorter.",
+        "add overlap.tp_comm=false (or overlap=none) with data.packing=in_batch, or data.packing=none.",
+    )
 
 
 @rule("A009", Level.warning, "Megatron data loading runs outside the timed step")

@@ -167,7 +167,9 @@ def _ep_overlap_qwen3vl(spec: RunSpec) -> Iterator[Violation]:
         yield Violation(
             ("dispatcher.overlap_moe_expert_parallel_comm",),
             "the EP-overlap schedule calls build_schedule_plan on the model, which Qwen3VLModel (every "
-            f"model this engine builds, {spec.model.name} included) does not have: step 1 would crash.",
+            f"model this engine builds, {spec.model.name} included) does not have: step 1 would crash "
+            "(megatron/core/pipeline_parallel/combined_1f1b.py:381-383 looks it up; megatron/core/utils.py:666 "
+            "raises).",
             "set dispatcher.overlap_moe_expert_parallel_comm=false.",
         )
 

@@ -65,10 +65,19 @@ def _layers_pp_vp(spec: RunSpec) -> Iterator[Violation]:
         )
         return
     if not split.even:
+        # Megatron Core asserts it while building the stage (core/transformer/transformer_block.py:
+        # 122-125, 148-150, 166-169); tests/megatron/test_recipes.py runs it on the H100 recipes.
         uneven = " (after the first/last stage layers)" if first or last else ""
+        staged = (
+            f"; the first/last stage's {first}/{last} over VP={lay.vp}"
+            if (first or last) and lay.vp > 1
+            else ""
+        )
         yield Violation(
             ("pp", "vp"),
-            f"{middle_layers} decoder layers{uneven} do not split evenly over {middle_stages} stages x VP={lay.vp}.",
+            f"{middle_layers} decoder layers{uneven} must split evenly over {middle_stages} stages x VP={lay.vp}"
+            f"{staged}: Megatron Core asserts it when it builds the stages "
+            "(megatron/core/transformer/transformer_block.py:122-125, 148-150, 166-169).",
             "pick pp/vp that divide the layer count, or set parallelism.first_stage_layers / "
             "last_stage_layers for an uneven split.",
         )
@@ -106,14 +115,12 @@ def _gbs(spec: RunSpec) -> Iterator[Violation]:
 
 @rule("L007", Level.error, "sequence length divisible by the CP/SP padding multiple (MB ConfigContainer)")
 def _seq_cp(spec: RunSpec) -> Iterator[Violation]:
-    # Bridge pads VLM batches to lcm(2 x CP, TP x CP with sequence parallelism) and rejects a
-    # seq_length that is not a multiple of it.
+    # Bridge pads VLM batches to spec.collate_padding_multiple and rejects a seq_length that is not
+    # a multiple of it (megatron/bridge/training/config.py:1213-1230).
     lay = spec.layout
     if lay.cp < 1 or lay.tp < 1:
         return
-    multiple = 2 * lay.cp if lay.cp > 1 else 1
-    if spec.engine is Engine.megatron and spec.sequence_parallel:
-        multiple = math.lcm(multiple, lay.tp * lay.cp)
+    multiple = spec.collate_padding_multiple
     if multiple > 1 and spec.seq_length % multiple:
         yield Violation(
             ("seq_length", "cp", "tp"),
@@ -196,7 +203,8 @@ def _deepstack_first_stage(spec: RunSpec) -> Iterator[Violation]:
         yield Violation(
             ("parallelism.first_stage_layers", "pp", "vp"),
             f"the first pipeline chunk holds {first_chunk} decoder layer(s), fewer than the {deepstack} deepstack "
-            f"levels {model.name} injects there.",
+            f"levels {model.name} injects there: Qwen3VLModel asserts it at model build "
+            "(megatron/bridge/models/qwen_vl/modelling_qwen3_vl/model.py:360).",
             f"give the first stage at least {deepstack * lay.vp} layers (parallelism.first_stage_layers) or "
             "lower pp/vp.",
         )
@@ -214,6 +222,7 @@ def _vp_qwen3vl_moe(spec: RunSpec) -> Iterator[Violation]:
         yield Violation(
             ("vp",),
             f"vp={lay.vp}: Megatron Bridge's Qwen3-VL-MoE provider does not pass the virtual pipeline stage "
-            f"to the model, so building {spec.model.name} with VP > 1 fails at start-up.",
+            f"to the model (qwen3_vl_provider.py:322-331), so building {spec.model.name} with VP > 1 fails at "
+            "start-up: 'vp_stage must be provided' (megatron/core/transformer/transformer_layer.py:117-119).",
             "set vp=1 (more pp, or parallelism.first_stage_layers / last_stage_layers, balance the stages).",
         )

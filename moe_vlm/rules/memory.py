@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
 
+from moe_vlm.config.compose import compose_config
 from moe_vlm.config.spec import RunSpec
 from moe_vlm.config.vendor import vendor_recipe
 from moe_vlm.knobs.cards import row_as_run
@@ -93,14 +95,37 @@ def _vendor_runs_it(spec: RunSpec, found: MemoryEstimate, published: str) -> Vio
     )
 
 
+@functools.cache
+def _recipe_as_written(name: str) -> MemoryEstimate | None:
+    """The estimate for `recipe=<name>` unchanged: a configuration the vendor ran and measured."""
+    return estimate_or_none(RunSpec.from_config(compose_config([f"recipe={name}"])))
+
+
 def _published_as_written(spec: RunSpec) -> str | None:
     """What ran this configuration, where the run reproduces a Bridge perf recipe unchanged or a
-    card row changed only where its option says why; else None."""
+    card row changed only where its option says why, or changes a recipe without raising the
+    predicted peak above the recipe's own (the vendor ran that on this much memory, so our estimate
+    is refuted there, not the run: issue 31, e.g. Qwen3.5 at MBS 8 on GB300, predicted 352 GiB of
+    268); else None."""
     recipe = vendor_recipe(spec)
     if recipe is not None and not changes(spec):
         return f"{recipe} is Bridge's own perf recipe, run by the vendor"
     if row_as_run(spec):
         return f"card row {spec.card.row} ({spec.card.source}) published a figure"
+    if recipe is not None:
+        ours, theirs = estimate_or_none(spec), _recipe_as_written(recipe)
+        if (
+            ours is not None
+            and theirs is not None
+            and ours.capacity_gib is not None
+            and theirs.capacity_gib is not None
+            and ours.total_gib <= theirs.total_gib
+            and ours.capacity_gib >= theirs.capacity_gib
+        ):
+            return (
+                f"{recipe} (our estimate for it: {theirs.total_gib:.1f} GiB, no less than this run's) was run "
+                "by the vendor"
+            )
     return None
 
 

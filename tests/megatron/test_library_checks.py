@@ -81,3 +81,34 @@ def test_the_plan_says_when_the_checks_could_not_run(monkeypatch: pytest.MonkeyP
     found = library_findings(make_spec(*GB200))
     assert [(f.code, f.is_error) for f in found] == [("LIB-STACK", False)]
     assert "did not run" in found[0].message and "no Megatron here" in found[0].message
+
+
+@needs_stack
+def test_megatron_lm_sees_the_uneven_split_and_the_virtual_stages(recipes: RecipeCache) -> None:
+    """LIB-ARGS hands validate_args the pipeline split under Megatron-LM's own argument names (its
+    args -> TransformerConfig map, training/argument_utils.py:307-311, read backwards): an uneven
+    split passes its layers-divisible-by-PP check (arguments.py:951-963), and the virtual stages
+    reach its interleaved-schedule checks (arguments.py:942-943, 966-975) instead of being dropped."""
+    from megatron.training.arguments import validate_args
+
+    from moe_vlm.engines.megatron.effective import rank_environment, runtime_update
+    from moe_vlm.engines.megatron.library_checks import training_args
+
+    uneven = (*GB200, "model=qwen3_vl_235b_a22b", "nodes=16", "parallelism=3d", "pp=8", "ep=8",
+              "parallelism.first_stage_layers=10", "parallelism.last_stage_layers=12")  # fmt: skip
+    virtual = (*GB200, "model=qwen35_vl_35b_a3b", "nodes=2", "parallelism=3d", "pp=2", "vp=2", "ep=8")
+    for overrides, first, last, vp in ((uneven, 10, 12, None), (virtual, None, None, 2)):
+        spec = make_spec(*overrides)
+        cfg = recipes.config(spec)
+        apply_overrides(cfg, spec)
+        update = runtime_update(cfg, spec, planned=True)
+        assert update.error is None, update.error
+        args = training_args(update.config, spec)
+        assert (args.decoder_first_pipeline_num_layers, args.decoder_last_pipeline_num_layers) == (
+            first,
+            last,
+        )
+        with rank_environment(spec, set(cfg.env_vars), True):  # as check_config runs it: the job's GPU
+            validate_args(args)
+        assert args.virtual_pipeline_model_parallel_size == vp
+    assert _checks(recipes, uneven) == {} and _checks(recipes, virtual) == {}

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from itertools import islice, pairwise
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -94,6 +95,21 @@ def test_cp_aligns_each_packed_sample(recipes: RecipeCache, engine_environment: 
     assert int(batch["loss_mask"].sum()) == int((batch["labels"] != IGNORE_INDEX).sum())
 
 
+@pytest.mark.parametrize(
+    ("layout", "multiple"),
+    [(("cp=2",), 4), (("tp=2",), 2), (("cp=2", "tp=4"), 8), (("cp=4", "tp=2"), 8)],
+    ids=["cp2", "tp2-sp", "cp2-tp4-sp", "cp4-tp2-sp"],
+)
+def test_the_packing_multiple_is_bridges(
+    recipes: RecipeCache, engine_environment: Any, layout: tuple[str, ...], multiple: int
+) -> None:
+    """spec.collate_padding_multiple (rules A011, L007) is what ConfigContainer.validate hands the packer:
+    lcm(2 x CP, CP x TP with SP) (training/config.py:1213-1220, 1239); with CP 2 and TP 4 that is 8,
+    where lcm(2 x CP, TP) would say 4."""
+    spec, cfg = runtime_updated(recipes, engine_environment, *PACKED, "parallelism=3d", "ep=2", *layout)
+    assert cfg.dataset.in_batch_packing_pad_to_multiple_of == spec.collate_padding_multiple == multiple
+
+
 def test_vlm_step_prepares_the_packed_batch_and_qwen3_vl_step_refuses_it(
     recipes: RecipeCache, engine_environment: Any, one_rank: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -143,3 +159,69 @@ def test_allgather_refuses_variable_lengths_and_bridge_sets_them_after_the_check
     bare.model._enable_in_batch_packing = True
     bare.model.finalize()
     assert bare.model.variable_seq_lengths
+
+
+def _te_accepts(quantizers: list[Any], tokens: int, hidden: int) -> bool:
+    """Transformer Engine's own checks on a quantized GEMM's input of `tokens` x `hidden`: the
+    dimension assert every TE linear runs (utils.py:704-714) and each quantizer's block check."""
+    from transformer_engine.pytorch.utils import assert_dim_for_fp8_exec
+
+    inp = torch.zeros(tokens, 1, hidden)
+    try:
+        assert_dim_for_fp8_exec(inp)
+    except ValueError:
+        return False
+    return all(q.is_quantizable(inp) for q in quantizers)
+
+
+@pytest.mark.parametrize("fmt", ["fp8cs", "fp8mx", "nvfp4"])
+def test_a_packed_row_fails_tes_quantized_gemm_checks(
+    recipes: RecipeCache, engine_environment: Any, monkeypatch: pytest.MonkeyPatch, fmt: str
+) -> None:
+    """Rule A012 against the library: the quantizers Megatron Core's recipe makes for this precision
+    accept a GEMM input exactly at multiples of the profile's token_multiple (8, 32, 16), and Bridge's
+    packer, with the multiple Bridge's validate hands it, makes a row of 5 + 6 = 11 tokens."""
+    from megatron.bridge.data.packing.in_batch import build_mcore_thd_sequence_batch_from_rows
+
+    from moe_vlm.config.precision import profile
+    from moe_vlm.engines.megatron.library_checks import quantizers
+
+    spec, cfg = runtime_updated(recipes, engine_environment, *PACKED, f"precision={fmt}")
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: "cpu")  # NVFP4's Hadamard signs
+    made, hidden = quantizers(cfg.model), cfg.model.hidden_size
+    needed = profile(fmt).token_multiple
+    assert made and [n for n in range(1, 3 * needed + 1) if _te_accepts(made, n, hidden)] == [
+        needed,
+        2 * needed,
+        3 * needed,
+    ]
+    rows = [{"input_ids": torch.arange(n), "position_ids": torch.arange(n)} for n in (5, 6)]
+    multiple = cfg.dataset.in_batch_packing_pad_to_multiple_of
+    row = build_mcore_thd_sequence_batch_from_rows(rows, pad_to_multiple_of=multiple)["input_ids"]
+    assert row.shape == (1, 11) and not _te_accepts(made, row.shape[1], hidden)
+    assert "A012" in {f.code for f in validate(spec) if f.is_error}
+    assert "A012" not in {f.code for f in validate(make_spec(*PACKED, "precision=bf16"))}
+    assert "A012" not in {f.code for f in validate(make_spec(*BASE, *SMALL, f"precision={fmt}"))}
+
+
+def test_userbuffers_take_only_seq_length_x_mbs_tokens(recipes: RecipeCache, engine_environment: Any) -> None:
+    """Rule A013 against the library: Bridge sizes TE's userbuffers once from seq_length x MBS / CP
+    (training/initialize.py:355-358), TE copies each all-gather input into its chunk and its compiled
+    core asserts the size is exact (no GPU here to run it: the assertion is read from the shared
+    library), and the packed row Bridge's collate makes of our samples is shorter."""
+    import inspect
+
+    import transformer_engine_torch
+    from megatron.bridge.training import initialize
+    from transformer_engine.pytorch.module import base
+
+    sizing = inspect.getsource(initialize._initialize_tp_communicators)
+    assert "(model_config.seq_length * micro_batch_size) // model_config.context_parallel_size" in sizing
+    fill = inspect.getsource(base.fill_userbuffers_buffer_for_all_gather)
+    assert "comm.copy_into_buffer(local_tensor, local_chunk=True)" in fill
+    assert b"input_size * _tp_size == ubuf_size" in Path(transformer_engine_torch.__file__).read_bytes()
+    spec, cfg = runtime_updated(recipes, engine_environment, *PACKED, "parallelism=3d", "tp=2", "ep=4")
+    assert cfg.model.tp_comm_overlap  # the GB200 recipe's, kept (rules/precision.py tp_overlap_on)
+    batch = collated(cfg, spec.mbs)
+    assert batch["input_ids"].shape[1] < cfg.model.seq_length * spec.mbs
+    assert "A013" in {f.code for f in validate(spec) if f.is_error}

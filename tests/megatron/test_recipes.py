@@ -2,7 +2,9 @@
 option's effective ConfigContainer equal, field by field, to the function's own after Bridge's
 runtime update, except the documented deliberate differences (vendor_recipes.DELIBERATE).
 
-Also the verdict on the recipes our rules reject (L014, D008): the library's own code fails them.
+Also every recipe= dry run as the plan judges it, the library's own checks included (about 30 s
+with a cold plan cache), and the verdict on the recipes our rules reject (L004, L013, L014, D008):
+the library's own code fails them.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import pytest
 from moe_vlm.knobs.recipes import option_names
 from moe_vlm.rules.catalogue import validate
 from tests.conftest import make_spec
-from tests.megatron.conftest import REPORT, needs_stack
+from tests.megatron.conftest import REPORT, RecipeCache, needs_stack
 
 NAMES = option_names()
 
@@ -96,6 +98,36 @@ def test_rules_reject_exactly_these_recipes() -> None:
     assert rejected == REJECTED
 
 
+@needs_stack
+def test_every_recipe_dry_run_with_the_library_checks() -> None:
+    """recipe=X dry_run=true judged as the plan judges it (moe_vlm/run/task.py): the rules, then, on
+    what they let through, the library's own checks (through the plan cache). Only REJECTED is
+    refused, by the rules that name the library line that fails it (shown below); every other recipe
+    the vendor ran passes Bridge, the ViT config, TE and Megatron-LM's validate_args. The six
+    235B GB200/B200 recipes split 94 layers 10 + 6 x 12 + 12: LIB-ARGS refused them while the
+    argument mapping dropped the first/last stage layers (arguments.py:951-963)."""
+    from moe_vlm.run.plan import library_findings
+
+    refused: dict[str, set[str]] = {}
+    library: dict[str, list[str]] = {}
+    for name in NAMES:
+        spec = make_spec(f"recipe={name}", "dry_run=true")
+        found = {f.code for f in validate(spec) if f.is_error}
+        if not found:
+            refusals = [f for f in library_findings(spec) if f.is_error]
+            found = {f.code for f in refusals}
+            if refusals:
+                library[name] = [f"{f.code}: {f.message}" for f in refusals]
+        if found:
+            refused[name] = found
+    assert not library, library
+    assert refused == REJECTED
+    REPORT.append(
+        f"recipe= dry runs with the library checks: {len(NAMES) - len(refused)} of {len(NAMES)} pass; "
+        f"{len(refused)} refused by rules citing the library ({', '.join(sorted(refused))})"
+    )
+
+
 def _call_keywords(function: Any, callee: str) -> set[str]:
     tree = ast.parse(textwrap.dedent(inspect.getsource(function)))
     calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and getattr(n.func, "id", None) == callee]
@@ -157,6 +189,32 @@ def test_the_library_fails_each_rejected_recipe(name: str, workdir: Path) -> Non
     if "D008" in codes:
         assert update.config.comm_overlap.overlap_moe_expert_parallel_comm is True
         assert not hasattr(Qwen3VLModel, "build_schedule_plan")
+
+
+@needs_stack
+def test_l004_is_megatron_cores_split(recipes: RecipeCache) -> None:
+    """L004 against Megatron Core's own stage split (transformer_block.py:96-170) on the engine's
+    config: with a set first stage under VP, the first stage's layers must divide by VP too."""
+    from megatron.core.transformer.transformer_block import get_num_layers_to_build
+
+    from moe_vlm.engines.megatron.config import apply_overrides
+
+    base = ("engine=megatron", "dry_run=true", "cluster=b200", "nodes=1", "model=qwen35_vl_35b_a3b",
+            "parallelism=3d", "pp=4", "vp=2", "ep=2")  # fmt: skip
+    for first, last in ((3, 5), (4, 4), (5, 5)):
+        spec = make_spec(
+            *base, f"parallelism.first_stage_layers={first}", f"parallelism.last_stage_layers={last}"
+        )
+        cfg = recipes.config(spec)
+        apply_overrides(cfg, spec)
+        fired = "L004" in {f.code for f in validate(spec) if f.is_error}
+        try:
+            for rank in range(spec.layout.pp):
+                get_num_layers_to_build(cfg.model, vp_stage=0, pp_rank=rank)
+        except AssertionError:
+            assert fired, (first, last)
+        else:
+            assert not fired, (first, last)
 
 
 # shared/reference/vendor-workload.md's BF16 table (TP/PP/VP/EP, MBS/GBS), as the library has it. One

@@ -212,6 +212,16 @@ CASES: dict[str, tuple[list[str], list[str]]] = {
         [*MEG, "parallelism=3d", "tp=2", "data.packing=in_batch", "mbs=2"],
         [*MEG, "parallelism=3d", "data.packing=in_batch", "mbs=2"],
     ),
+    # A packed row of any length (no CP/SP multiple here) into FP8 GEMMs that need multiples of 8.
+    "A012": (
+        [*MEG, "data.packing=in_batch", "mbs=2", "precision=fp8cs"],
+        [*MEG, "data.packing=in_batch", "mbs=2", "precision=bf16"],
+    ),
+    # TP 2 with SP on B200: the recipe's TP overlap is on unless overlap.tp_comm=false.
+    "A013": (
+        [*MEG, "parallelism=3d", "tp=2", "ep=4", "data.packing=in_batch", "mbs=2"],
+        [*MEG, "parallelism=3d", "tp=2", "ep=4", "data.packing=in_batch", "mbs=2", "overlap.tp_comm=false"],
+    ),
     "A009": ([*MEG, "data.num_workers=0"], [*MEG, "data.num_workers=2"]),
     "W001": ([*MEG, "parallelism=3d", "ep=4", "etp=2"], [*MEG, "parallelism=3d", "ep=8"]),
     "W002": ([*MEG, "nodes=2", "ep=16"], [*MEG, "nodes=2"]),
@@ -257,6 +267,50 @@ def test_rule_fires(code: str) -> None:
 def test_rule_quiet(code: str) -> None:
     _, quiet = CASES[code]
     assert code not in codes(*quiet), f"{code} fired for {quiet}"
+
+
+def test_packing_pads_to_cp_times_tp_under_sequence_parallelism() -> None:
+    """Bridge's SP multiple is CP x TP (training/config.py:1219; tests/megatron/test_packing.py runs it):
+    CP 2 x TP 4 pads each packed sample to 8, not lcm(2 x CP, TP) = 4."""
+    spec = make_spec(*MEG, "parallelism=3d", "cp=2", "tp=4", "ep=2", "data.packing=in_batch", "mbs=2")
+    assert spec.collate_padding_multiple == 8
+    (a011,) = [f for f in validate(spec) if f.code == "A011"]
+    assert "a multiple of 8 " in a011.message
+
+
+@pytest.mark.parametrize("fmt", ["fp8cs", "fp8mx", "nvfp4"])
+def test_packing_with_a_quantized_format_is_refused_at_every_cp_sp_layout(fmt: str) -> None:
+    """Bridge's packed row per rank is a multiple of 1 or 2 tokens at most (lcm(2 x CP, CP x TP) over
+    CP x TP), never of the 8/16/32 TE needs; each format alone, and BF16 packing, stay quiet."""
+    packed = [*MEG, "data.packing=in_batch", "mbs=2", "overlap.tp_comm=false", f"precision={fmt}"]
+    for layout in (
+        [],
+        ["parallelism=3d", "cp=2"],
+        ["parallelism=3d", "tp=2", "ep=4"],
+        ["parallelism=3d", "cp=2", "tp=4", "ep=2"],
+    ):
+        assert "A012" in codes(*packed, *layout), layout
+    assert "A012" not in codes(*MEG, f"precision={fmt}")
+
+
+def test_l004_divides_a_set_first_or_last_stage_over_its_vp_chunks() -> None:
+    """Qwen3.5-35B's 40 layers, PP 4 x VP 2: 3 + 2 x 16 + 5 leaves the middle even but the first stage's
+    3 layers cannot split into 2 chunks (Megatron Core asserts it: tests/megatron/test_recipes.py)."""
+    base = [*MEG, "model=qwen35_vl_35b_a3b", "parallelism=3d", "pp=4", "vp=2", "ep=2"]
+    assert "L004" in codes(*base, "parallelism.first_stage_layers=3", "parallelism.last_stage_layers=5")
+    assert "L004" not in codes(*base, "parallelism.first_stage_layers=4", "parallelism.last_stage_layers=4")
+
+
+def test_a_recipe_changed_without_raising_the_predicted_peak_is_not_refused() -> None:
+    """Qwen3.5 at MBS 8 on GB300 (Bridge's recipe, which the vendor ran): our estimate says 352 GiB of 268.
+    A change that leaves the prediction where it was (fewer steps, real routing) is the measured run's
+    size: M003 warns; one that raises it (synthetic images: the ViT's activations) is still refused."""
+    recipe = "recipe=qwen35_vl_35b_a3b_pretrain_8gpu_gb300_bf16"
+    for change in ("train_iters=20", "router=real"):
+        found = {f.code: f for f in validate(make_spec(recipe, change))}
+        assert "M001" not in found and not found["M003"].is_error, change
+        assert "qwen35_vl_35b_a3b_pretrain_8gpu_gb300_bf16 (our estimate for it" in found["M003"].message
+    assert "M001" in codes(recipe, "data=synthetic")
 
 
 def test_fp8_dispatch_is_never_silently_dropped() -> None:

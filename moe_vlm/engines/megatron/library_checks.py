@@ -219,9 +219,18 @@ def _router(cfg: Any, spec: RunSpec) -> None:
 
 # --- Megatron-LM's training argument validation -----------------------------------------------
 
-# Arguments whose name differs from the ConfigContainer field that holds the same setting.
+# Arguments whose name differs from the ConfigContainer field that holds the same setting. The
+# model's renamed ones are Megatron-LM's own args -> TransformerConfig map read backwards
+# (megatron/training/argument_utils.py:307-311); the virtual stages are the argument validate_args
+# derives virtual_pipeline_model_parallel_size from (arguments.py:942-943; left unset it sets the
+# size to None at :949 and checks the layers as if there were no virtual stages).
 ARGS_FROM_CONFIG: dict[str, str] = {
     "num_experts": "model.num_moe_experts",
+    # Without these, an uneven split (the 235B GB200/B200 recipes' 10 + 6 x 12 + 12 = 94) meets
+    # "Number of layers should be divisible by the pipeline-model-parallel size" (arguments.py:951-963).
+    "decoder_first_pipeline_num_layers": "model.num_layers_in_first_pipeline_stage",
+    "decoder_last_pipeline_num_layers": "model.num_layers_in_last_pipeline_stage",
+    "num_virtual_stages_per_pipeline_rank": "model.virtual_pipeline_model_parallel_size",
     "micro_batch_size": "train.micro_batch_size",
     "global_batch_size": "train.global_batch_size",
     "train_iters": "train.train_iters",
