@@ -373,8 +373,8 @@ class PlanningSweeper(Sweeper):
     def print_compact_dry_run(self, dry: list[Point], sweep_dir: Path) -> None:
         """One line per point and a summary; every plan and sbatch script in one file (one file,
         not one per point: on a parallel file system each file created costs a metadata round trip)."""
-        memory = [memory_of(point.spec) for point in dry]
-        predicted = [prediction_of(point.spec) for point in dry]
+        memory = [memory_of(point.spec, point.findings) for point in dry]
+        predicted = [prediction_of(point.spec, point.findings) for point in dry]
         lines = [f"{'#':>5}  {'point id':<16}  {POINT_LINE_HEADER}  overrides"]
         codes: dict[str, int] = {}
         numbered = list(enumerate(zip(dry, memory, predicted, strict=True), start=1))
