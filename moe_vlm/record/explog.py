@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -59,6 +60,32 @@ def missing_package(backend: ExperimentLogger) -> str | None:
         return None
     module, distribution = PACKAGES[backend]
     return None if importlib.util.find_spec(module) is not None else distribution
+
+
+def local_store(tracking_uri: str | None) -> Path | None:
+    """The directory an MLflow URI stores runs in when it is a local path (`file:` or no scheme),
+    or None (a tracking server, a database, the default from the environment)."""
+    if not tracking_uri:
+        return None
+    scheme, sep, rest = tracking_uri.partition(":")
+    if not sep or len(scheme) == 1:  # no scheme (a Windows drive letter reads as one)
+        return Path(tracking_uri).expanduser()
+    if scheme.lower() == "file":
+        return Path(rest.removeprefix("//").split("?", 1)[0] or "/")
+    return None
+
+
+def unwritable_store(store: Path) -> str | None:
+    """Why a local store cannot be created or written here (None: it can): checked on its nearest
+    existing ancestor, since MLflow creates the rest."""
+    existing = store.absolute()
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        return f"{existing} is not a directory"
+    if not os.access(existing, os.W_OK | os.X_OK):
+        return f"{existing} is not writable"
+    return None
 
 
 def step_metrics(records: list[StepRecord]) -> dict[str, float]:
