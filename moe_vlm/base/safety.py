@@ -278,7 +278,9 @@ def _query_secret(match: re.Match[str]) -> bool:
 def _header_secret(match: re.Match[str]) -> bool:
     value = match.group(3).strip()
     scheme = _AUTH_SCHEME.match(value)
-    return _literal(value[scheme.end() :] if scheme else value)
+    # The credential is the first word after the scheme (`Bearer $T https://h`: $T, a reference).
+    words = (value[scheme.end() :] if scheme else value).split()
+    return bool(words) and _literal(words[0])
 
 
 def _in_string(key: str, text: str) -> Credential | None:

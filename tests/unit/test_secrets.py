@@ -322,6 +322,7 @@ def test_values_that_hold_one(value: str) -> None:
         "https://host/x?token=${oc.env:MLFLOW_TOKEN}",
         "https://host/x?max_text_tokens=4&run=1",
         "Authorization: Bearer $HF_TOKEN",
+        "curl -H Authorization: Bearer $HF_TOKEN https://h/warm",
     ],
 )
 def test_values_that_do_not(value: str) -> None:
