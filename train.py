@@ -7,7 +7,7 @@ from omegaconf import DictConfig
 
 import moe_vlm.config.schema  # noqa: F401  (registers the config schema)
 from moe_vlm.base.errors import BadInput
-from moe_vlm.config.preflight import preflight
+from moe_vlm.config.preflight import accept_null, preflight
 from moe_vlm.launch.entry import command_line
 from moe_vlm.run.task import EXIT_INVALID, run
 
@@ -21,7 +21,7 @@ if __name__ == "__main__":
     try:
         # On a login node whose site file names the cluster and launcher, a bare command is
         # submitted as a one-point sweep; inside an allocation it runs here (launch/entry.py).
-        entry = command_line(sys.argv[1:])
+        entry = command_line(accept_null(sys.argv[1:]))
         sys.argv[1:] = entry.argv
         preflight(sys.argv[1:])
         if entry.note:  # after pre-flight: bad input is one line, whatever the site file says

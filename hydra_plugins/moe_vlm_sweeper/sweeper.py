@@ -166,8 +166,8 @@ class PlanningSweeper(Sweeper):
                 spec = composed.spec
             except COMPOSE_ERRORS as exc:
                 raise BadInput(f"sweep point {' '.join(overrides)}: {explain(exc, overrides)}") from exc
-            # composed.config is this point's own copy: scrubbing matters only when there are secrets.
-            config = scrub(composed.config, secrets) if secrets else composed.config
+            # Always scrubbed: a credential by pattern (a ?token= from ${oc.env:...}) needs no known secret.
+            config = scrub(composed.config, secrets)
             point_id = points.identity(config, code_version)
             # Two spellings of one point (mbs=1 and mbs=01) run once.
             planned.setdefault(point_id, Point(index, overrides, point_id, config, spec, validate(spec)))
@@ -346,9 +346,7 @@ class PlanningSweeper(Sweeper):
         """Each point's plan; then, on Slurm, every job as the launcher would submit it (one
         sbatch script per job, job array or pack, naming its points) and the canary's."""
         secrets = secret_values()
-        clean: Callable[[Any], Any] = (
-            (lambda value: scrub(value, secrets)) if secrets else (lambda value: value)
-        )
+        clean: Callable[[Any], Any] = lambda value: scrub(value, secrets)  # noqa: E731
         for number, point in enumerate(dry, start=1):
             found = memory[number - 1] if memory else None
             speed = predicted[number - 1] if predicted else None
@@ -373,8 +371,8 @@ class PlanningSweeper(Sweeper):
     def print_compact_dry_run(self, dry: list[Point], sweep_dir: Path) -> None:
         """One line per point and a summary; every plan and sbatch script in one file (one file,
         not one per point: on a parallel file system each file created costs a metadata round trip)."""
-        memory = [memory_of(point.spec) for point in dry]
-        predicted = [prediction_of(point.spec) for point in dry]
+        memory = [memory_of(point.spec, point.findings) for point in dry]
+        predicted = [prediction_of(point.spec, point.findings) for point in dry]
         lines = [f"{'#':>5}  {'point id':<16}  {POINT_LINE_HEADER}  overrides"]
         codes: dict[str, int] = {}
         numbered = list(enumerate(zip(dry, memory, predicted, strict=True), start=1))

@@ -20,10 +20,19 @@ counts as a credential, precisely:
   `max_text_tokens`, `key_column` and `linear_num_key_heads` are not. A reference to the
   environment (`$HF_TOKEN`, `${HF_TOKEN}`, `${oc.env:HF_TOKEN}`) is not a credential;
 - `NAME=value` inside a string (a setup line, an srun argument) where NAME names one, as above,
-  and is not a bare `KEY` or `TOKEN` (prose such as `KEY=VALUE`): `HF_TOKEN=`, `PASSWORD=`.
+  and is not a bare `KEY` or `TOKEN` (prose such as `KEY=VALUE`): `HF_TOKEN=`, `PASSWORD=`;
+- a URL query parameter that names one, as a key does (`?token=`, `&access_token=`, `?api_key=`,
+  `?password=`, `?sig=`), with a literal value;
+- a header that carries one (`Authorization: Bearer ...`, `X-API-Key: ...`, `Cookie: ...`).
 
-Secrets the config reads from the environment (`${oc.env:...}`) are masked, by value, in every
-config, script and record this package writes (`scrub`).
+A query-string secret is refused like user-info, not masked: Hydra writes the override as typed to
+`.hydra/overrides.yaml` and `config.yaml` before our task runs, so the only way to keep it out of
+them is to refuse it in pre-flight (`moe_vlm/config/preflight.py`), before Hydra starts.
+
+Secrets the config reads from the environment (`${oc.env:...}`) are masked in every config, script
+and record this package writes (`scrub`): by value for variables whose name says secret, and by
+pattern (user-info, query parameters and headers above) whatever the variable's name, since
+`${oc.env:MLFLOW_TRACKING_URI}` may carry `?token=` in a variable named like no secret.
 """
 
 from __future__ import annotations
@@ -92,7 +101,7 @@ def check_no_control(key: str, value: str) -> str:
 
 def check_setup_line(key: str, line: str) -> str:
     check_no_control(key, line)
-    found = _assignment(key, line)
+    found = _in_string(key, line)
     if found is not None:
         raise BadInput(found.message())
     return line
@@ -112,9 +121,27 @@ def secret_values(environ: Mapping[str, str] | None = None) -> list[str]:
 
 
 def scrub_text(text: str, secrets: Iterable[str] | None = None) -> str:
+    """Every secret masked: the environment's secret values, then any credential by pattern."""
     for value in secret_values() if secrets is None else secrets:
         text = text.replace(value, MASK)
-    return text
+    return mask_patterns(text)
+
+
+def mask_patterns(text: str) -> str:
+    """Mask what the module docstring calls a credential in a string, keeping the rest readable:
+    a URL's password or http(s) user name, a credential query parameter's value, a credential
+    header's value."""
+    text = _URL_PASSWORD_PART.sub(rf"\g<1>{MASK}@", text)
+    text = _HTTP_USER_PART.sub(rf"\g<1>{MASK}@", text)
+    text = _QUERY.sub(lambda m: f"{m.group(1)}{m.group(2)}={MASK}" if _query_secret(m) else m.group(0), text)
+    return _HEADER.sub(_masked_header, text)
+
+
+def _masked_header(match: re.Match[str]) -> str:
+    if not _header_secret(match):
+        return match.group(0)
+    scheme = _AUTH_SCHEME.match(match.group(3))
+    return f"{match.group(1)}{match.group(2)}{scheme.group(0) if scheme else ''}{MASK}"
 
 
 def scrub(value: Any, secrets: Iterable[str] | None = None) -> Any:
@@ -136,8 +163,6 @@ def scrub(value: Any, secrets: Iterable[str] | None = None) -> Any:
 def scrub_files(paths: Iterable[Path]) -> None:
     """Mask secrets in files another component wrote (run.json, Hydra's saved configs)."""
     known = secret_values()
-    if not known:
-        return
     for path in paths:
         try:
             text = path.read_text()
@@ -154,6 +179,21 @@ def scrub_files(paths: Iterable[Path]) -> None:
 URL_PASSWORD = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s/@:]*:[^\s/@]+@")
 # http(s)://user@: over HTTP the user name alone is often the token (https://<token>@host).
 HTTP_USER = re.compile(r"https?://[^\s/@:]+@", re.I)
+# The same two, split where the mask goes: (scheme://user:)password@ and (http(s)://)user@.
+_URL_PASSWORD_PART = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://[^\s/@:]*:)[^\s/@]+@")
+_HTTP_USER_PART = re.compile(r"(https?://)[^\s/@:*]+@", re.I)
+# ?name=value or &name=value (also ; as a separator): the credential_name test picks the names.
+_QUERY = re.compile(r"([?&;])([A-Za-z][A-Za-z0-9_.-]*)=([^&#;\s'\"]*)")
+# Query names that carry a credential although credential_name does not say so (signed URLs).
+_QUERY_NAMES = frozenset({"sig", "signature", "x-amz-signature"})
+# A header whose value is a credential, in a string (a curl -H argument, a header dict's text).
+_HEADER = re.compile(
+    r"((?:proxy-)?authorization|x-api-key|api-key|x-auth-token|x-access-token|cookie)(['\"]?\s*:\s*['\"]?)"
+    r"([^'\"\n]*)",
+    re.I,
+)
+# An authorization scheme before the credential itself (`Bearer <token>`), kept when masking.
+_AUTH_SCHEME = re.compile(r"(?i)(bearer|basic|token|digest)\s+")
 _CREDENTIAL_WORDS = frozenset(
     {"password", "passwd", "passphrase", "secret", "secrets", "credential", "credentials"}
 )
@@ -230,9 +270,30 @@ def _assignment(key: str, text: str) -> Credential | None:
     return None
 
 
+def _query_secret(match: re.Match[str]) -> bool:
+    name = match.group(2)
+    return (credential_name(name) or name.lower() in _QUERY_NAMES) and _literal(match.group(3))
+
+
+def _header_secret(match: re.Match[str]) -> bool:
+    value = match.group(3).strip()
+    scheme = _AUTH_SCHEME.match(value)
+    # The credential is the first word after the scheme (`Bearer $T https://h`: $T, a reference).
+    words = (value[scheme.end() :] if scheme else value).split()
+    return bool(words) and _literal(words[0])
+
+
 def _in_string(key: str, text: str) -> Credential | None:
     if URL_PASSWORD.search(text) or HTTP_USER.search(text):
         return Credential(key, "a password or token in a URL (user-info user:password@)", credential_env(key))
+    query = next((m for m in _QUERY.finditer(text) if _query_secret(m)), None)
+    if query is not None:
+        return Credential(
+            key, f"a credential in a URL's query string ({query.group(2)}=)", credential_env(key)
+        )
+    header = next((m for m in _HEADER.finditer(text) if _header_secret(m)), None)
+    if header is not None:
+        return Credential(key, f"a credential in a header ({header.group(1)}:)", credential_env(key))
     return _assignment(key, text)
 
 

@@ -13,6 +13,7 @@ import re
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+import yaml
 from hydra._internal.utils import get_args_parser
 from hydra.errors import (
     ConfigCompositionException,
@@ -164,6 +165,7 @@ def preflight(argv: list[str]) -> None:
         for override in overrides:
             _check_names(override)
             _reject_added_keys(override)
+            _reject_read_only(override)
         fixed = [o for o in overrides if not parse_override(o).is_sweep_override()]
         base = compose_point(fixed)
         _check_point(base)
@@ -235,6 +237,57 @@ def _check_names(override: str) -> None:
 def _check_point(point: Composed) -> None:
     dry_run_mode(point.train.dry_run)
     check_credentials(point.config)
+    recipe, card = point.train.recipe.name, point.train.card.row
+    if recipe != "none" and card != "none":
+        # Each sets every knob of one published configuration (train.yaml's defaults list: card
+        # after recipe), so together the card's would silently replace the recipe's.
+        raise BadInput(
+            f"recipe={recipe} and card={card} exclude each other: each reproduces one published "
+            "configuration, every knob of it. Fix: drop one; change a knob of the other on the command "
+            "line (mbs=2), and the plan lists it as a difference."
+        )
+
+
+# The groups whose options publish facts (a card row's figure, a Bridge recipe's knobs): their
+# fields are set by the option, never typed, so a plan and a report never show an edited figure as
+# the published one.
+READ_ONLY = {
+    "card": "conf/card/<row>.yaml, from the card it names",
+    "recipe": "conf/recipe/<name>.yaml, generated from Bridge",
+}
+
+
+def _reject_read_only(override: str) -> None:
+    key = override_key(override).lstrip("+~")
+    group, dot, _ = key.partition(".")
+    if dot and group in READ_ONLY:
+        raise BadInput(
+            f"{key}: a published fact, read-only (its source: {READ_ONLY[group]}). Fix: drop it; to run "
+            f"otherwise, override the knob itself (mbs=2): the plan lists each difference from the {group}."
+        )
+
+
+def null_default_groups() -> frozenset[str]:
+    """Config groups whose default in conf/train.yaml is null (no option chosen)."""
+    defaults = yaml.safe_load((CONF_DIR / "train.yaml").read_text())["defaults"]
+    return frozenset(
+        str(group)
+        for entry in defaults
+        if isinstance(entry, dict)
+        for group, option in entry.items()
+        if option is None
+    )
+
+
+def accept_null(argv: list[str]) -> list[str]:
+    """`group=null` for a group whose default is null, as Hydra's `~group` (its own spelling of no
+    option, which it accepts there): the documented default, typed, is accepted."""
+    groups = null_default_groups()
+    out = []
+    for arg in argv:
+        key, eq, value = arg.partition("=")
+        out.append(f"~{key}" if eq and key in groups and value.strip() in ("null", "None", "~") else arg)
+    return out
 
 
 def _preset_sweeps(params: Mapping[str, Any] | None, overrides: list[str]) -> list[str]:

@@ -19,7 +19,7 @@ import torch
 from PIL import Image
 
 from moe_vlm.data.energon import IMAGE_PARTS, SampleLocation, ShardSample, index_shard, read_meta, read_sample
-from moe_vlm.data.errors import DataError
+from moe_vlm.data.errors import DataError, NoUsableSamples
 from moe_vlm.data.sequence import RawSample, SkippedSample
 from moe_vlm.data.tokenizer import ByteTokenizer
 
@@ -85,6 +85,8 @@ def real_samples(
     locations: list[SampleLocation], tokenizer: ByteTokenizer, seed: int, rank: int
 ) -> Iterator[RawSample | SkippedSample]:
     """Endless: this rank's slice (from rank_locations), reshuffled every epoch."""
+    if not locations:  # an empty epoch would repeat forever without yielding
+        raise NoUsableSamples(f"data=real: rank {rank} has no samples to read. Fix: check data.path.")
     epoch = 0
     while True:
         generator = torch.Generator().manual_seed((seed * 1000 + rank) * REAL_STREAM + epoch)

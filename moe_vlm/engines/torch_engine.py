@@ -44,7 +44,7 @@ from moe_vlm.perf.memory.estimate import GIB
 from moe_vlm.perf.metrics import summarize
 from moe_vlm.predict.model import record_section
 from moe_vlm.record import profiling
-from moe_vlm.record.explog import ExperimentLog, open_log, step_metrics, summary_metrics
+from moe_vlm.record.explog import TRACKER_SECTION, Tracker, step_metrics, summary_metrics
 from moe_vlm.record.profiling import StepProfiler
 from moe_vlm.record.records import RunRecord, RunStatus, StepRecord, StepWriter, read_steps
 from moe_vlm.runtime.dist_env import DistEnv, free_port
@@ -154,7 +154,7 @@ def run_rank(spec: RunSpec, config: dict[str, Any], run_dir: Path, env: DistEnv)
     writer = StepWriter(run_dir / STEPS_JSONL) if is_main else None
     trainer: Trainer | None = None
     profiler: StepProfiler | None = None
-    tracker: ExperimentLog | None = None
+    tracker: Tracker | None = None
     held: tuple[StepRecord, float] | None = None  # the finished step whose period is still open
     try:
         # Before the model: the allocator history (profiling=memory) must see every allocation.
@@ -162,7 +162,7 @@ def run_rank(spec: RunSpec, config: dict[str, Any], run_dir: Path, env: DistEnv)
         trainer = Trainer(spec, device, env.rank, env.world_size)
         console = Console(spec, trainer) if is_main else None
         if is_main:
-            tracker = open_log(spec, config, run_dir)
+            tracker = Tracker(spec, config, run_dir)  # its failures are recorded, never fatal
             if profiling.active(spec):
                 print(f"moe_vlm {profiling.describe(spec)}", flush=True)
 
@@ -197,14 +197,16 @@ def run_rank(spec: RunSpec, config: dict[str, Any], run_dir: Path, env: DistEnv)
         if writer is not None:
             writer.close()
             steps = read_steps(run_dir / STEPS_JSONL)
-            record = _record(spec, config, run_dir, "completed", trainer, steps, data_stats)
+            record = _record(spec, config, run_dir, "completed", trainer, steps, data_stats, tracker)
             write_json_atomic(run_dir / RUN_JSON, record)
             if console is not None:
                 console.finish(record, run_dir)
             if tracker is not None:
+                before = tracker.section()
                 tracker.log(spec.train_iters, summary_metrics(record["summary"]))
                 tracker.close("completed")
-                tracker = None
+                if tracker.section() != before:  # it failed on the summary or at close: say so too
+                    write_json_atomic(run_dir / RUN_JSON, {**record, TRACKER_SECTION: tracker.section()})
     except Exception as exc:
         if writer is not None:
             if held is not None:  # a finished step is never lost: this rank's line, without its period
@@ -212,7 +214,9 @@ def run_rank(spec: RunSpec, config: dict[str, Any], run_dir: Path, env: DistEnv)
             writer.close()
             text = "".join(traceback.format_exception(exc))
             print(text, file=sys.stderr, flush=True)
-            base = _record(spec, config, run_dir, "failed", trainer, read_steps(run_dir / STEPS_JSONL))
+            base = _record(
+                spec, config, run_dir, "failed", trainer, read_steps(run_dir / STEPS_JSONL), tracker=tracker
+            )
             tail = tail_lines(text)
             record = write_failure(run_dir, classify(text), tail, base, launch=launch_info())
             raise RunFailed(f"{record['failure']['class']}: {record['failure']['message']}") from exc
@@ -236,10 +240,14 @@ def _record(
     trainer: Trainer | None = None,
     steps: list[StepRecord] | None = None,
     data_stats: dict[str, Any] | None = None,
+    tracker: Tracker | None = None,
 ) -> dict[str, Any]:
     """run.json: completed, or the base a failure record is classified onto (runtime.failures)."""
     steps = steps if steps is not None else read_steps(run_dir / STEPS_JSONL)
     sections = {"torch_engine": trainer.describe()} if trainer is not None else {}
+    tracked = tracker.section() if tracker is not None else None
+    if tracked is not None:
+        sections[TRACKER_SECTION] = tracked
     if status == RunStatus.completed:
         summary = summarize(steps, spec)
         sections["prediction"] = record_section(spec, summary)  # predicted vs measured

@@ -8,16 +8,23 @@ with the same run name and the same TensorBoard directory inside the run directo
 Keys come from the environment (WANDB_API_KEY, MLFLOW_TRACKING_USERNAME / _PASSWORD / _TOKEN),
 read by the trackers themselves: nothing here reads them, and the configuration each tracker
 stores is scrubbed of every secret value first (moe_vlm/base/safety.py).
+
+A tracker never costs a run (`Tracker`): the first exception it raises, opening, logging a step
+or closing, is printed once, recorded in run.json's `tracker` section with its reason, and the
+run goes on without it.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import json
+import os
+import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from moe_vlm.base.safety import scrub
+from moe_vlm.base.safety import scrub, scrub_text
 from moe_vlm.config.schema import ExperimentLogger
 from moe_vlm.record.profiling import TENSORBOARD_DIR
 
@@ -32,6 +39,8 @@ PACKAGES: dict[ExperimentLogger, tuple[str, str]] = {
     ExperimentLogger.mlflow: ("mlflow", "mlflow"),
 }
 MLFLOW_PARAM_CHARS = 500  # MLflow rejects longer parameter values
+TRACKER_SECTION = "tracker"  # run.json's section: the backend, whether it logged, and why not
+REASON_CHARS = 500  # of the tracker's exception text kept in run.json
 
 
 def run_name(spec: RunSpec) -> str:
@@ -51,6 +60,32 @@ def missing_package(backend: ExperimentLogger) -> str | None:
         return None
     module, distribution = PACKAGES[backend]
     return None if importlib.util.find_spec(module) is not None else distribution
+
+
+def local_store(tracking_uri: str | None) -> Path | None:
+    """The directory an MLflow URI stores runs in when it is a local path (`file:` or no scheme),
+    or None (a tracking server, a database, the default from the environment)."""
+    if not tracking_uri:
+        return None
+    scheme, sep, rest = tracking_uri.partition(":")
+    if not sep or len(scheme) == 1:  # no scheme (a Windows drive letter reads as one)
+        return Path(tracking_uri).expanduser()
+    if scheme.lower() == "file":
+        return Path(rest.removeprefix("//").split("?", 1)[0] or "/")
+    return None
+
+
+def unwritable_store(store: Path) -> str | None:
+    """Why a local store cannot be created or written here (None: it can): checked on its nearest
+    existing ancestor, since MLflow creates the rest."""
+    existing = store.absolute()
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        return f"{existing} is not a directory"
+    if not os.access(existing, os.W_OK | os.X_OK):
+        return f"{existing} is not writable"
+    return None
 
 
 def step_metrics(records: list[StepRecord]) -> dict[str, float]:
@@ -173,3 +208,50 @@ def open_log(spec: RunSpec, config: dict[str, Any], run_dir: Path) -> Experiment
     if backend is ExperimentLogger.mlflow:
         return MlflowLog(spec, clean)
     return None
+
+
+class Tracker:
+    """The run's tracker, guarded: a tracker exception is its failure, recorded, never the run's.
+
+    The first one (MLflow refusing a file store, a scheme the installed version lacks, a full
+    disk under TensorBoard's directory) drops the tracker for the rest of the run: a tracker that
+    failed once would fail or block at every step after it.
+    """
+
+    def __init__(self, spec: RunSpec, config: dict[str, Any], run_dir: Path) -> None:
+        self.backend = spec.logger.backend
+        self.failure: dict[str, str] | None = None
+        self.log_: ExperimentLog | None = self._guarded("open", lambda: open_log(spec, config, run_dir))
+
+    def _guarded(self, where: str, call: Callable[[], Any]) -> Any:
+        try:
+            return call()
+        except Exception as exc:  # any tracker error: the run must not die of it
+            reason = scrub_text(" ".join(f"{type(exc).__name__}: {exc}".split()))[:REASON_CHARS]
+            self.failure = {"at": where, "reason": reason}
+            self.log_ = None
+            print(
+                f"moe_vlm: warning: logger={self.backend.value} failed at {where} ({reason}); "
+                f"training goes on without it (run.json {TRACKER_SECTION})",
+                file=sys.stderr,
+                flush=True,
+            )
+            return None
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        log = self.log_
+        if log is not None:
+            self._guarded(f"step {step}", lambda: log.log(step, metrics))
+
+    def close(self, status: str) -> None:
+        log, self.log_ = self.log_, None
+        if log is not None:
+            self._guarded("close", lambda: log.close(status))
+
+    def section(self) -> dict[str, Any] | None:
+        """run.json's tracker section (None for logger=none): logged, or failed with where and why."""
+        if self.backend is ExperimentLogger.none:
+            return None
+        if self.failure is None:
+            return {"backend": self.backend.value, "status": "logged"}
+        return {"backend": self.backend.value, "status": "failed", **self.failure}

@@ -419,7 +419,8 @@ class RunRecord:
     findings: list[dict[str, Any]] = field(default_factory=list)  # rules.Finding.to_dict()
     failure: Failure | None = None
     launch: dict[str, Any] = field(default_factory=dict)  # where and how the job ran (launcher, failures)
-    # What one writer adds: torch_engine, bridge, process (a running record), fixture, ...
+    # What one writer adds: torch_engine, bridge, process (a running record), tracker (the experiment
+    # tracker logged, or failed: where and why; record/explog.py Tracker), fixture, ...
     sections: dict[str, Any] = field(default_factory=dict)
     schema_version: int = SCHEMA_VERSION
 

@@ -21,9 +21,19 @@ catalogue's order (and the order findings print in).
 
 import importlib
 
-from moe_vlm.rules.catalogue import CATALOGUE, Finding, Level, Rule, Violation, errors, rule, validate
+from moe_vlm.rules.catalogue import (
+    CATALOGUE,
+    Finding,
+    Level,
+    Rule,
+    Violation,
+    errors,
+    rule,
+    unplannable,
+    validate,
+)
 
-__all__ = ["CATALOGUE", "Finding", "Level", "Rule", "Violation", "errors", "rule", "validate"]
+__all__ = ["CATALOGUE", "Finding", "Level", "Rule", "Violation", "errors", "rule", "unplannable", "validate"]
 
 SECTIONS = (
     "config",

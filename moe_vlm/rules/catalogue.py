@@ -33,6 +33,9 @@ class Finding:
     message: str
     fix: str
     title: str = ""  # the rule's one-line title (its catalogue entry), for the plan's closing summary
+    # The point has no shape to size (a size below 1, no sample that fits): the plan stops at the
+    # verdict, since the memory estimate and the micro-batch sampler assume a point that exists.
+    blocking: bool = False
 
     @property
     def is_error(self) -> bool:
@@ -67,15 +70,19 @@ class Rule:
     level: Level
     title: str
     check: Check
+    blocking: bool = False
 
 
 CATALOGUE: list[Rule] = []
 
 
-def rule(code: str, level: Level, title: str) -> Callable[[Check], Check]:
+def rule(code: str, level: Level, title: str, blocking: bool = False) -> Callable[[Check], Check]:
+    """blocking: an error that leaves no point to plan (Finding.blocking); errors only."""
+    assert not blocking or level is Level.error, f"{code}: only an error can block the plan"
+
     def register(check: Check) -> Check:
         assert all(existing.code != code for existing in CATALOGUE), f"duplicate rule code {code}"
-        CATALOGUE.append(Rule(code, level, title, check))
+        CATALOGUE.append(Rule(code, level, title, check, blocking))
         return check
 
     return register
@@ -84,13 +91,22 @@ def rule(code: str, level: Level, title: str) -> Callable[[Check], Check]:
 def validate(spec: RunSpec) -> list[Finding]:
     """Every finding at once, errors first, in catalogue order."""
     findings = [
-        Finding(r.code, r.level, v.keys, v.message, v.fix, r.title) for r in CATALOGUE for v in r.check(spec)
+        Finding(r.code, r.level, v.keys, v.message, v.fix, r.title, r.blocking)
+        for r in CATALOGUE
+        for v in r.check(spec)
     ]
     return sorted(findings, key=lambda f: f.level is not Level.error)
 
 
 def errors(findings: list[Finding]) -> list[Finding]:
     return [f for f in findings if f.is_error]
+
+
+def unplannable(findings: list[Finding]) -> str | None:
+    """Why the point cannot be sized (its blocking findings), or None: what a plan says instead of
+    the memory estimate, the prediction and the micro-batch."""
+    codes = sorted({f.code for f in findings if f.blocking})
+    return f"the point has no shape to size ({', '.join(codes)})" if codes else None
 
 
 SELECTIVE_RECOMPUTE_MODULES = (

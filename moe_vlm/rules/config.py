@@ -12,7 +12,7 @@ from moe_vlm.rules.catalogue import (
 )
 
 
-@rule("C001", Level.error, "sizes must be positive")
+@rule("C001", Level.error, "sizes must be positive", blocking=True)
 def _positive_sizes(spec: RunSpec) -> Iterator[Violation]:
     layout = spec.layout
     sizes = {

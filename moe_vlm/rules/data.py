@@ -115,9 +115,9 @@ def _image_tokens_bounds(spec: RunSpec) -> tuple[int, int]:
     return math.ceil(spec.data.min_pixels / factor**2), max(spec.data.max_pixels // factor**2, 1)
 
 
-@rule("A006", Level.error, "the smallest image sample fits seq_length")
+@rule("A006", Level.error, "the smallest image sample fits seq_length", blocking=True)
 def _smallest_sample_fits(spec: RunSpec) -> Iterator[Violation]:
-    if spec.data.kind is DataKind.mock:
+    if spec.data.kind is DataKind.mock or spec.seq_length < 1:  # < 1: C001 says it, once
         return
     images = spec.data.min_images if spec.data.kind is DataKind.synthetic else 1
     fewest, _ = _image_tokens_bounds(spec)
@@ -134,7 +134,7 @@ def _smallest_sample_fits(spec: RunSpec) -> Iterator[Violation]:
 
 @rule("A007", Level.warning, "the largest synthetic images fit seq_length")
 def _largest_sample_fits(spec: RunSpec) -> Iterator[Violation]:
-    if spec.data.kind is not DataKind.synthetic:
+    if spec.data.kind is not DataKind.synthetic or spec.seq_length < 1:  # < 1: C001 says it, once
         return
     _, most = _image_tokens_bounds(spec)
     needed = spec.data.max_images * (most + 2) + 1

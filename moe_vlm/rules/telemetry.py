@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from moe_vlm.config.schema import Engine, Profiler
+from moe_vlm.config.schema import Engine, ExperimentLogger, Profiler
 from moe_vlm.config.spec import RunSpec
 from moe_vlm.record import explog, profiling
 from moe_vlm.rules.catalogue import Level, Violation, rule
@@ -104,4 +104,23 @@ def _tracker_installed(spec: RunSpec) -> Iterator[Violation]:
             f"logger={backend.value}: the {missing} package does not import in this environment, so "
             "the torch engine could not log to it.",
             f"pip install {missing}, or logger=tensorboard|none.",
+        )
+
+
+@rule("T007", Level.error, "MLflow's local store can be written")
+def _tracker_store(spec: RunSpec) -> Iterator[Violation]:
+    # Checked where the plan runs, which for a single run is where it writes; a sweep's jobs write
+    # on their own nodes, where a shared path usually looks the same.
+    store = (
+        explog.local_store(spec.logger.tracking_uri)
+        if spec.logger.backend is ExperimentLogger.mlflow
+        else None
+    )
+    why = explog.unwritable_store(store) if store is not None else None
+    if why:
+        yield Violation(
+            ("logger.tracking_uri",),
+            f"logger.tracking_uri={spec.logger.tracking_uri}: MLflow's local store {store} cannot be created "
+            f"({why}), so the tracker would fail on opening.",
+            "point it at a directory you can write (file:///lustre/<you>/mlruns) or an http(s) tracking server.",
         )

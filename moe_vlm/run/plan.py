@@ -26,7 +26,7 @@ from moe_vlm.perf.memory.micro_batch import micro_batch_shape
 from moe_vlm.perf.metrics import peak_of, precision_peak_of
 from moe_vlm.predict.model import Prediction, predict
 from moe_vlm.record.columns import choices
-from moe_vlm.rules import Finding, Level
+from moe_vlm.rules import Finding, Level, unplannable
 
 if TYPE_CHECKING:
     from moe_vlm.engines.megatron.effective import Planned
@@ -241,8 +241,11 @@ def effective_lines(spec: RunSpec, found: tuple[Planned, Entry] | str | None = N
     ]
 
 
-def memory_of(spec: RunSpec) -> MemoryEstimate | str:
-    """The memory estimate, or why there is none (a layout the rules reject)."""
+def memory_of(spec: RunSpec, findings: list[Finding] | None = None) -> MemoryEstimate | str:
+    """The memory estimate, or why there is none (a layout the rules reject, a point with no shape)."""
+    blocked = unplannable(findings or [])
+    if blocked:
+        return blocked
     try:
         return estimate(spec)
     except (ArithmeticError, ValueError, IndexError) as exc:
@@ -257,8 +260,12 @@ def memory_lines(spec: RunSpec, memory: MemoryEstimate | str | None = None) -> l
     return found.lines()
 
 
-def prediction_of(spec: RunSpec) -> Prediction | str:
-    """The predicted step time (moe_vlm/predict), or why there is none (a layout the rules reject)."""
+def prediction_of(spec: RunSpec, findings: list[Finding] | None = None) -> Prediction | str:
+    """The predicted step time (moe_vlm/predict), or why there is none (a layout the rules reject, a
+    point with no shape)."""
+    blocked = unplannable(findings or [])
+    if blocked:
+        return blocked
     try:
         return predict(spec)
     except (ArithmeticError, ValueError, IndexError) as exc:
@@ -338,9 +345,10 @@ def gather(
     the same for every plan (tests/unit/test_docs_commands.py plans every documented command this
     way; tests/megatron checks the Bridge-built sections)."""
     deep = deep and os.environ.get(SHALLOW_ENV) != "1"
-    found = memory_of(spec) if memory is None else memory
-    basis = expected_basis(spec)
-    speed = prediction_of(spec) if prediction is None else prediction
+    found = memory_of(spec, findings) if memory is None else memory
+    blocked = unplannable(findings)
+    basis = blocked or expected_basis(spec)
+    speed = prediction_of(spec, findings) if prediction is None else prediction
     if spec.engine != Engine.megatron or any(f.is_error for f in findings) or not deep:
         # An invalid plan never runs: skip the seconds of importing Megatron to probe its stack.
         return Gathered(found, basis, speed, deep)
@@ -372,6 +380,10 @@ def render(
         *card_lines(spec),
         "",
     ]
+    blocked = unplannable(findings)
+    if blocked:  # the verdict before anything that assumes a point exists (the micro-batch sampler)
+        out += ["-- findings --", *(f.line() for f in findings), ""]
+        return "\n".join([*out, f"not planned: {blocked}", "", *verdict_lines(findings)])
     out += ["-- layout --", *layout_lines(spec), ""]
     out += [*memory_lines(spec, got.memory), ""]
     out += [*prediction_lines(spec, got.prediction), ""]

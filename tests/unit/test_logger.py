@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from moe_vlm.base.errors import BadInput
-from moe_vlm.base.files import RUN_JSON
+from moe_vlm.base.files import RUN_JSON, STEPS_JSONL
 from moe_vlm.base.safety import SECRET_NAME
 from moe_vlm.config.preflight import preflight
 from moe_vlm.config.schema import ExperimentLogger
@@ -135,6 +135,39 @@ def test_tensorboard_events_hold_each_step(logged_run: Path) -> None:
     # The last summary point is run.json's number.
     (point,) = accumulator.Scalars("summary/effective_tokens_per_s_per_gpu")
     assert point.value == pytest.approx(record["summary"]["effective_tokens_per_s_per_gpu"], rel=1e-6)
+    assert record[explog.TRACKER_SECTION] == {"backend": "tensorboard", "status": "logged"}
+
+
+@pytest.mark.slow
+def test_a_tracker_that_cannot_write_costs_the_run_nothing(tmp_path: Path) -> None:
+    # A real failure of the real tracker: its directory's name is taken by a file, so TensorBoard's
+    # SummaryWriter raises FileExistsError on opening. It killed the run; now it is recorded.
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "tensorboard").write_text("not a directory")
+    done = subprocess.run(
+        [
+            sys.executable,
+            "train.py",
+            "logger=tensorboard",
+            "nproc=1",
+            "train_iters=3",
+            f"hydra.run.dir={run_dir}",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    record = json.loads((run_dir / RUN_JSON).read_text())
+    assert record["status"] == "completed"
+    tracker = record[explog.TRACKER_SECTION]
+    assert (tracker["backend"], tracker["status"], tracker["at"]) == ("tensorboard", "failed", "open")
+    assert tracker["reason"].startswith("FileExistsError") and "tensorboard" in tracker["reason"]
+    assert len((run_dir / STEPS_JSONL).read_text().splitlines()) == 3  # training went on
+    warnings = [line for line in done.stderr.splitlines() if line.startswith("moe_vlm: warning: logger=")]
+    assert len(warnings) == 1 and "training goes on without it" in warnings[0]
 
 
 @pytest.mark.slow

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import signal
 from itertools import islice
+from types import FrameType
 
 from moe_vlm.data import build_batches
 from moe_vlm.perf.flops import Workload, step_flops
@@ -55,3 +57,19 @@ def test_flops_count_real_tokens_and_each_sample_s_attention() -> None:
     # CP/SP alignment padding in a packed row grows each sample, not one row-long sequence.
     aligned = Workload(1, 900, 894, 3 * 298**2, 3 * 784, 3 * 784**2, samples=3).padded()
     assert aligned.sum_seq_len_squared == round(3 * 298**2 * (900 / 894) ** 2)
+
+
+def test_a_distribution_that_never_fits_gives_up_after_a_bounded_number_of_draws() -> None:
+    # seq_length=40 holds no image (A006): the sampler redrew forever. An alarm fails it rather than hang.
+    def hung(signum: int, frame: FrameType | None) -> None:
+        raise TimeoutError("micro_batch_shape did not return in 60 s: its redraws are unbounded")
+
+    previous = signal.signal(signal.SIGALRM, hung)
+    signal.alarm(60)
+    try:
+        shape = micro_batch_shape(make_spec("data=synthetic", "seq_length=40", "data.packing=in_batch"))
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+    assert (shape.positions, shape.mean_tokens) == (shape.padded_positions, None)
+    assert "no sample" in shape.source and "A006" in shape.source

@@ -245,6 +245,11 @@ CASES: dict[str, tuple[list[str], list[str]]] = {
     "T005": (["profiling=torch", "train_iters=3"], ["profiling=torch", "train_iters=4"]),
     # mlflow is not in the venv (T006's own test checks the import it relies on).
     "T006": (["logger=mlflow"], ["logger=tensorboard"]),
+    # A store under a regular file can never be created; one under a writable directory can.
+    "T007": (
+        ["logger=mlflow", f"logger.tracking_uri=file://{REPO}/pyproject.toml/mlruns"],
+        ["logger=mlflow", "logger.tracking_uri=file:///tmp/moe_vlm_t007/mlruns"],
+    ),
 }
 
 

@@ -3,8 +3,10 @@
 Every entry (a single run, `-m` on this machine, `-m` on Slurm with and without dry_run, the
 bare command with a site file) gets a secret in a different place; each must exit 2 with one
 line naming the key and the environment variable to use, create no run or sweep directory, and
-leave the secret in no file and nowhere on the console. Secrets the config reads from the
-environment (`${oc.env:...}`) are allowed and masked by value wherever the run writes.
+leave the secret in no file and nowhere on the console. Each form (user-info, a query parameter, a
+header, NAME=value) is planted at least once. Secrets the config reads from the environment
+(`${oc.env:...}`) are allowed and masked by value wherever the run writes, unless their form says
+credential (the same refusal); the scrubber also masks each form by pattern.
 """
 
 from __future__ import annotations
@@ -79,6 +81,47 @@ CASES: dict[str, tuple[list[str], dict[str, str], str | None, str, str]] = {
         None,
         "logger.tracking_uri",
         "MLFLOW_TRACKING_PASSWORD",
+    ),
+    "single run, a token in the query string": (
+        ["logger=tensorboard", f"logger.tracking_uri=https://host/x?token={SECRET}", "train_iters=4"],
+        {},
+        None,
+        "logger.tracking_uri",
+        "MLFLOW_TRACKING_TOKEN",
+    ),
+    "dry run, an api_key in the query string": (
+        [f"logger.tracking_uri=https://host/?api_key={SECRET}", "dry_run=true"],
+        {},
+        None,
+        "logger.tracking_uri",
+        "MLFLOW_TRACKING_TOKEN",
+    ),
+    "-m local, an access_token in a sweep value": (
+        ["-m", "logger=tensorboard", f"logger.tracking_uri=https://h,https://h/?access_token={SECRET}"],
+        {},
+        None,
+        "logger.tracking_uri",
+        "MLFLOW_TRACKING_TOKEN",
+    ),
+    "dry run, a password from the environment in the query string": (
+        ["data=real", "data.path=${oc.env:MOE_VLM_TEST_URI}", "dry_run=true"],
+        {"MOE_VLM_TEST_URI": f"file:///lustre/shards?password={SECRET}"},
+        None,
+        "data.path",
+        "HF_TOKEN",
+    ),
+    "-m slurm dry run, a header in a setup line": (
+        [
+            "-m",
+            "hydra/launcher=slurm_gb200",
+            *GPU_POINT,
+            "dry_run=true",
+            f"hydra.launcher.setup=['curl -H \"Authorization: Bearer {SECRET}\" https://h/warm']",
+        ],
+        {},
+        None,
+        "hydra.launcher.setup",
+        "HF_TOKEN",
     ),
     "-m local, a token under a secret-named key": (
         ["-m", "hydra/launcher=local", "train_iters=3,4", f"+hydra.job.env_set.WANDB_API_KEY={SECRET}"],
@@ -190,6 +233,28 @@ def test_an_environment_secret_is_masked_on_the_console_and_in_every_file(
     assert not leaks(tmp_path, done)
 
 
+@pytest.mark.parametrize(
+    "text",
+    [
+        f"https://alice:{SECRET}@host/x",
+        f"https://{SECRET}@host/x",
+        f"mlflow.exceptions.MlflowException: API request to https://host/api?token={SECRET} failed",
+        f"https://host/x?run=1&access_token={SECRET}#top",
+        f"https://host/?api_key={SECRET}",
+        f"file:///store?password={SECRET}",
+        f"headers: {{'Authorization': 'Bearer {SECRET}'}}",
+        f"X-API-Key: {SECRET}",
+    ],
+)
+def test_the_scrubber_masks_a_credential_by_pattern_whatever_the_environment_holds(text: str) -> None:
+    # A tracker's exception text or a URI from a variable named like no secret (MLFLOW_TRACKING_URI):
+    # no known value to mask, only its form.
+    clean = safety.scrub_text(text, [])
+    assert SECRET not in clean and safety.MASK in clean
+    assert safety.scrub({"a": [text]}, []) == {"a": [clean]}
+    assert safety.scrub_text(clean, []) == clean  # masking twice changes nothing
+
+
 # --- what counts as a credential ----------------------------------------------------------------
 
 
@@ -228,6 +293,13 @@ def test_names_that_do_not(name: str) -> None:
         "https://ghp_abcdef@github.com/x",
         "export HF_TOKEN=hf_abc",
         "--export=ALL,WANDB_API_KEY=abc",
+        "https://host/x?token=abc",
+        "mlflow://host?run=1&access_token=abc#frag",
+        "https://host/?api_key=abc",
+        "file:///store?password=abc",
+        "https://bucket.s3/x?X-Amz-Signature=abc",
+        "curl -H 'Authorization: Bearer abc' https://h",
+        "X-API-Key: abc",
     ],
 )
 def test_values_that_hold_one(value: str) -> None:
@@ -247,6 +319,10 @@ def test_values_that_hold_one(value: str) -> None:
         "export TOKENIZERS_PARALLELISM=false",
         "python train.py [KEY=VALUE ...]",
         "https://mlflow.example:5000",
+        "https://host/x?token=${oc.env:MLFLOW_TOKEN}",
+        "https://host/x?max_text_tokens=4&run=1",
+        "Authorization: Bearer $HF_TOKEN",
+        "curl -H Authorization: Bearer $HF_TOKEN https://h/warm",
     ],
 )
 def test_values_that_do_not(value: str) -> None:

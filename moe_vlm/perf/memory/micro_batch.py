@@ -39,6 +39,10 @@ PERCENTILE = 0.99  # of tokens (and patches) per micro-batch, when packed
 DRAWS = 2000  # micro-batches drawn for the percentile
 REAL_SAMPLES = 256  # samples of data.path read (headers only) for its statistics
 SEED = 20_261_201
+# Draws of synthetic samples tried before giving up on the ones the encoder would skip: an
+# image-heavy distribution at a small seq_length skips most draws, and one that fits nothing
+# (rule A006) would otherwise redraw forever.
+MAX_SAMPLE_ATTEMPTS = 20 * DRAWS
 
 
 @dataclass(frozen=True)
@@ -55,7 +59,7 @@ class MicroBatchShape:
     @property
     def padding_fraction(self) -> float | None:
         """Expected share of the padded micro-batch that is padding."""
-        if self.mean_tokens is None:
+        if self.mean_tokens is None or self.padded_positions < 1:
             return None
         return 1.0 - self.mean_tokens / self.padded_positions
 
@@ -134,13 +138,17 @@ def _sample_sizes(spec: RunSpec) -> tuple[list[tuple[int, int]], str]:
     data, seq = spec.data, spec.seq_length
     merge = spec.model.vision_spatial_merge_size**2
     rng = random.Random(SEED + 1)
+    if seq < 1:
+        return [], f"seq_length={seq} holds no sample (rule C001): the padded bound"
     if data.kind is DataKind.mock:
         sizes = [(rng.randint(seq // 2, seq), 0) for _ in range(DRAWS)]
         return sizes, f"mock: uniform {seq // 2}-{seq} text tokens per sample"
     if data.kind is DataKind.synthetic:
         ratios = list(data.aspect_ratios) or [1.0]
         sizes = []
-        while len(sizes) < DRAWS:
+        for _ in range(MAX_SAMPLE_ATTEMPTS):
+            if len(sizes) >= DRAWS:
+                break
             images = []
             for _ in range(rng.randint(data.min_images, data.max_images)):
                 long_side, ratio = (
@@ -158,6 +166,11 @@ def _sample_sizes(spec: RunSpec) -> tuple[list[tuple[int, int]], str]:
                 continue  # the encoder skips it (and seeded data redraws it)
             text = rng.randint(data.min_text_tokens, data.max_text_tokens)
             sizes.append((min(span + text, seq), sum(images)))
+        if not sizes:
+            return [], (
+                f"synthetic: no sample of {MAX_SAMPLE_ATTEMPTS:,} drawn fits seq_length={seq} (rule A006): "
+                "the padded bound"
+            )
         return sizes, "synthetic: drawn from the data group's distribution"
     shapes = _real_shapes(str(data.path or ""), REAL_SAMPLES)
     sizes = []
