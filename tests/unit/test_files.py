@@ -47,7 +47,9 @@ def spelled(path: Path) -> list[str]:
 
 def test_only_files_py_spells_a_run_file_name() -> None:
     sources = [ROOT / "train.py", *(ROOT / "moe_vlm").rglob("*.py"), *(ROOT / "hydra_plugins").rglob("*.py")]
-    found = [hit for path in sources if path != ROOT / "moe_vlm" / "base" / "files.py" for hit in spelled(path)]
+    found = [
+        hit for path in sources if path != ROOT / "moe_vlm" / "base" / "files.py" for hit in spelled(path)
+    ]
     assert found == [], "use moe_vlm.base.files (RunPaths or its constants):\n" + "\n".join(found)
 
 
