@@ -6,18 +6,25 @@ import hydra
 from omegaconf import DictConfig
 
 import moe_vlm.config.schema  # noqa: F401  (registers the config schema)
-from moe_vlm.base.errors import BadInput
+from moe_vlm.base.errors import EXIT_INVALID, BadInput
+from moe_vlm.cli import train_help
 from moe_vlm.config.preflight import accept_null, preflight
 from moe_vlm.launch.entry import command_line
-from moe_vlm.run.task import EXIT_INVALID, run
 
 
 @hydra.main(version_base=None, config_path="conf", config_name="train")
 def main(cfg: DictConfig) -> None:
+    # Here, not at the top: a run's engines, rules and plans (numpy; torch and Megatron when the
+    # run trains) are not what `--help`, a bad override or a sweep's planning needs.
+    from moe_vlm.run.task import run
+
     run(cfg)
 
 
 if __name__ == "__main__":
+    if train_help.wants_help(sys.argv[1:]):
+        print(train_help.full())
+        sys.exit(0)
     try:
         # On a login node whose site file names the cluster and launcher, a bare command is
         # submitted as a one-point sweep; inside an allocation it runs here (launch/entry.py).

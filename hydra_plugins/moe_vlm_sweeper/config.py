@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 from hydra.core.config_store import ConfigStore
 
-from moe_vlm.launch.slurm import SlurmSettings
+from moe_vlm.launch.settings import SlurmSettings
 
 
 @dataclass

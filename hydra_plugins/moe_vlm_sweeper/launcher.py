@@ -18,116 +18,45 @@ point's config and runs the task through Hydra), with what release 1.2.0 lacks:
 
 # No `from __future__ import annotations`: Hydra's plugin scan executes this module outside
 # sys.modules, where dataclasses cannot resolve string annotations.
+#
+# Hydra's plugin scan executes this module in every Hydra command, so it imports only Hydra: each
+# method imports the Slurm rendering, the run records and submitit where it needs them (the
+# planned jobs are in _jobs.py, which the scan skips), and a job imports them as it runs.
 import contextlib
-import enum
 import io
-import json
 import logging
-import os
 import pickle
 import time
 import uuid
 import weakref
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hydra.core.singleton import Singleton
 from hydra.core.utils import JobReturn, JobStatus, run_job, setup_globals
 from hydra_plugins.hydra_submitit_launcher.submitit_launcher import BaseSubmititLauncher
 from omegaconf import DictConfig, open_dict
-from submitit.core.utils import FailedJobError, FailedSubmissionError
 
-from moe_vlm.base.errors import BadInput
-from moe_vlm.base.files import RunPaths, write_atomic, write_json_atomic
-from moe_vlm.base.safety import scrub
-from moe_vlm.config.compose import compose_sweep_point
-from moe_vlm.config.spec import RunSpec
-from moe_vlm.launch import pack, requeue, slurm
-from moe_vlm.launch.status import collect, in_flight
-from moe_vlm.runtime import dist_env, points
-from moe_vlm.runtime.failures import launch_info, record_job_failure
-from moe_vlm.runtime.heartbeat import process_started_unix_s
+if TYPE_CHECKING:
+    from hydra_plugins.moe_vlm_sweeper._jobs import Numbered, PlannedJob, Submission
+    from moe_vlm.launch import pack
 
+# Our Slurm rendering, run records and submitit, imported by the methods that use them: see above.
 log = logging.getLogger(__name__)
 # SubmititLauncher.plan's results per launcher.
 _PLANNED: "weakref.WeakKeyDictionary[Any, dict[tuple[str, ...], PlannedJob]]" = weakref.WeakKeyDictionary()
 WAIT_POLL_S = 15.0  # submit_and_exit=false: seconds between polls of Slurm
 # dry_run: the canary's job id is known only once sbatch accepted it.
 CANARY_PLACEHOLDER = "CANARY_JOB_ID"
-# dry_run: a packed job's folder is named by a token drawn when it is submitted.
-PACK_TOKEN_PLACEHOLDER = "TOKEN"
-
-
-@dataclass
-class PlannedJob:
-    overrides: list[str]
-    point_dir: Path
-    spec: RunSpec
-    settings: slurm.SlurmSettings
-    params: dict[str, Any]
-
-    @property
-    def task_overrides(self) -> list[str]:
-        """The point's own overrides, without the sweep directory the sweeper adds (and without
-        dry_run, so that a dry run shows the canary command the real sweep submits)."""
-        return [o for o in self.overrides if not o.startswith(("hydra.", "dry_run="))]
-
-    @property
-    def canary_key(self) -> tuple[str, str | None]:
-        return (self.spec.cluster.name, self.settings.container_image)
-
-    @property
-    def canary_dir(self) -> Path:
-        return points.canary_dir(self.point_dir.parent, *self.canary_key)
-
-    @property
-    def resources(self) -> tuple[str, tuple[str, str | None]]:
-        """Points with equal keys can share a job array or a pack: same sbatch parameters (so the
-        same interpreter and setup lines) and the same canary."""
-        return json.dumps(self.params, sort_keys=True, default=str), self.canary_key
-
-
-Numbered = tuple[int, PlannedJob]  # (the job number Hydra gives the point, the point)
-
-
-class JobKind(enum.Enum):
-    """What one sbatch call submits."""
-
-    job = "job"
-    array = "array"
-    pack = "pack"
-
-
-@dataclass(frozen=True)
-class Submission:
-    """One sbatch call: a job of one point, a job array (task i runs point i), or a pack (its
-    points one srun step after another)."""
-
-    kind: JobKind
-    points: list[Numbered]
-
-    def describe(self, settings: slurm.SlurmSettings) -> str:
-        count = len(self.points)
-        if self.kind is JobKind.pack:
-            return (
-                f"a packed job of {count} point(s) (points_per_job={settings.points_per_job}), one srun "
-                f"step after another; its time limit is the sum of theirs; its folder pack-{PACK_TOKEN_PLACEHOLDER} "
-                "gets a random name when submitted"
-            )
-        if self.kind is JobKind.array:
-            return f"a job array of {count} tasks, task i runs point i"
-        return "one job of one point"
-
-
-def _chunks(items: Sequence[Numbered], size: int) -> Iterator[list[Numbered]]:
-    for start in range(0, len(items), size):
-        yield list(items[start : start + size])
 
 
 class SubmititLauncher(BaseSubmititLauncher):
     def __init__(self, **params: Any) -> None:
+        from moe_vlm.base.safety import scrub
+        from moe_vlm.launch import slurm
+
         super().__init__(**params)
         # The base class leaves params untyped.
         resolved: dict[str, Any] = self.params  # type: ignore[has-type]
@@ -141,7 +70,7 @@ class SubmititLauncher(BaseSubmititLauncher):
     def folder(self) -> str:
         return str(Path(self.settings.submitit_folder).expanduser().absolute())
 
-    def plan(self, overrides: Sequence[str]) -> PlannedJob:
+    def plan(self, overrides: Sequence[str]) -> "PlannedJob":
         """Compose one point and derive its Slurm job; raises BadInput on unsafe settings.
 
         Once per point: the sweeper's check, a dry run's render and the canary ask for the same
@@ -151,7 +80,11 @@ class SubmititLauncher(BaseSubmititLauncher):
             planned[tuple(overrides)] = self._plan(overrides)
         return planned[tuple(overrides)]
 
-    def _plan(self, overrides: Sequence[str]) -> PlannedJob:
+    def _plan(self, overrides: Sequence[str]) -> "PlannedJob":
+        from hydra_plugins.moe_vlm_sweeper._jobs import PlannedJob
+        from moe_vlm.config.compose import compose_sweep_point
+        from moe_vlm.launch import slurm
+
         assert self.hydra_context is not None and self.config is not None
         # load_sweep_config's result, without a Hydra composition per call (moe_vlm/config/compose.py).
         point = compose_sweep_point(self.config, overrides)
@@ -164,15 +97,17 @@ class SubmititLauncher(BaseSubmititLauncher):
     def check(self, overrides: Sequence[str]) -> None:
         self.plan(overrides)
 
-    def job_arguments(self, job: PlannedJob, number: int, state: Any = None) -> tuple[Any, ...]:
+    def job_arguments(self, job: "PlannedJob", number: int, state: Any = None) -> tuple[Any, ...]:
         """What `__call__` receives in the job (as hydra-submitit-launcher passes it)."""
         state = Singleton.get_state() if state is None else state
         return (job.overrides, "hydra.sweep.dir", number, f"job_id_for_{number}", state)
 
-    def shared(self, chunk: list[Numbered], state: Any) -> list["SharedPoint"]:
+    def shared(self, chunk: list["Numbered"], state: Any) -> list["SharedPoint"]:
         """The jobs of a job array or a pack: the launcher, Hydra's state and every point's
         arguments in one pickle, and per point a reference to it (see SharedPoint)."""
         import cloudpickle  # submitit's pickler, imported with the submitting code only
+
+        from moe_vlm.base.files import write_atomic
 
         path = self.submitit_root / f"shared-{uuid.uuid4().hex[:12]}.pkl"
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -180,7 +115,9 @@ class SubmititLauncher(BaseSubmititLauncher):
         write_atomic(path, cloudpickle.dumps((self, state, arguments), pickle.HIGHEST_PROTOCOL))
         return [SharedPoint(str(path), index) for index in range(len(chunk))]
 
-    def python(self, job: PlannedJob) -> str:
+    def python(self, job: "PlannedJob") -> str:
+        from moe_vlm.launch import slurm
+
         return slurm.python_command(job.settings)
 
     @property
@@ -192,6 +129,9 @@ class SubmititLauncher(BaseSubmititLauncher):
         would make (a job, a job array, a pack), each the script it would submit: the same
         grouping (`submissions`) and the same script code (`script`). labels: how the plan
         names each point ("3 (id ab12...)")."""
+        from hydra_plugins.moe_vlm_sweeper._jobs import PACK_TOKEN_PLACEHOLDER
+        from moe_vlm.launch import slurm
+
         if self.settings.executor != "slurm":
             return [
                 f"(hydra/launcher executor={self.settings.executor}: runs on this machine, no sbatch script)"
@@ -224,8 +164,10 @@ class SubmititLauncher(BaseSubmititLauncher):
         return JobPaths.get_first_id_independent_folder(self.folder)
 
     def pack_script(
-        self, first: PlannedJob, pack_dir: Path, entries: Sequence[pack.PackEntry], canary: str | None
+        self, first: "PlannedJob", pack_dir: Path, entries: Sequence["pack.PackEntry"], canary: str | None
     ) -> str:
+        from moe_vlm.launch import pack, slurm
+
         params = slurm.job_parameters(first.settings, first.spec, points=len(entries))
         return pack.render(
             pack.pack_parameters(params, canary),
@@ -237,6 +179,8 @@ class SubmititLauncher(BaseSubmititLauncher):
 
     def render_canaries(self, job_overrides: Sequence[Sequence[str]]) -> str:
         """What dry_run prints for the canaries these points would wait on ("" when none)."""
+        from moe_vlm.launch import slurm
+
         if not self.uses_canary:
             return ""
         sections = []
@@ -256,20 +200,27 @@ class SubmititLauncher(BaseSubmititLauncher):
     # --- the canary --------------------------------------------------------------------------
 
     @staticmethod
-    def canary_groups(planned: Sequence[PlannedJob]) -> dict[tuple[str, str | None], PlannedJob]:
+    def canary_groups(planned: Sequence["PlannedJob"]) -> dict[tuple[str, str | None], "PlannedJob"]:
         """The first point of each (cluster, container image): the one its canary builds."""
         groups: dict[tuple[str, str | None], PlannedJob] = {}
         for job in planned:
             groups.setdefault(job.canary_key, job)
         return groups
 
-    def canary_script(self, job: PlannedJob) -> str:
+    def canary_script(self, job: "PlannedJob") -> str:
+        from moe_vlm.launch import slurm
+
         params = slurm.canary_parameters(job.settings, job.spec, job.canary_dir)
         command = slurm.canary_command(self.python(job), job.task_overrides, job.settings.canary_probe)
         return slurm.render_sbatch(params, str(job.canary_dir), self.python(job), command)
 
-    def submit_canaries(self, planned: Sequence[PlannedJob]) -> dict[tuple[str, str | None], str]:
+    def submit_canaries(self, planned: Sequence["PlannedJob"]) -> dict[tuple[str, str | None], str]:
         """Submit one canary per (cluster, container image); their job ids by that key."""
+        from moe_vlm.base.files import write_json_atomic
+        from moe_vlm.base.safety import scrub
+        from moe_vlm.launch import slurm
+        from moe_vlm.runtime import points
+
         submitted: dict[tuple[str, str | None], str] = {}
         for key, first in self.canary_groups(planned).items():
             first.canary_dir.mkdir(parents=True, exist_ok=True)
@@ -299,6 +250,8 @@ class SubmititLauncher(BaseSubmititLauncher):
         return submitted
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
+        from moe_vlm.runtime import points
+
         assert self.config is not None
         planned = [self.plan(overrides) for overrides in job_overrides]
         if self.settings.executor == "local":
@@ -316,10 +269,13 @@ class SubmititLauncher(BaseSubmititLauncher):
         ]
         return returns if self.settings.submit_and_exit else self._wait(planned)
 
-    def submissions(self, numbered: Sequence[Numbered]) -> list["Submission"]:
+    def submissions(self, numbered: Sequence["Numbered"]) -> list["Submission"]:
         """The sbatch calls for these points: packs of points_per_job, else one job array per
         group of points with the same resources (split at Slurm's array size), else one job
         per point. Submitting and a dry run both ask here."""
+        from hydra_plugins.moe_vlm_sweeper._jobs import JobKind, Submission, chunks
+        from moe_vlm.launch import slurm
+
         groups: dict[tuple[str, tuple[str, str | None]], list[Numbered]] = {}
         for item in numbered:
             groups.setdefault(item[1].resources, []).append(item)
@@ -328,17 +284,22 @@ class SubmititLauncher(BaseSubmititLauncher):
         size = self.settings.points_per_job if packed else array
         out = []
         for group in groups.values():
-            for chunk in _chunks(group, size):
+            for chunk in chunks(group, size):
                 kind = JobKind.pack if packed else JobKind.array if len(chunk) > 1 else JobKind.job
                 out.append(Submission(kind, chunk))
         return out
 
-    def executor(self, chunk: Sequence[Numbered], canary: str | None) -> Any:
-        """submitit's SlurmExecutor for one job or one job array of these points (not packs)."""
+    def executor(self, chunk: Sequence["Numbered"], canary: str | None, render_only: bool = False) -> Any:
+        """submitit's SlurmExecutor for one job or one job array of these points (not packs);
+        render_only: to write its sbatch script, on a machine that may have no Slurm tools."""
         import submitit
 
+        from hydra_plugins.moe_vlm_sweeper._jobs import ScriptOnlyExecutor
+        from moe_vlm.launch import slurm
+
         first = chunk[0][1]
-        executor = submitit.SlurmExecutor(folder=self.folder, max_num_timeout=0, python=self.python(first))
+        kind = ScriptOnlyExecutor if render_only else submitit.SlurmExecutor
+        executor = kind(folder=self.folder, max_num_timeout=0, python=self.python(first))
         dirs = [job.point_dir for _, job in chunk]
         executor.update_parameters(**slurm.point_parameters(first.params, dirs, self.python(first), canary))
         return executor
@@ -348,19 +309,28 @@ class SubmititLauncher(BaseSubmititLauncher):
         writes it; a job's or an array's as submitit writes it (SlurmExecutor's own
         `_make_submission_file_text`; an array with map_count set, as submitit's
         `_internal_process_submissions` sets it on its copy of the executor)."""
+        from hydra_plugins.moe_vlm_sweeper._jobs import JobKind
+        from moe_vlm.launch import pack
+
         first = submission.points[0][1]
         if submission.kind is JobKind.pack:
             pack_dir = pack.pack_folder(self.submitit_root, pack_token)
             entries = pack.entries_for(pack_dir, [job.point_dir for _, job in submission.points])
             return self.pack_script(first, pack_dir, entries, canary)
-        executor = self.executor(submission.points, canary)
+        executor = self.executor(submission.points, canary, render_only=True)
         if submission.kind is JobKind.array:
             executor.parameters["map_count"] = len(submission.points)
         text: str = executor._make_submission_file_text(executor._submitit_command_str, "")
         return text
 
-    def submit_points(self, numbered: list[Numbered], canaries: dict[tuple[str, str | None], str]) -> int:
+    def submit_points(self, numbered: list["Numbered"], canaries: dict[tuple[str, str | None], str]) -> int:
         """Submit every point, one sbatch call per `submissions` entry. Returns the sbatch calls."""
+        from submitit.core.utils import FailedJobError, FailedSubmissionError
+
+        from hydra_plugins.moe_vlm_sweeper._jobs import JobKind
+        from moe_vlm.base.errors import BadInput
+        from moe_vlm.launch import slurm
+
         started, calls, done = time.monotonic(), 0, 0
         state = Singleton.get_state()  # a deep copy of Hydra's state: once, not once per point
         for submission in self.submissions(numbered):
@@ -391,7 +361,7 @@ class SubmititLauncher(BaseSubmititLauncher):
         )
         return calls
 
-    def _submit_jobs(self, chunk: list[Numbered], canary: str | None, state: Any) -> None:
+    def _submit_jobs(self, chunk: list["Numbered"], canary: str | None, state: Any) -> None:
         """One point: one job; several: one job array, its task i running point i (submitit's batch)."""
         first = chunk[0][1]
         executor = self.executor(chunk, canary)
@@ -417,9 +387,12 @@ class SubmititLauncher(BaseSubmititLauncher):
                 array={"job_id": array_id, "index": index, "size": len(chunk)} if len(chunk) > 1 else None,
             )
 
-    def _submit_pack(self, chunk: list[Numbered], canary: str | None, state: Any) -> None:
+    def _submit_pack(self, chunk: list["Numbered"], canary: str | None, state: Any) -> None:
         """One job running these points as srun steps, one after another (launch/pack.py)."""
         from submitit.core.utils import DelayedSubmission, JobPaths
+
+        from hydra_plugins.moe_vlm_sweeper._jobs import JobKind, Submission
+        from moe_vlm.launch import pack, slurm
 
         token = uuid.uuid4().hex[:12]
         pack_dir = pack.pack_folder(self.submitit_root, token)
@@ -450,9 +423,11 @@ class SubmititLauncher(BaseSubmititLauncher):
             )
 
     def _record_submission(
-        self, job: PlannedJob, job_id: str, canary: str | None, script: Path, folder: str, **placement: Any
+        self, job: "PlannedJob", job_id: str, canary: str | None, script: Path, folder: str, **placement: Any
     ) -> None:
         """point.json: the job (and its place in an array or a pack) and where its logs go."""
+        from moe_vlm.runtime import points
+
         points.add_submission(
             job.point_dir,
             {
@@ -467,8 +442,11 @@ class SubmititLauncher(BaseSubmititLauncher):
         )
         log.info("queued %s: job %s", job.point_dir.name, job_id)
 
-    def _wait(self, planned: list[PlannedJob]) -> list[JobReturn]:
+    def _wait(self, planned: list["PlannedJob"]) -> list[JobReturn]:
         """submit_and_exit=false: poll (one Slurm call per round) until every job has ended."""
+        from hydra_plugins.moe_vlm_sweeper._jobs import status_of
+        from moe_vlm.launch.status import collect, in_flight
+
         sweep_dir = planned[0].point_dir.parent
         wanted = {job.point_dir.name for job in planned}
         while True:
@@ -483,14 +461,17 @@ class SubmititLauncher(BaseSubmititLauncher):
             JobReturn(
                 overrides=job.overrides,
                 working_dir=str(job.point_dir),
-                status=_status(states.get(job.point_dir.name)),
+                status=status_of(states.get(job.point_dir.name)),
             )
             for job in planned
         ]
 
-    def _launch_local(self, planned: list[PlannedJob], initial_job_idx: int) -> Sequence[JobReturn]:
+    def _launch_local(self, planned: list["PlannedJob"], initial_job_idx: int) -> Sequence[JobReturn]:
         """submitit's local executor: one process per point on this machine, waited for."""
         import submitit
+
+        from moe_vlm.runtime import points
+        from moe_vlm.runtime.failures import record_job_failure
 
         executor = submitit.LocalExecutor(folder=self.folder, max_num_timeout=0)
         executor.update_parameters(timeout_min=self.settings.timeout_min, tasks_per_node=1, nodes=1)
@@ -532,6 +513,10 @@ class SubmititLauncher(BaseSubmititLauncher):
     ) -> JobReturn:
         import submitit
 
+        from hydra_plugins.moe_vlm_sweeper._jobs import record_launch
+        from moe_vlm.launch import requeue
+        from moe_vlm.runtime import dist_env
+
         assert self.hydra_context is not None and self.config is not None and self.task_function is not None
         Singleton.set_state(singleton_state)
         setup_globals()
@@ -554,7 +539,7 @@ class SubmititLauncher(BaseSubmititLauncher):
             job_subdir_key="hydra.sweep.subdir",
         )
         if dist_env.global_rank() == 0:
-            _record_launch(point_dir, environment.job_id, self.settings.executor)
+            record_launch(point_dir, environment.job_id, self.settings.executor)
         if result.status == JobStatus.FAILED:
             # Hydra caught the exception; raise it so the task exits non-zero and srun ends the step.
             raise result._return_value
@@ -578,24 +563,3 @@ class SharedPoint:
             launcher, state, arguments = pickle.load(handle)
         result: JobReturn = launcher(*arguments[self.index], state)
         return result
-
-
-def _status(state: str | None) -> JobStatus:
-    return JobStatus.COMPLETED if state == "completed" else JobStatus.FAILED
-
-
-def _record_launch(point_dir: Path, job_id: str, executor: str) -> None:
-    run = points.read_run(point_dir)
-    if not run:
-        return
-    launch = {
-        **launch_info(),
-        "executor": executor,
-        "slurm_job_id": job_id if executor == "slurm" else None,
-        "attempts_before": len(list(RunPaths(point_dir).attempts.glob("*"))),
-        "host": os.uname().nodename,
-        # The task's wall time, from its process start (a halving search counts node-seconds by it).
-        "task_started_unix_s": process_started_unix_s(),
-        "task_ended_unix_s": points.now(),
-    }
-    run.with_launch(launch).write(point_dir)

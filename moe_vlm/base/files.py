@@ -40,6 +40,20 @@ def write_atomic(path: Path, data: bytes | str) -> None:
         raise
 
 
+def link_atomic(link: Path, target: str) -> None:
+    """Point the symlink `link` at `target` (relative to the link's directory) in one step: a reader
+    follows the old target or the new one. Sweeps started at once each rename their own link."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{link.name}.", suffix=".tmp", dir=link.parent)
+    os.close(fd)
+    try:
+        Path(tmp).unlink()
+        Path(tmp).symlink_to(target, target_is_directory=True)
+        os.replace(tmp, link)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
 def write_json_atomic(path: Path, payload: dict[str, Any]) -> None:
     write_atomic(path, json.dumps(payload, indent=2, sort_keys=True, default=str) + "\n")
 

@@ -6,26 +6,17 @@ import importlib
 import sys
 
 from moe_vlm.base.errors import EXIT_INVALID
-
-SUBCOMMANDS = {
-    "report": ("moe_vlm.cli.report", "turn run and sweep directories into ranked tables and plots"),
-    "status": (
-        "moe_vlm.launch.status",
-        "per-point state of a sweep (queued/running/completed/failed/rejected)",
-    ),
-    "advise": ("moe_vlm.cli.advise", "what to run first, or what to try next after a sweep"),
-    "calibrate": ("moe_vlm.cli.calibrate", "fit the step-time prediction on recorded runs"),
-    "recipes": (
-        "moe_vlm.knobs.recipes",
-        "the Bridge perf recipes recipe=<name> reproduces (layout, GPUs, published figure)",
-    ),
-}
+from moe_vlm.cli import train_help
+from moe_vlm.cli.commands import SUBCOMMANDS
 
 
 def usage() -> str:
     lines = ["usage: moe-vlm {" + "|".join(SUBCOMMANDS) + "} [args...]", ""]
     lines += [f"  {name:<8} {summary}" for name, (_, summary) in SUBCOMMANDS.items()]
     lines += ["", "`moe-vlm COMMAND --help` shows a command's arguments; e.g. moe-vlm advise --help"]
+    # What `moe-vlm advise` and `calibrate --probe` take as overrides: train.py's (`train.py --help`).
+    lines += ["", "== Config groups of the runs it reads and plans (GROUP=OPTION; * marks the default) =="]
+    lines += [train_help.groups(), "", f"== {train_help.FIRST_KNOBS_TITLE} ==", train_help.first_knobs()]
     return "\n".join(lines)
 
 

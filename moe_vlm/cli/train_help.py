@@ -9,6 +9,7 @@ sweep presets), from the schema (the top-level keys: schema.knob's defaults and 
 from __future__ import annotations
 
 import dataclasses
+import string
 import textwrap
 from enum import Enum
 from pathlib import Path
@@ -17,7 +18,7 @@ from typing import Any
 import yaml
 from omegaconf import OmegaConf
 
-from moe_vlm.cli.main import SUBCOMMANDS
+from moe_vlm.cli.commands import SUBCOMMANDS
 from moe_vlm.config.compose import CONF_DIR
 from moe_vlm.config.schema import TrainConfig
 
@@ -85,6 +86,34 @@ def keys() -> str:
     return "\n".join(_wrapped(f"  {' '.join(left):<{width}}  ", comment) for left, comment in rows)
 
 
+FIRST_KNOBS_TITLE = "Keys inside groups, and of -m's sweeper and launcher, reached for first (KEY=EXAMPLE)"
+# Keys inside the groups and Hydra's sweeper and launcher a user reaches for first: the key, a value
+# to show, what it does. tests/unit/test_help.py checks that each composes (the task's keys) or is a
+# field of the sweeper's or the launcher's config (moe_vlm_sweeper/config.py, launch/settings.py).
+FIRST_KNOBS: tuple[tuple[str, str, str], ...] = (
+    ("data.packing", "in_batch", "one unpadded row per micro-batch (default none: pad each sample)"),
+    ("data.path", "DIR", "data=real: an Energon WebDataset (scripts/build_dataset.py)"),
+    ("parallelism.dp_outer", "2", "HSDP: DP replicas outside the sharding group (default 1)"),
+    ("cuda_graph.vision", "true", "CUDA graphs for the vision encoder too (default: the recipe's)"),
+    ("vision_freeze.language", "true", "freeze the decoder too"),
+    ("hydra.sweeper.search", "halving", "-m: successive halving, losers stop early (default grid)"),
+    ("hydra.sweeper.predict_keep", "0.25", "-m: keep the predicted-fastest quarter of the valid points"),
+    ("hydra.sweeper.force", "true", "-m: rerun points already completed (default: skip them, resume)"),
+    ("hydra.launcher.points_per_job", "4", "Slurm: up to 4 points with the same resources in one job"),
+    ("hydra.launcher.timeout_min", "60", "Slurm: each point's time limit in minutes"),
+    ("hydra.launcher.canary", "false", "Slurm: no canary job before the points"),
+)
+
+
+def first_knobs() -> str:
+    left = [f"{key}={value}" for key, value, _ in FIRST_KNOBS]
+    width = max(len(text) for text in left)
+    return "\n".join(
+        _wrapped(f"  {text:<{width}}  ", comment)
+        for text, (_, _, comment) in zip(left, FIRST_KNOBS, strict=True)
+    )
+
+
 def presets(conf: Path = CONF_DIR) -> str:
     return _wrapped("  ", ", ".join(_options("sweep", conf)))
 
@@ -101,7 +130,14 @@ def _wrapped(head: str, text: str) -> str:
     return textwrap.fill(text, WIDTH, initial_indent=head, subsequent_indent=" " * len(head))
 
 
-_PARTS = {"groups": groups, "keys": keys, "presets": presets, "launchers": launchers, "commands": commands}
+_PARTS = {
+    "groups": groups,
+    "keys": keys,
+    "knobs": first_knobs,
+    "presets": presets,
+    "launchers": launchers,
+    "commands": commands,
+}
 
 
 def render(part: str) -> str:
@@ -113,3 +149,27 @@ def render(part: str) -> str:
 
 def register_resolver() -> None:
     OmegaConf.register_new_resolver(RESOLVER, render, replace=True)
+
+
+# Hydra's own flags that print something else than the app's help: Hydra handles them.
+_HYDRA_FLAGS = ("--hydra-help", "--cfg", "-c", "--info", "-i", "--shell-completion", "-sc", "--version")
+
+
+def wants_help(argv: list[str]) -> bool:
+    """`train.py --help` (or -h), with nothing that changes what Hydra would print: the help does not
+    depend on the overrides, and a command that overrides the help template is Hydra's."""
+    return (
+        any(a in ("--help", "-h") for a in argv)
+        and not any(a.split("=", 1)[0] in _HYDRA_FLAGS for a in argv)
+        and not any(a.lstrip("+~").startswith(("hydra/help", "hydra.help")) for a in argv)
+    )
+
+
+def full(conf: Path = CONF_DIR) -> str:
+    """What Hydra's `--help` prints from conf/hydra/help/moe_vlm.yaml, without composing the config:
+    Hydra's help first lists the options of every config group, Hydra's included (seconds with our
+    36 recipes), for the $APP_CONFIG_GROUPS our template does not use."""
+    register_resolver()
+    help_cfg = OmegaConf.create({"hydra": {"help": OmegaConf.load(conf / "hydra" / "help" / "moe_vlm.yaml")}})
+    # Hydra's get_help: the resolved template through string.Template ($$ -> $), printed.
+    return string.Template(str(help_cfg.hydra.help.template)).safe_substitute().rstrip("\n")

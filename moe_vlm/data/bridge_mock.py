@@ -20,14 +20,13 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass, replace
-
-import numpy
-import torch
+from typing import TYPE_CHECKING
 
 from moe_vlm.config.schema import Packing
-from moe_vlm.data.indexed import sample_generator
-from moe_vlm.data.sequence import RawSample
 from moe_vlm.data.tokenizer import BYTE_VOCAB
+
+if TYPE_CHECKING:
+    from moe_vlm.data.sequence import RawSample
 
 BRIDGE_MOCK_STREAM = 11
 
@@ -70,6 +69,8 @@ def bridge_mock(packing: Packing) -> BridgeMock:
 @functools.cache
 def _answer_lengths(mock: BridgeMock) -> tuple[int, ...]:
     """Replays make_mock_vlm_examples' draws (mock_vlm_sft.py:106-112): length, words, image."""
+    import numpy  # here, not at import: the memory estimate reads BRIDGE_MOCK in every dry run
+
     rng = numpy.random.default_rng(seed=mock.random_seed)
     width, height = mock.image_size
     lengths = []
@@ -82,6 +83,12 @@ def _answer_lengths(mock: BridgeMock) -> tuple[int, ...]:
 
 
 def bridge_mock_sample(index: int, attempt: int = 0, mock: BridgeMock = BRIDGE_MOCK) -> RawSample:
+    # torch here, not at import: the memory estimate reads BRIDGE_MOCK in every dry run and plan.
+    import torch
+
+    from moe_vlm.data.indexed import sample_generator
+    from moe_vlm.data.sequence import RawSample
+
     generator = sample_generator(mock.random_seed, BRIDGE_MOCK_STREAM, index, attempt)
     width, height = mock.image_size
     image = torch.randint(0, 256, (3, height, width), dtype=torch.uint8, generator=generator)

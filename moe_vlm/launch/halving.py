@@ -6,7 +6,7 @@ window, keeps the top 1/eta and reruns those with more steps (`first_steps x eta
 steps), up to the last rung, which is the point's own `train_iters` (the run a grid sweep makes:
 the same identity, so a grid and a halving search share finished runs). This module is the
 search's arithmetic and its record; the sweeper's driver (hydra_plugins/moe_vlm_sweeper/
-halving.py) composes, launches and waits.
+_halving.py) composes, launches and waits.
 
 - Ranking, as `moe-vlm report` ranks: mock-data points, forced-balance points and the rest are
   three classes, each halved among itself; a class is never ranked against another.

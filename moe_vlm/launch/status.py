@@ -28,7 +28,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from moe_vlm.base.errors import BadInput
 from moe_vlm.base.files import POINT_JSON, RUN_JSON
+from moe_vlm.config.schema import DryRun, dry_run_mode
 from moe_vlm.launch import slurm
 from moe_vlm.launch.canary import OK_PREFIX
 from moe_vlm.record.records import RUNNING, TERMINAL, Failure, RecordError, RunRecord, RunStatus
@@ -188,6 +190,14 @@ def _finished_detail(record: RunRecord | Mapping[str, Any]) -> str:
     return ", ".join(parts)
 
 
+def _dry_run(point: dict[str, Any]) -> bool:
+    """Whether a point's record was written by a dry run (its config asks for one)."""
+    try:
+        return dry_run_mode((point.get("config") or {}).get("dry_run", False)) is not DryRun.off
+    except BadInput:
+        return False
+
+
 def in_flight(status: PointStatus) -> bool:
     """Queued or running; or `unknown` for a Slurm job (the controller did not answer: under
     load squeue can time out). Whoever waits for points (submit_and_exit=false, a halving
@@ -284,6 +294,11 @@ def _state(
                 return "failed", _finished_detail(settled)
             return "running", ""
         if not job_id:
+            if _dry_run(point):
+                verdict = (
+                    "" if point.get("valid", True) else "; its rules would reject it (see its plan.json)"
+                )
+                return "planned", f"dry run: planned, not submitted{verdict}"
             return "planned", "not submitted"
         return "unknown", f"{executor} job {job_id} left no record"
     job = (states or {}).get(job_id)

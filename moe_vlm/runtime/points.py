@@ -26,7 +26,15 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from moe_vlm.base.files import CANARIES, CANARY_JSON, POINT_JSON, RUN_JSON, RunPaths, write_json_atomic
+from moe_vlm.base.files import (
+    CANARIES,
+    CANARY_JSON,
+    POINT_JSON,
+    RUN_JSON,
+    RunPaths,
+    link_atomic,
+    write_json_atomic,
+)
 from moe_vlm.base.provenance import point_id
 from moe_vlm.base.safety import scrub
 from moe_vlm.config.compose import override_key
@@ -164,6 +172,18 @@ def sweep_name(task_overrides: list[str]) -> str:
     readable = "_".join(ordered) or "default"
     readable = "".join(c if c.isalnum() or c in "=,.-" else "_" for c in readable)[:60].strip("_")
     return f"{readable}-{digest}"
+
+
+LATEST = "latest"  # <sweeps' parent>/latest: the sweep (or dry run) started last
+
+
+def mark_latest(sweep_dir: Path) -> Path:
+    """Point `<parent>/latest` at this sweep directory (relative, so the tree can move) and return
+    it: `moe-vlm status multirun/latest` follows the sweep just run, dry run or not, where
+    `ls -td multirun/*/` picks whichever directory was written last."""
+    link = sweep_dir.parent / LATEST
+    link_atomic(link, sweep_dir.name)
+    return link
 
 
 def register_resolvers() -> None:

@@ -113,9 +113,12 @@ def test_the_dry_run_prints_every_job_as_sbatch_receives_it(
 ) -> None:
     dry = sweep(sweep_dir, *axes, "dry_run=true")
     assert dry.returncode == 0, dry.stderr[-3000:]
-    # Nothing submitted: the dry run wrote each point's plan.json (issue 21) and nothing else.
+    # Nothing submitted: the dry run wrote each point's plan.json (issue 21) and point.json (planned,
+    # not submitted: issue 33) and nothing else.
     written = sorted(p.relative_to(sweep_dir).parts for p in sweep_dir.rglob("*") if p.is_file())
-    assert written and all(parts[-1] == "plan.json" and len(parts) == 2 for parts in written), written
+    assert written and all(
+        parts[-1] in ("plan.json", "point.json") and len(parts) == 2 for parts in written
+    ), written
     headers = [m.group(3) for line in dry.stdout.splitlines() if (m := JOB_HEADER.match(line))]
     assert len(headers) == len(kinds) and all(h.startswith(k) for h, k in zip(headers, kinds, strict=True)), (
         headers

@@ -5,8 +5,8 @@ block, in a scratch directory laid out like the repository (train.py, conf/, swe
 .venv), with the venv's `python` and `moe-vlm` first on PATH. Commands that would train or
 submit run in their plan-only form: `dry_run=true` is appended to `train.py` and `torchrun`
 lines that do not set it. Since nothing trains, the scratch directory starts with one recorded
-sweep (tests/fixtures/advise/gb200_30b_sweep, as a sweep leaves it) under multirun/, which the
-docs' `$(ls -td multirun/*/ | head -1)` and globs find. Plans leave out the sections Bridge
+sweep (tests/fixtures/advise/gb200_30b_sweep, as a sweep leaves it) under multirun/, with the
+`multirun/latest` link a sweep leaves, which the docs' `multirun/latest` and globs find. Plans leave out the sections Bridge
 builds (MOE_VLM_PLAN_SHALLOW=1, as a big dry run does: seconds per Megatron point, checked
 against the real library in tests/megatron), so the whole test stays within minutes. A line whose comment says
 `# cluster only: <reason>` or `# long run: <reason>` is skipped, with that reason; a line whose
@@ -58,7 +58,7 @@ def planned_form(command: str) -> str:
     if PLANNED.search(code) and "dry_run=" not in code:
         code = code.rstrip() + " dry_run=true"
     # A planned sweep writes its points' plan.json: outside multirun/, so the recorded sweep stays
-    # the newest there for the commands after it (`ls -td multirun/*/`), as a sweep that ran would be.
+    # multirun/latest for the commands after it, as a sweep that ran would be.
     if PLANNED.search(code) and re.search(r"(^|\s)-m(\s|$)", code) and "hydra.sweep.dir=" not in code:
         code = code.rstrip() + " 'hydra.sweep.dir=planned/${now:%H-%M-%S-%f}'"
     return code + hash_ + comment
@@ -79,6 +79,7 @@ def test_the_commands_of_a_document_run_as_written(doc: Path, tmp_path: Path) ->
     for name in LINKED:
         (tmp_path / name).symlink_to(REPO / name)
     shutil.copytree(SWEEP_FIXTURE, tmp_path / "multirun" / "recorded-sweep")
+    (tmp_path / "multirun" / "latest").symlink_to("recorded-sweep")  # as the sweep left it
     env = {
         **os.environ,
         "PATH": f"{REPO / '.venv' / 'bin'}:{os.environ['PATH']}",

@@ -129,8 +129,9 @@ def test_the_bare_command_is_rejected_on_a_laptop_and_planned_for_the_cluster_on
     assert "#SBATCH --gpus-per-node=4" in out and "#SBATCH --dependency=afterok:CANARY_JOB_ID" in out
     assert "-m moe_vlm.launch.canary --probe parallelism=fsdp dispatcher=hybridep cluster=gb200" in out
     assert "nothing was submitted" in out
-    # The one point's plan.json (moe_vlm/run/plan_record.py) and nothing else.
+    # The one point's plan.json (moe_vlm/run/plan_record.py) and point.json (planned, not
+    # submitted: what `moe-vlm status` lists), nothing else.
     written = [
         p.relative_to(tmp_path / "sweep").parts for p in (tmp_path / "sweep").rglob("*") if p.is_file()
     ]
-    assert len(written) == 1 and written[0][-1] == "plan.json", written
+    assert sorted(w[-1] for w in written) == ["plan.json", "point.json"] and len({w[0] for w in written}) == 1

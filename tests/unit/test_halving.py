@@ -15,7 +15,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from hydra_plugins.moe_vlm_sweeper.halving import first_rung_order
+from hydra_plugins.moe_vlm_sweeper._halving import first_rung_order
 from moe_vlm.base.errors import BadInput
 from moe_vlm.launch.halving import (
     STATE_JSON,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -102,3 +103,92 @@ def test_every_moe_vlm_command_has_help(command: str) -> None:
 def test_moe_vlm_without_a_command_points_at_help(capsys: pytest.CaptureFixture[str]) -> None:
     assert moe_vlm(["--help"]) == 0
     assert "moe-vlm advise --help" in capsys.readouterr().out
+
+
+def _examples() -> list[str]:
+    """The commands under `== Examples` in `train.py --help` (literal in its template)."""
+    template = yaml.safe_load((CONF_DIR / "hydra" / "help" / "moe_vlm.yaml").read_text())["template"]
+    lines = str(template).splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("== Examples"))
+    found = []
+    for line in lines[start + 1 :]:
+        if not line.strip():
+            break
+        found.append(line.strip())
+    return found
+
+
+def test_the_help_has_examples_on_cpu_and_on_a_gpu_cluster() -> None:
+    examples = _examples()
+    assert len(examples) >= 4 and all(e.startswith("python train.py ") for e in examples)
+    assert any(
+        "cluster=gb200" in e and "dry_run=true" in e and " -m " not in e for e in examples
+    )  # one GPU plan
+    assert any("dry_run" not in e and " -m " not in e for e in examples)  # one that trains on CPU
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("example", _examples())
+def test_every_help_example_plans_cleanly_on_a_cpu_machine(example: str, tmp_path: Path) -> None:
+    """Each example as the docs test runs commands (moe_vlm.run.plan's shallow plan, dry_run=true
+    added where it would train): no rule refuses it (the old one asked for hybridep on CPU: E003)."""
+    argv = example.split()[2:]
+    if not any(a.startswith("dry_run=") for a in argv):
+        argv.append("dry_run=true")
+    if "-m" in argv:
+        argv.append(f"hydra.sweep.dir={tmp_path / 'sweep'}")
+    done = subprocess.run(
+        [sys.executable, str(REPO / "train.py"), *argv],
+        cwd=tmp_path,
+        env={
+            **os.environ,
+            "PYTHONPATH": str(REPO),
+            "MOE_VLM_SITE_FILE": str(tmp_path / "no-site.yaml"),
+            "MOE_VLM_PLAN_SHALLOW": "1",
+        },
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    if "-m" in argv:  # a sweep shows what its rules reject; some of its points must be valid
+        valid = re.search(r"moe_vlm: dry run: \d+ point\(s\), (\d+) valid", done.stdout)
+        assert valid is not None and int(valid.group(1)) > 0, done.stdout[-3000:]
+    else:
+        assert "INVALID" not in done.stdout and "ERROR " not in done.stdout, done.stdout[-3000:]
+
+
+def test_the_help_lists_the_keys_inside_groups_a_user_reaches_for_first() -> None:
+    text = train_help.full()
+    for key in ("data.packing=in_batch", "hydra.sweeper.search=halving", "hydra.sweeper.predict_keep="):
+        assert key in text
+    assert train_help.first_knobs() in text
+
+
+def test_every_first_knob_is_a_key_a_command_line_can_set() -> None:
+    from hydra_plugins.moe_vlm_sweeper.config import PlanningSweeperConf
+    from moe_vlm.config.compose import compose_config
+    from moe_vlm.launch.settings import SlurmSettings
+
+    sweeper = {f.name for f in dataclasses.fields(PlanningSweeperConf)}
+    launcher = {f.name for f in dataclasses.fields(SlurmSettings)}
+    for key, value, comment in train_help.FIRST_KNOBS:
+        assert comment and len(comment) <= 65, key  # one line beside the widest key
+        if key.startswith("hydra.sweeper."):
+            assert key.removeprefix("hydra.sweeper.") in sweeper, key
+        elif key.startswith("hydra.launcher."):
+            assert key.removeprefix("hydra.launcher.") in launcher, key
+        else:
+            cfg = compose_config([f"{key}={value}"])
+            group, name = key.split(".", 1)
+            assert str(cfg[group][name]).lower() == value.lower(), key
+
+
+def test_moe_vlm_help_lists_every_group_with_its_options_and_the_first_knobs(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert moe_vlm(["--help"]) == 0
+    out = capsys.readouterr().out
+    assert train_help.groups() in out and train_help.first_knobs() in out
+    for group in (p for p in CONF_DIR.iterdir() if p.is_dir() and p.name not in ("hydra", "sweep")):
+        assert any(line.strip().startswith(group.name + " ") for line in out.splitlines()), group.name

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from hydra_plugins.moe_vlm_sweeper.sweeper import Point, keep_predicted_top
+from hydra_plugins.moe_vlm_sweeper._planning import Point, keep_predicted_top
 from moe_vlm.base.errors import BadInput
 from moe_vlm.perf.flops import step_flops
 from moe_vlm.perf.metrics import by_step, steady_window, workload_of

@@ -101,11 +101,12 @@ def test_dry_run_shows_nsys_in_the_srun_line(tmp_path: Path) -> None:
     assert srun.startswith("srun ") and "exec nsys profile --capture-range=cudaProfilerApi" in srun
     assert "--capture-range-end=stop" in srun and "moe_vlm_nsys 0 " in srun  # rank 0 only (the default)
     assert "export moe_vlm_point" in done.stdout  # the tasks find the point's directory
-    # A plan submits nothing and writes only each point's plan.json (moe_vlm/run/plan_record.py).
+    # A plan submits nothing and writes only each point's plan.json (moe_vlm/run/plan_record.py)
+    # and point.json (planned, not submitted: what `moe-vlm status` lists).
     written = [
         p.relative_to(tmp_path / "sweep").parts for p in (tmp_path / "sweep").rglob("*") if p.is_file()
     ]
-    assert len(written) == 1 and written[0][-1] == "plan.json", written
+    assert sorted(w[-1] for w in written) == ["plan.json", "point.json"], written
 
 
 def _task(words: list[str], env: dict[str, str], *command: str) -> subprocess.CompletedProcess[str]:

@@ -52,9 +52,15 @@ def test_dry_run_prints_each_points_sbatch_and_srun_and_submits_nothing(tmp_path
     assert out.count("-- srun command --") == 1 and "\nsrun --unbuffered" in out
     assert SECRET not in out + done.stderr and "echo ***" in out
     assert "1 valid, 1 would be rejected; nothing was submitted" in out
-    # Nothing but each point's plan.json (moe_vlm/run/plan_record.py), secrets masked there too.
+    # Nothing but each point's plan.json (moe_vlm/run/plan_record.py) and point.json (planned, not
+    # submitted: what `moe-vlm status` lists), secrets masked there too.
     written = sorted((tmp_path / "sweep").rglob("*"))
-    assert [p.name for p in written if p.is_file()] == ["plan.json", "plan.json"]
+    assert sorted(p.name for p in written if p.is_file()) == [
+        "plan.json",
+        "plan.json",
+        "point.json",
+        "point.json",
+    ]
     assert all(SECRET not in p.read_text() for p in written if p.is_file())
     # The canary the valid point waits on: its script and srun line, with the point's overrides.
     assert "#SBATCH --dependency=afterok:CANARY_JOB_ID" in out and "#SBATCH --kill-on-invalid-dep=yes" in out
@@ -172,7 +178,9 @@ def test_a_big_dry_run_prints_one_line_per_point_and_writes_each_plan(tmp_path: 
     # Besides the two text files, each point's plan.json (moe_vlm/run/plan_record.py) in its directory.
     assert sorted(p.name for p in sweep.iterdir() if p.is_file()) == ["dry_run.txt", "dry_run_plans.txt"]
     assert sorted(p.parent.name for p in sweep.glob("*/plan.json")) == sorted(r.split()[1] for r in rows)
-    assert not list(sweep.rglob("point.json")) and not list(sweep.rglob("run.json"))
+    planned = [json.loads(p.read_text()) for p in sweep.rglob("point.json")]  # for `moe-vlm status`
+    assert len(planned) == 12 and not any(p.get("job_id") or p.get("submissions") for p in planned)
+    assert not list(sweep.rglob("run.json"))
     assert not (sweep / "multirun.yaml").exists()
 
 
@@ -181,8 +189,8 @@ def test_dry_run_full_prints_every_plan_of_a_big_sweep(tmp_path: Path) -> None:
     done = train(tmp_path, "nproc=1", "mbs=1,2,4", "nodes=1,2,4", "dry_run=full")
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.count("===== point") == 9 and done.stdout.count("== moe_vlm plan ==") == 9
-    assert len(list((tmp_path / "sweep").glob("*/plan.json"))) == 9  # and nothing else
-    assert len([p for p in (tmp_path / "sweep").rglob("*") if p.is_file()]) == 9
+    assert len(list((tmp_path / "sweep").glob("*/plan.json"))) == 9  # and point.json, nothing else
+    assert len([p for p in (tmp_path / "sweep").rglob("*") if p.is_file()]) == 18
 
 
 @pytest.mark.slow

@@ -1,4 +1,4 @@
-"""`moe-vlm advise`: the field guide (../shared/GUIDE.md) as code.
+"""`moe-vlm advise`: the field guide (docs/GUIDE.md) as code.
 
     moe-vlm advise model=qwen3_vl_235b_a22b cluster=gb200 nodes=16 goal=bring-up
     moe-vlm advise model=qwen3_vl_30b_a3b cluster=b200 goal=peak-throughput

@@ -8,8 +8,8 @@ the canary, like any sweep's points), waits until none is queued or running, and
 decision: a rerun of the command skips decided rungs and waits for, or relaunches, the rest.
 """
 
-# No `from __future__ import annotations`: Hydra's plugin scan executes this module outside
-# sys.modules (see sweeper.py).
+# Hydra's plugin scan skips `_`-named modules: this one imports the launch stack (numpy) only when
+# a halving search runs.
 import sys
 import time
 from collections.abc import Sequence

@@ -1,0 +1,18 @@
+"""`moe-vlm`'s subcommands: name -> (module, one-line summary). Read by `moe-vlm` (main.py) and by
+`train.py --help` (train_help.py), which lists them."""
+
+from __future__ import annotations
+
+SUBCOMMANDS = {
+    "report": ("moe_vlm.cli.report", "turn run and sweep directories into ranked tables and plots"),
+    "status": (
+        "moe_vlm.launch.status",
+        "per-point state of a sweep (queued/running/completed/failed/rejected)",
+    ),
+    "advise": ("moe_vlm.cli.advise", "what to run first, or what to try next after a sweep"),
+    "calibrate": ("moe_vlm.cli.calibrate", "fit the step-time prediction on recorded runs"),
+    "recipes": (
+        "moe_vlm.knobs.recipes",
+        "the Bridge perf recipes recipe=<name> reproduces (layout, GPUs, published figure)",
+    ),
+}

@@ -1,0 +1,86 @@
+"""Hydra executes every module of `hydra_plugins` in every Hydra command (`--help` included): ours
+must import nothing heavy (the scan once pulled torch in through the launcher's status import)."""
+
+from __future__ import annotations
+
+import json
+import os
+import pkgutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import hydra_plugins.moe_vlm_sweeper as plugins
+from tests.conftest import REPO
+
+HEAVY = ("torch", "transformers", "megatron", "pandas", "matplotlib", "scipy")
+
+
+def _scanned() -> list[str]:
+    """Our modules as Hydra's scan sees them (hydra/core/plugins.py: `_`-named ones are skipped)."""
+    found = [plugins.__name__]
+    for info in pkgutil.walk_packages(plugins.__path__, prefix=plugins.__name__ + "."):
+        if not info.name.rsplit(".", 1)[-1].startswith("_"):
+            found.append(info.name)
+    return found
+
+
+def _heavy_after(code: str) -> dict[str, list[str]]:
+    """Run `code` in a fresh interpreter from the repository root; the heavy top-level packages it
+    left in sys.modules, and the classes Hydra registered (when the code asked Hydra)."""
+    probe = (
+        f"{code}\nimport json, sys\n"
+        f"heavy = sorted(m for m in sys.modules if m.split('.')[0] in {HEAVY!r})\n"
+        "from hydra.core.plugins import Plugins\n"
+        "names = sorted(Plugins.instance().class_name_to_class) if 'hydra.core.plugins' in sys.modules else []\n"
+        "print(json.dumps({'heavy': heavy, 'plugins': names}))"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    done = subprocess.run(
+        [sys.executable, "-c", probe], cwd=REPO, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    result: dict[str, list[str]] = json.loads(done.stdout.strip().splitlines()[-1])
+    return result
+
+
+@pytest.mark.parametrize("module", _scanned())
+def test_a_plugin_module_imports_nothing_heavy(module: str) -> None:
+    assert _heavy_after(f"import {module}")["heavy"] == []
+
+
+def test_hydra_plugin_discovery_imports_nothing_heavy_and_finds_our_plugins() -> None:
+    """Hydra's own scan, as every Hydra command runs it: our classes under their config paths."""
+    assert {f"{plugins.__name__}.{m}" for m in ("sweeper", "launcher", "config")} <= set(_scanned())
+    found = _heavy_after("from hydra.core.plugins import Plugins\nPlugins.instance()")
+    assert found["heavy"] == []
+    assert {
+        "hydra_plugins.moe_vlm_sweeper.sweeper.PlanningSweeper",
+        "hydra_plugins.moe_vlm_sweeper.launcher.SubmititLauncher",
+    } <= set(found["plugins"])
+
+
+def _imported_by(*argv: str) -> set[str]:
+    """The top-level packages a `python train.py ...` command imported (-X importtime's report)."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    done = subprocess.run(
+        [sys.executable, "-X", "importtime", str(REPO / "train.py"), *argv],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = [line.split("|")[-1] for line in done.stderr.splitlines() if line.startswith("import time:")]
+    return {name.strip().split(".")[0] for name in lines}
+
+
+def test_train_help_imports_nothing_heavy() -> None:
+    assert _imported_by("--help") & set(HEAVY) == set()
+
+
+def test_a_cpu_dry_run_imports_nothing_heavy(tmp_path: Path) -> None:
+    assert _imported_by("dry_run=true", f"hydra.run.dir={tmp_path}") & set(HEAVY) == set()
