@@ -95,6 +95,9 @@ def _predicted_rate(found: Prediction | str) -> float:
     return found.effective_tokens_per_s_per_gpu
 
 
+DROPPED_NAMED = 20  # predict_keep names this many dropped points, then counts the rest
+
+
 def keep_predicted_top(planned: list[Point], fraction: float) -> list[Point]:
     """hydra.sweeper.predict_keep=F: the best ceil(F x valid) valid points by predicted effective
     tokens/s/GPU, plus every rejected point (recorded as rejected, as always)."""
@@ -118,11 +121,18 @@ def keep_predicted_top(planned: list[Point], fraction: float) -> list[Point]:
     keep = max(1, math.ceil(fraction * len(valid)))
     best = sorted(valid, key=lambda p: -_predicted_rate(speeds[p.point_id]))[:keep]
     kept = {p.point_id for p in best}
-    dropped = len(valid) - len(kept)
+    dropped = [p for p in valid if p.point_id not in kept]
     print(
         f"moe_vlm: predict_keep={fraction}: keeping the {len(kept)} of {len(valid)} valid point(s) predicted "
-        f"fastest (effective tokens/s/GPU); {dropped} dropped"
+        f"fastest (effective tokens/s/GPU); {len(dropped)} dropped" + (":" if dropped else "")
     )
+    # Named, so that a point a user expected to run is found here, not guessed at.
+    for point in dropped[:DROPPED_NAMED]:
+        print(
+            f"  dropped {point.label()}: predicted {_predicted_rate(speeds[point.point_id]):,.0f} tokens/s/GPU"
+        )
+    if len(dropped) > DROPPED_NAMED:
+        print(f"  + {len(dropped) - DROPPED_NAMED} more dropped (the grid's order above)")
     return [p for p in planned if not p.valid or p.point_id in kept]
 
 

@@ -233,6 +233,14 @@ def test_predict_keep_keeps_the_predicted_fastest():
             keep_predicted_top(points, bad)
 
 
+def test_predict_keep_names_the_points_it_drops(capsys: pytest.CaptureFixture[str]) -> None:
+    points = [_point(i, f"mbs={m}") for i, m in enumerate((1, 2, 4))]
+    kept = keep_predicted_top(points, 0.34)
+    (dropped,) = [p for p in points if p not in kept]
+    out = capsys.readouterr().out
+    assert "1 dropped:" in out and f"dropped {dropped.label()}: predicted " in out
+
+
 def test_predict_keep_refuses_points_without_a_prediction():
     points = [Point(0, [], "p0", {}, make_spec(), [])]
     with pytest.raises(BadInput, match="no prediction"):
