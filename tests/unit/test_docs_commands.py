@@ -107,3 +107,26 @@ def test_the_commands_of_a_document_run_as_written(doc: Path, tmp_path: Path) ->
         assert done.returncode == 0, (
             f"{doc.name}: {script}\nstdout: {done.stdout[-3000:]}\nstderr: {done.stderr[-3000:]}"
         )
+
+
+def test_every_dry_run_the_readme_shows_plans_clean() -> None:
+    """A new user's first plans fit and warn of nothing (the tour's 235B showcase once planned at
+    189 GiB of 185: "likely OOM"): each `train.py ... dry_run=true` line of the README, composed,
+    has no finding at warning level or above and a memory estimate that fits."""
+    import shlex
+
+    from moe_vlm.config.compose import compose_spec
+    from moe_vlm.perf.memory import estimate
+    from moe_vlm.rules import validate
+
+    shown = [
+        shlex.split(line)[2:]
+        for block in bash_blocks(REPO / "README.md")
+        for line in block
+        if " train.py " in line and line.rstrip().endswith("dry_run=true") and " -m " not in line
+    ]
+    assert shown, "the README shows no single-point dry run"
+    for overrides in shown:
+        spec = compose_spec(overrides)
+        assert [f.code for f in validate(spec)] == [], overrides
+        assert estimate(spec).fits, overrides
