@@ -453,6 +453,14 @@ def main(argv: list[str] | None = None) -> int:
         "--json", action="store_true", help="print one JSON object per point instead of the table"
     )
     args = parser.parse_args(argv)
+    if args.watch is not None and not (0 < args.watch < float("inf")):
+        # time.sleep raises on a negative interval, and 0 or NaN would poll without pause
+        print(
+            f"moe-vlm status: error: --watch {args.watch:g}: must be a number of seconds above 0. "
+            "Fix: --watch 30 (or leave --watch out for one table).",
+            file=sys.stderr,
+        )
+        return 2
     if not args.sweep_dir.is_dir():
         print(
             f"moe-vlm status: error: {args.sweep_dir}: no such directory. Fix: pass the sweep directory "

@@ -64,6 +64,15 @@ def test_cli_table_and_bad_directory(sweep: Path, capsys: pytest.CaptureFixture[
     assert "no such directory" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("interval", ["-5", "0", "nan"])
+def test_a_watch_interval_not_above_zero_is_one_line_exit_2(
+    sweep: Path, capsys: pytest.CaptureFixture[str], interval: str
+) -> None:
+    assert main([str(sweep), "--watch", interval]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and len(captured.err.splitlines()) == 1 and "--watch" in captured.err
+
+
 def test_slurm_is_asked_once_per_refresh_not_per_job(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from moe_vlm.launch import slurm
 
