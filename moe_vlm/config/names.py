@@ -46,6 +46,26 @@ def lookalike(typed: str, candidates: Sequence[str]) -> str | None:
     return close[0] if close else None
 
 
+# ASCII characters that look alike in many fonts: capital I, small l, small i, one and the bar; capital
+# O, small o and zero. A name typed with one for another (hybrIdep, gb2OO, a11toall) is a look-alike too.
+_SKELETON = str.maketrans({"I": "1", "l": "1", "i": "1", "|": "1", "O": "0", "o": "0"})
+
+
+def skeleton(text: str) -> str:
+    """What `text` looks like: look-alikes folded to one character each, case ignored."""
+    return ascii_fold(text).translate(_SKELETON).casefold().translate(_SKELETON)
+
+
+def meant(typed: str, candidates: Sequence[str]) -> str | None:
+    """The candidate `typed` looks like (the same skeleton), else the one closest in spelling, else
+    None: what a did-you-mean suggests, never simply the first candidate."""
+    shapes = {skeleton(c): c for c in candidates}
+    if skeleton(typed) in shapes:
+        return shapes[skeleton(typed)]
+    close = difflib.get_close_matches(skeleton(typed), list(shapes), n=1, cutoff=0.75)
+    return shapes[close[0]] if close else None
+
+
 def closest(typed: str, candidates: Sequence[str], n: int = 3) -> list[str]:
     """The `n` candidates nearest `typed`, best first: most `_`-separated parts in common
     (qwen3_vl_30b_gb200 shares model, size and GPU with the 8-GPU GB200 recipes), then spelling."""

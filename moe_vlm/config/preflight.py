@@ -39,7 +39,7 @@ from moe_vlm.config.compose import (
     override_key,
     parse_override,
 )
-from moe_vlm.config.names import ascii_fold, closest, lookalike_error
+from moe_vlm.config.names import ascii_fold, closest, lookalike_error, meant
 from moe_vlm.config.schema import dry_run_mode
 
 # --- pre-flight: one line for what does not compose ------------------------------------------------
@@ -95,10 +95,7 @@ def explain(exc: Exception, overrides: list[str]) -> str:
                 f"`moe-vlm recipes` lists all {len(exc.options or [])}."
             )
         if group:
-            return (
-                f"{group}={option}: no such option. Allowed: {options}. "
-                f"Fix: pick one, e.g. {group}={(exc.options or ['?'])[0]}."
-            )
+            return f"{group}={option}: no such option. Allowed: {options}. {_pick(group, option, exc.options or [])}"
         return f"{missing}: no such config. Fix: check the name."
     if isinstance(exc, OverrideParseException):
         return f"{exc.override!r}: cannot parse this override ({_grammar_reason(exc.message)}). {GRAMMAR_FIX}"
@@ -133,9 +130,18 @@ def _not_an_option(overrides: list[str]) -> str | None:
             options = _loader().repository.get_group_options(group)  # type: ignore[attr-defined]
             return (
                 f"{override}: {group} is a config group and takes an option name. Allowed: "
-                f"{', '.join(options)}. Fix: pick one, e.g. {group}={options[0] if options else '?'}."
+                f"{', '.join(options)}. {_pick(group, str(parsed.value()), options)}"
             )
     return None
+
+
+def _pick(group: str, typed: str, options: list[str]) -> str:
+    """The fix for a group option that does not exist: the option it looks like or is closest to
+    (hybrIdep -> hybridep), else any one of them."""
+    near = meant(typed, options)
+    if near is not None:
+        return f"Fix: {group}={near} (the option {typed!r} resembles)."
+    return f"Fix: pick one, e.g. {group}={options[0] if options else '?'}."
 
 
 def _first_quoted(text: str) -> str:

@@ -74,3 +74,21 @@ def test_train_py_exits_2_with_one_line(tmp_path: Path) -> None:
     )
     assert done.returncode == 2 and done.stderr.count("\n") == 1 and "U+0435" in done.stderr, done.stderr
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize(
+    ("typed", "fix"),
+    [
+        ("dispatcher=hybrIdep", "dispatcher=hybridep"),  # capital I for i
+        ("recompute=fuII", "recompute=full"),  # capital I for l
+        ("dispatcher=a11toall", "dispatcher=alltoall"),  # one for l
+        ("cluster=gb2OO", "cluster=gb200"),  # capital O for zero
+    ],
+)
+def test_an_ascii_look_alike_gets_the_option_it_resembles(typed: str, fix: str) -> None:
+    """The did-you-mean names the option the typed name looks like, not the first one allowed
+    (dispatcher=hybrIdep once got "e.g. dispatcher=allgather")."""
+    done = subprocess.run(
+        [sys.executable, "train.py", typed, "dry_run=true"], capture_output=True, text=True, cwd=REPO
+    )
+    assert done.returncode == 2 and f"Fix: {fix} " in done.stderr and len(done.stderr.splitlines()) == 1
