@@ -172,6 +172,8 @@ def preflight(argv: list[str]) -> None:
             _check_names(override)
             _reject_added_keys(override)
             _reject_read_only(override)
+            if not args.multirun:
+                _reject_sweep_only(override)
         fixed = [o for o in overrides if not parse_override(o).is_sweep_override()]
         base = compose_point(fixed)
         _check_point(base)
@@ -270,6 +272,17 @@ def _reject_read_only(override: str) -> None:
         raise BadInput(
             f"{key}: a published fact, read-only (its source: {READ_ONLY[group]}). Fix: drop it; to run "
             f"otherwise, override the knob itself (mbs=2): the plan lists each difference from the {group}."
+        )
+
+
+def _reject_sweep_only(override: str) -> None:
+    """The planning sweeper's settings (search, halving, predict_keep, force, params) act only in a
+    sweep: without -m Hydra runs one point and would ignore them silently."""
+    key = override_key(override).lstrip("+~")
+    if key.startswith("hydra.sweeper."):
+        raise BadInput(
+            f"{key}: a sweep setting, and this command runs one point (no -m), so it would be ignored. "
+            "Fix: add -m (python train.py -m ...) to sweep, or drop it."
         )
 
 
