@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import os
 import random
 import subprocess
@@ -263,7 +264,9 @@ def test_a_halving_dry_run_prints_the_rung_plan_and_submits_nothing(tmp_path: Pa
     # 12 x 11 + 3 x 120 node-steps against 12 x 120: the cap (1.5 x 12/6) bounds the ties.
     assert "grid 1440; halving at most 492 (34% of the grid)" in done.stdout, done.stdout
     assert not (tmp_path / "sweep" / STATE_JSON).exists()
-    assert not list((tmp_path / "sweep").glob("*/point.json"))
+    # Each point's point.json says planned (for `moe-vlm status`); none was submitted.
+    planned = [json.loads(p.read_text()) for p in (tmp_path / "sweep").glob("*/point.json")]
+    assert len(planned) == 12 and not any(p.get("job_id") or p.get("submissions") for p in planned)
 
 
 @pytest.mark.slow
