@@ -38,22 +38,13 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from bench_dry_run import EMPTY_APP  # the same empty Hydra app (scripts/ is on the path when run)
+
 REPO = Path(__file__).resolve().parent.parent
 TRAIN = REPO / "train.py"
 DEFAULT_VENV = Path.home() / ".cache" / "moe_vlm" / "bench_startup_venv"
 TARGETS = {"train.py --help": 1.5, "CPU dry run": 2.0, "GPU-point dry run, cached": 3.0}
 SCAN_TARGET_MS = 50.0
-EMPTY_APP = """import hydra
-
-
-@hydra.main(version_base=None)
-def main(cfg) -> None:
-    print("empty")
-
-
-if __name__ == "__main__":
-    main()
-"""
 GPU_POINT = ("cluster=gb200", "model=qwen3_vl_30b_a3b", "dry_run=true")
 # Our modules' share of Hydra's plugin scan, from the scan's own per-module timings.
 SCAN_PROBE = """import json
