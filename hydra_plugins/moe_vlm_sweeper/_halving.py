@@ -35,6 +35,7 @@ from moe_vlm.launch.halving import (
     node_steps,
     plan_text,
     rung_steps,
+    schedule,
     spec_rank_class,
 )
 from moe_vlm.launch.status import collect, in_flight
@@ -77,12 +78,23 @@ def settings_of(raw: Any) -> HalvingSettings:
 
 def plan_point(point: PlannedPoint) -> PlanPoint:
     spec = point.spec
+    found = prediction_of(spec)
     return PlanPoint(
         spec.train_iters,
         spec.warmup_steps,
         spec.layout.nodes,
         str(spec_rank_class(spec.data.kind.value, bool(spec.router.force_load_balancing))),
+        None if isinstance(found, str) else found.step_time_s,
     )
+
+
+def schedule_of(planned: Sequence[PlannedPoint], settings: HalvingSettings) -> HalvingSettings:
+    """The schedule the search will run on the valid points, decided before anything is written
+    or submitted: reshaped (said here) or refused (BadInput: exit 2) when it cannot save."""
+    shaped, notes = schedule(settings, [plan_point(p) for p in planned if p.valid])
+    for note in notes:
+        print(f"moe_vlm: halving reshaped: {note}")
+    return shaped
 
 
 def plan_of(dry: Sequence[PlannedPoint], settings: HalvingSettings) -> str:

@@ -214,6 +214,8 @@ class Planner:
         for point in planned:
             if check is not None:
                 check(self.job_overrides(point, sweep_dir))
+        if settings is not None:
+            settings = halving.schedule_of(planned, settings)  # refused here: nothing written yet
 
         sweep_dir.mkdir(parents=True, exist_ok=True)
         if sweep_dir.parent.name == "multirun":  # Hydra's default place, not a directory the user named

@@ -12,6 +12,7 @@ point's config and runs the task through Hydra), with what release 1.2.0 lacks:
   (launch/pack.py);
 - a canary job per (cluster, container image) that the points depend on (afterok), so a
   broken job environment costs one short job, not every point's queue wait (launch/canary.py);
+  one per sweep: a later launch (a halving rung) reuses a canary of the sweep that passed;
 - in each task: a USR2 handler that marks the point for a requeue, attempt bookkeeping, the
   restart count in run.json, and a non-zero exit when the run failed (so srun ends the step).
 """
@@ -215,14 +216,25 @@ class SubmititLauncher(BaseSubmititLauncher):
         return slurm.render_sbatch(params, str(job.canary_dir), self.python(job), command)
 
     def submit_canaries(self, planned: Sequence["PlannedJob"]) -> dict[tuple[str, str | None], str]:
-        """Submit one canary per (cluster, container image); their job ids by that key."""
+        """Submit one canary per (cluster, container image) of the sweep; their job ids by that key (none
+        for a key whose canary in this sweep directory already passed)."""
         from moe_vlm.base.files import write_json_atomic
         from moe_vlm.base.safety import scrub
         from moe_vlm.launch import slurm
+        from moe_vlm.launch.status import passed_canary
         from moe_vlm.runtime import points
 
         submitted: dict[tuple[str, str | None], str] = {}
         for key, first in self.canary_groups(planned).items():
+            passed = passed_canary(first.canary_dir)
+            if passed is not None:
+                # Its verdict holds for the sweep: a later launch (a halving rung, a rerun) pays
+                # no second canary and needs no dependency on a job that already passed.
+                print(
+                    f"moe_vlm: canary job {passed} of this sweep passed for cluster={key[0]}; "
+                    "its verdict is reused (one canary per sweep)"
+                )
+                continue
             first.canary_dir.mkdir(parents=True, exist_ok=True)
             path = first.canary_dir / "canary.sbatch"
             path.write_text(self.canary_script(first))

@@ -32,32 +32,55 @@ goes on where it stopped; a decided rung is never rerun.
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-from moe_vlm.base.errors import BadInput
 from moe_vlm.base.files import RunPaths, write_json_atomic
 from moe_vlm.config.schema import MOCK_KINDS
+from moe_vlm.launch.halving_plan import (
+    MIN_FIRST_STEPS,
+    SEARCH_HELP,
+    HalvingSettings,
+    NodeSteps,
+    PlanPoint,
+    RungPlan,
+    Search,
+    node_steps,
+    plan,
+    plan_text,
+    rung_steps,
+    schedule,
+    search_of,
+    survivors_planned,
+)
+from moe_vlm.predict.model import measured_window
 from moe_vlm.record.records import RunRecord, read_steps
 from moe_vlm.runtime.points import read_run
 
+# The plan (settings, rung lengths, cost, the schedule's reshape or refusal) is its own module;
+# its names are re-exported: the driver, the report and the tests read the search from here.
+__all__ = [
+    "MIN_FIRST_STEPS",
+    "SEARCH_HELP",
+    "HalvingSettings",
+    "NodeSteps",
+    "PlanPoint",
+    "RungPlan",
+    "Search",
+    "node_steps",
+    "plan",
+    "plan_text",
+    "rung_steps",
+    "schedule",
+    "search_of",
+    "survivors_planned",
+]
+
 STATE_JSON = "halving.json"
 STATE_VERSION = 1
-# The first rung's steady steps at least: the p10 and p90 of n steps interpolate between the
-# sorted steps (metrics._percentile); from 10 steps on, the slowest step weighs 10 % in p90.
-MIN_FIRST_STEPS = 10
-SEARCH_HELP = "Fix: hydra.sweeper.search=grid (every point to the end) or hydra.sweeper.search=halving"
-
-
-class Search(StrEnum):
-    """hydra.sweeper.search."""
-
-    grid = "grid"
-    halving = "halving"
 
 
 class Decision(StrEnum):
@@ -77,201 +100,6 @@ class RankClass(StrEnum):
     ranked = "ranked"  # synthetic or real data, real routing
     mock = "mock"
     forced_balance = "forced_balance"
-
-
-def search_of(value: Any) -> Search:
-    try:
-        return Search(str(value))
-    except ValueError:
-        raise BadInput(
-            f"hydra.sweeper.search={value}: allowed values are grid, halving. {SEARCH_HELP}"
-        ) from None
-
-
-@dataclass(frozen=True)
-class HalvingSettings:
-    """hydra.sweeper.halving.*: eta (keep the top 1/eta per rung), first_steps (steady steps of
-    the first rung), rungs (the last one is the full train_iters), tie_factor (the points tied
-    with the cut go on too, but a rung promotes at most tie_factor x the top 1/eta of a class:
-    the search's cost stays bounded by its plan), poll_s (seconds between looks at the rung's
-    jobs while it runs)."""
-
-    eta: int = 3
-    first_steps: int = MIN_FIRST_STEPS
-    rungs: int = 3
-    tie_factor: float = 2.0
-    poll_s: float = 15.0
-
-    def checked(self) -> HalvingSettings:
-        checks = (
-            ("eta", self.eta, 2, 3, "keep the top 1/eta: eta=2 halves, eta=3 keeps a third"),
-            (
-                "first_steps",
-                self.first_steps,
-                MIN_FIRST_STEPS,
-                MIN_FIRST_STEPS,
-                "steady steps of the first rung: over fewer, the p10-p90 range that decides a tie "
-                "is near the min-max, and one slow step ties every point",
-            ),
-            ("rungs", self.rungs, 2, 3, "the last rung is the full train_iters"),
-        )
-        for name, value, low, example, what in checks:
-            if not isinstance(value, int) or isinstance(value, bool) or value < low:
-                raise BadInput(
-                    f"hydra.sweeper.halving.{name}={value}: must be an integer >= {low} ({what}). "
-                    f"Fix: e.g. hydra.sweeper.halving.{name}={example}"
-                )
-        if (
-            isinstance(self.tie_factor, bool)
-            or not isinstance(self.tie_factor, int | float)
-            or self.tie_factor < 1
-        ):
-            raise BadInput(
-                f"hydra.sweeper.halving.tie_factor={self.tie_factor}: must be a number >= 1 (a rung "
-                "promotes at most tie_factor x the top 1/eta of a class, ties included; 1 = no room "
-                "for ties). Fix: e.g. hydra.sweeper.halving.tie_factor=2"
-            )
-        if not self.poll_s > 0:
-            raise BadInput(f"hydra.sweeper.halving.poll_s={self.poll_s}: must be > 0. Fix: e.g. 15")
-        return self
-
-    def keep(self, finished: int) -> int:
-        """The top 1/eta of `finished` points of a class (at least one)."""
-        return max(1, math.ceil(finished / self.eta)) if finished else 0
-
-    def cap(self, finished: int) -> int:
-        """The most points of a class a rung promotes, ties with the cut included."""
-        keep = self.keep(finished)
-        return min(finished, max(keep, math.ceil(self.tie_factor * keep - 1e-9)))
-
-    @classmethod
-    def of(cls, raw: Mapping[str, Any] | None) -> HalvingSettings:
-        raw = dict(raw or {})
-        unknown = sorted(set(raw) - {f for f in cls.__dataclass_fields__})
-        if unknown:
-            raise BadInput(
-                f"hydra.sweeper.halving.{unknown[0]}: unknown; allowed keys are eta, first_steps, rungs, "
-                "tie_factor, poll_s. Fix: e.g. hydra.sweeper.halving.eta=3"
-            )
-        return cls(**raw).checked()
-
-    def same_search(self, other: HalvingSettings) -> bool:
-        mine = (self.eta, self.first_steps, self.rungs, self.tie_factor)
-        return mine == (other.eta, other.first_steps, other.rungs, other.tie_factor)
-
-
-def rung_steps(settings: HalvingSettings, rung: int, warmup_steps: int, train_iters: int) -> int:
-    """The train_iters a point runs in rung `rung` (0-based): its warm-up plus first_steps x eta^rung
-    steady steps, never more than its own train_iters; the last rung is its train_iters."""
-    if rung >= settings.rungs - 1:
-        return train_iters
-    return min(train_iters, warmup_steps + settings.first_steps * settings.eta**rung)
-
-
-def survivors_planned(settings: HalvingSettings, points: int) -> list[int]:
-    """Points per rung at most: each rung promotes at most its cap (the top 1/eta and the ties
-    with the cut, tie_factor x the top 1/eta at most), so this bound holds whatever is measured."""
-    counts = [points]
-    for _ in range(settings.rungs - 1):
-        counts.append(settings.cap(counts[-1]))
-    return counts
-
-
-@dataclass(frozen=True)
-class PlanPoint:
-    """What the rung plan needs of a point: its steps, its nodes and the class it is ranked in."""
-
-    train_iters: int
-    warmup_steps: int
-    nodes: int
-    rank_class: str = "ranked"
-
-
-@dataclass(frozen=True)
-class RungPlan:
-    rung: int  # 0-based
-    points: int  # at most (the cap of every class, summed)
-    steps: tuple[int, int]  # min, max train_iters of a point in this rung
-
-
-def _by_class(planned: Sequence[PlanPoint]) -> dict[str, list[PlanPoint]]:
-    out: dict[str, list[PlanPoint]] = {}
-    for point in planned:
-        out.setdefault(point.rank_class, []).append(point)
-    return out
-
-
-def plan(settings: HalvingSettings, planned: Sequence[PlanPoint]) -> list[RungPlan]:
-    counts = [0] * settings.rungs
-    for members in _by_class(planned).values():
-        for rung, count in enumerate(survivors_planned(settings, len(members))):
-            counts[rung] += count
-    out = []
-    for rung, count in enumerate(counts):
-        steps = [rung_steps(settings, rung, p.warmup_steps, p.train_iters) for p in planned] or [0]
-        out.append(RungPlan(rung, count, (min(steps), max(steps))))
-    return out
-
-
-@dataclass(frozen=True)
-class NodeSteps:
-    """The plan's cost in node-steps: the grid's, and the search's at most (each class's most
-    expensive points surviving up to every rung's cap)."""
-
-    grid: int
-    worst: int
-
-    @property
-    def ratio(self) -> float:
-        return self.worst / self.grid if self.grid else 0.0
-
-
-def node_steps(settings: HalvingSettings, planned: Sequence[PlanPoint]) -> NodeSteps:
-    grid = sum(p.nodes * p.train_iters for p in planned)
-    worst = 0
-    for members in _by_class(planned).values():
-        counts = survivors_planned(settings, len(members))
-        per_point = [
-            [p.nodes * rung_steps(settings, r, p.warmup_steps, p.train_iters) for r in range(settings.rungs)]
-            for p in members
-        ]
-        for rung, count in enumerate(counts):
-            worst += sum(sorted((cost[rung] for cost in per_point), reverse=True)[:count])
-    return NodeSteps(grid, worst)
-
-
-def plan_text(settings: HalvingSettings, planned: Sequence[PlanPoint]) -> str:
-    """What `dry_run=true` prints for `search=halving`: points and steps per rung, and node-steps
-    (a dry run measures no step time: node-seconds scale with them at equal step time, start-up
-    not counted) against the grid's."""
-    if not planned:
-        return "moe_vlm: halving: no valid point to search."
-    rungs = plan(settings, planned)
-    cost = node_steps(settings, planned)
-    classes = _by_class(planned)
-    lines = [
-        f"moe_vlm: halving plan: {len(planned)} valid point(s), eta={settings.eta}, "
-        f"{settings.rungs} rung(s), first rung {settings.first_steps} steady step(s) after each point's warm-up, "
-        f"ties promoted up to {settings.tie_factor:g}x the top 1/eta"
-        + (
-            ""
-            if len(classes) == 1
-            else f"; ranked in {len(classes)} classes ({', '.join(sorted(classes))}), each halved alone"
-        ),
-        f"{'rung':>6}  {'points':>6}  steps per point",
-    ]
-    for r in rungs:
-        low, high = r.steps
-        steps = f"{low}" if low == high else f"{low}-{high}"
-        last = " (full train_iters)" if r.rung == len(rungs) - 1 else ""
-        at_most = "<=" if r.rung else "  "
-        lines.append(f"{r.rung + 1:>6}  {at_most}{r.points:>4}  {steps}{last}")
-    lines += [
-        f"moe_vlm: node-steps (node-seconds at equal step time, start-up not counted): grid {cost.grid}; "
-        f"halving at most {cost.worst} ({cost.ratio:.0%} of the grid): each rung promotes at most "
-        f"{settings.tie_factor:g}x its top 1/eta, ties with the cut included.",
-    ]
-    return "\n".join(lines)
 
 
 # --- measuring and deciding a rung ---------------------------------------------------------------
@@ -338,13 +166,14 @@ def measured(point: str, run: RunRecord, run_dir: Path) -> Measured:
     summary = run.summary or {}
     tokens = summary.get("effective_tokens_per_s_per_gpu")
     step_time = summary.get("step_time_s") or {}
-    # The spread of the time the rate is over (the step period where the record has one), so the
-    # ranked figure lies inside its own p10-p90 range: the rate at the p90 and at the p10 time.
-    basis = summary.get("step_period_s") or step_time
+    # The spread of the time the rate is over (predict.model.measured_window decides which), so
+    # the ranked figure lies inside its own p10-p90 range: the rate at the p90 and at the p10 time.
+    window = measured_window(summary)
+    spread = window[0] if window is not None else {}
     low = high = None
-    if tokens is not None and basis.get("mean") and basis.get("p10") and basis.get("p90"):
-        low = float(tokens) * float(basis["mean"]) / float(basis["p90"])
-        high = float(tokens) * float(basis["mean"]) / float(basis["p10"])
+    if tokens is not None and spread.get("mean") and spread.get("p10") and spread.get("p90"):
+        low = float(tokens) * float(spread["mean"]) / float(spread["p90"])
+        high = float(tokens) * float(spread["mean"]) / float(spread["p10"])
     failure = None
     if run.status != "completed":
         failure = run.failure.name if run.failure else (", ".join(run.error_codes()) or run.status)
@@ -624,12 +453,35 @@ class HalvingState:
             for p in self.points
         ]
 
-    def node_steps(self) -> int:
-        """Node-steps the search ran: every run of every rung, nodes x its train_iters."""
-        return sum(self.nodes.get(p, 1) * steps for rung in self.rungs for p, steps in rung.steps.items())
+    def runs_once(self) -> list[tuple[str, str, int, Verdict | None]]:
+        """(point, run id, train_iters, verdict) of every run the search made, each run once: a
+        rung that reached a point's full train_iters ran the grid's run, and a later rung of the
+        same length finds it completed (same identity) and decides on it again without rerunning
+        it, so its steps and node-seconds are counted where they were spent."""
+        seen: set[str] = set()
+        out = []
+        for rung in self.rungs:
+            for point, steps in rung.steps.items():
+                run_id = rung.runs.get(point, f"{point}@{rung.rung}")
+                if run_id not in seen:
+                    seen.add(run_id)
+                    out.append((point, run_id, steps, rung.verdicts.get(point)))
+        return out
 
-    def used_node_seconds(self) -> float:
-        return sum(v.node_seconds or 0.0 for rung in self.rungs for v in rung.verdicts.values())
+    def node_steps(self) -> int:
+        """Node-steps the search ran: every run it made once, nodes x its train_iters."""
+        return sum(self.nodes.get(p, 1) * steps for p, _, steps, _ in self.runs_once())
+
+    def used_node_seconds(self, rank_class: str | None = None) -> float:
+        """Node-seconds of every run the search made, once (of one rank class, when given)."""
+        return sum(
+            v.node_seconds or 0.0
+            for _, _, _, v in self.runs_once()
+            if v is not None and (rank_class is None or v.rank_class == rank_class)
+        )
+
+    def point_node_seconds(self, point: str) -> float:
+        return sum(v.node_seconds or 0.0 for p, _, _, v in self.runs_once() if p == point and v is not None)
 
     def grid_estimate(self) -> tuple[float, int]:
         """The full grid's node-seconds, and how many points of it are extrapolated: a point that
@@ -733,6 +585,6 @@ def compare_with_grid(sweep_dir: Path, rank: RankClass = RankClass.ranked) -> Gr
         found.point,
         found.tokens_per_s_per_gpu or 0.0,
         found.point == best.point or _overlap(found, best.low, best.high),
-        sum(v.node_seconds or 0.0 for r in state.rungs for v in r.verdicts.values() if v.rank_class == rank),
+        state.used_node_seconds(str(rank)),
         sum(m.node_seconds or 0.0 for m in mine),
     )

@@ -120,6 +120,19 @@ def canary_state(directory: Path, job_id: str, states: dict[str, slurm.JobState]
     return "unknown", "Slurm forgot the canary job and it left no exit status"
 
 
+def passed_canary(canary_dir: Path) -> str | None:
+    """The job id of the canary recorded in this (sweep, cluster, image) directory when its exit
+    status file says it passed, else None. The launcher submits no second canary for such a key:
+    one canary per sweep, not per launch (a halving search launches once per rung). Only its own
+    exit status counts as passed, not Slurm's state: a canary Slurm forgot proves nothing."""
+    record = points.read_json(canary_dir / points.CANARY_JSON)
+    if not record or not record.get("job_id"):
+        return None
+    job_id = str(record["job_id"])
+    state, _ = canary_state(Path(str(record.get("dir") or canary_dir)), job_id, None)
+    return job_id if state == "passed" else None
+
+
 def collect_canaries(sweep_dir: Path, states: dict[str, slurm.JobState] | None) -> list[CanaryStatus]:
     out = []
     for record in points.iter_canaries(sweep_dir):

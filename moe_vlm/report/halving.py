@@ -55,7 +55,7 @@ def ladder(state: HalvingState, sweep_dir: Path) -> list[str]:
         return depth, (last.tokens_per_s_per_gpu or 0.0) if last else 0.0
 
     for point in sorted(state.points, key=lambda p: (-reached(p)[0], -reached(p)[1], labels[p])):
-        used = sum(v.node_seconds or 0.0 for r in state.rungs if (v := r.verdicts.get(point)) is not None)
+        used = state.point_node_seconds(point)
         rows.append([labels[point], *(_cell(r.verdicts.get(point)) for r in state.rungs), f"{used:,.0f}"])
     lines = [
         "",

@@ -22,7 +22,9 @@ from moe_vlm.launch.halving import Decision, HalvingState, RankClass
 
 REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow
-BASE = ["model=tiny_moe_vlm", "nproc=1", "warmup_steps=1", "seq_length=128", "gbs=4", "train_iters=14"]
+BASE = ["model=tiny_moe_vlm", "nproc=1", "warmup_steps=1", "seq_length=128", "gbs=4", "train_iters=24"]
+# 24 steps: two points of a class cost 2 x 11 + 1 x 24 node-steps at worst, under the grid's 48 (at 14
+# steps, 36 against 28: the plan refuses a search that cannot save).
 # One small image per synthetic sample: it fits seq_length (rule A007).
 BASE += ["data.min_images=1", "data.max_images=1", "data.max_long_side_px=336"]
 SEARCH = [
@@ -77,7 +79,7 @@ def test_a_halving_search_runs_through_an_in_process_launcher(
             assert record["halving"]["decision"] == str(rung.verdicts[point].decision)
             assert len((sweep_dir / run_id / "steps.jsonl").read_text().splitlines()) == rung.steps[point]
             assert record["halving"]["node_seconds"] > 0
-    assert state.node_steps() == sum(11 for _ in first.runs) + sum(14 for _ in last.runs)
+    assert state.node_steps() == sum(11 for _ in first.runs) + sum(24 for _ in last.runs)
     assert "halving best (mock)" in done.stdout
 
     again = train(sweep_dir, *launcher, *axes, *SEARCH)

@@ -11,7 +11,8 @@
    decision; status and report show them. The node-seconds ratio is the benchmark's figure
    (printed, not asserted: start-up counts in it, and a cost measured on a shared machine is
    no test; docs/slurm.md records it at the benchmark's default length).
-2. Faults, packed: four points in one job per rung (points_per_job=4). In the first rung one
+2. Faults, packed: four points in one job per rung (points_per_job=4), behind one canary for the
+   whole sweep (rung 2 reuses rung 1's passed canary). In the first rung one
    point's rank is killed with SIGKILL: it is stopped with its failure class (killed). While
    the next point runs, the job gets USR2 (a preemption, or the time limit's warning) and
    requeues itself: back from the requeue it skips the finished point, reruns the interrupted
@@ -145,9 +146,14 @@ SEARCH = [
     "hydra.sweeper.halving.eta=2",
     "hydra.sweeper.halving.rungs=2",
     "hydra.sweeper.halving.first_steps=20",
+    # Exactly the top 1/eta goes on: with ties up to 2x, 4 x 21 + 4 x 50 node-steps at worst would
+    # cost more than the grid's 200, and the plan refuses such a search.
+    "hydra.sweeper.halving.tie_factor=1",
     "hydra.sweeper.halving.poll_s=1",
     "hydra.launcher.points_per_job=4",
-    "hydra.launcher.canary=false",
+    # One canary for the sweep (no probe: the environment check alone), not one per rung.
+    "hydra.launcher.canary=true",
+    "hydra.launcher.canary_probe=false",
     "hydra.launcher.timeout_min=10",
 ]
 
@@ -223,9 +229,15 @@ def test_a_failed_point_keeps_its_class_a_requeue_resumes_the_rung_and_a_rerun_t
     interrupted = RunPaths(Path(preempted["point_dir"])).attempts / "1"
     assert json.loads((interrupted / "requeue.previous.json").read_text())["reason"] == "preempted"
     assert steps_written(preempted["point_dir"]) == 21  # the rung's length: warm-up + 20
-    # The rung was decided on the other three: the top ceil(3/2) = 2, and any tie, go on.
+    # The rung was decided on the other three: the top ceil(3/2) = 2 go on, or only the first when
+    # the third ties the second (tie_factor=1: a cap of 2, and a tie is never split by noise).
     promoted = state.rungs[0].promoted()
-    assert 2 <= len(promoted) <= 3 and all(state.rungs[0].verdicts[p].finished == 3 for p in promoted)
+    assert 1 <= len(promoted) <= state.settings.cap(3) == 2, state.rungs[0].verdicts
+    assert all(state.rungs[0].verdicts[p].finished == 3 for p in promoted)
+    # One canary for the sweep: rung 1's, whose verdict rung 2 reused (a second canary would have
+    # rewritten the record with rung 2's points).
+    canaries = list(points.iter_canaries(sweep_dir))
+    assert len(canaries) == 1 and set(canaries[0]["point_ids"]) == set(state.rungs[0].runs.values()), canaries
 
     rerun = subprocess.run(command(sweep_dir), cwd=REPO, capture_output=True, text=True, timeout=900, env=ENV)
     assert rerun.returncode == 0, rerun.stdout[-2000:] + rerun.stderr[-3000:]

@@ -33,6 +33,7 @@ from moe_vlm.launch.halving import (
     plan,
     plan_text,
     rung_steps,
+    schedule,
     search_of,
 )
 from moe_vlm.launch.status import PointStatus, in_flight
@@ -204,6 +205,90 @@ def test_the_state_file_round_trips_and_estimates_the_grid(tmp_path: Path) -> No
     # a: its full run (10); b: its rung run (10) + 7 more steps x 0.5 s x 2 nodes.
     assert back.grid_estimate() == (27.0, 1)
     assert back.best()["ranked"][0] == "a"
+
+
+def test_a_run_two_rungs_share_is_counted_once() -> None:
+    """Rung 2 reached the point's full train_iters (30): rung 3's run of it is the same run (same
+    identity, found completed), so its steps and node-seconds count once (they counted twice)."""
+    state = HalvingState(
+        HalvingSettings(eta=2, first_steps=10, rungs=3, tie_factor=1), {"a": "mbs=1", "b": "mbs=2"}
+    )
+    state.nodes, state.train_iters = {"a": 1, "b": 1}, {"a": 30, "b": 30}
+    first = state.rung(0)
+    first.runs, first.steps = {"a": "a12", "b": "b12"}, {"a": 12, "b": 12}
+    first.verdicts = decide([run("a", 20.0), run("b", 10.0)], settings(eta=2), last=False)
+    for rung in (1, 2):
+        again = state.rung(rung)
+        again.runs, again.steps = {"a": "a"}, {"a": 30}
+        again.verdicts = decide([run("a", 20.0)], settings(eta=2), last=rung == 2)
+    assert state.node_steps() == 12 + 12 + 30
+    assert state.used_node_seconds() == 3 * 10.0  # a12, b12 and a: 10 node-s each
+    assert state.point_node_seconds("a") == 20.0
+    assert state.grid_estimate() == (10.0 + 10.0 + 18 * 0.5, 1)
+
+
+def test_the_plan_collapses_rungs_that_reach_train_iters_early() -> None:
+    # eta=3 from 10 steady steps: 12, 32 -> 30 (the full length), 30: rung 3 would repeat rung 2.
+    planned = [PlanPoint(30, 2, 1)] * 12
+    wide = HalvingSettings(eta=3, first_steps=10, rungs=3, tie_factor=1)
+    assert node_steps(wide, planned) == NodeSteps(360, 12 * 12 + 4 * 30)  # the repeated length: once
+    shaped, notes = schedule(wide, planned)
+    assert shaped.rungs == 2 and shaped.eta == 3 and notes[0].startswith("rungs=3 -> 2")
+    assert [r.steps for r in plan(shaped, planned)] == [(12, 12), (30, 30)]
+
+
+def test_a_schedule_that_saves_only_with_fewer_rungs_is_reshaped() -> None:
+    # 9 points, eta=3, ties up to 1.5x: 3 rungs cost 9 x 11 + 5 x 31 + 3 x 40 = 374 of the grid's
+    # 360 at worst; 2 rungs 9 x 11 + 5 x 40 = 299.
+    planned = [PlanPoint(40, 1, 1)] * 9
+    asked = HalvingSettings(eta=3, first_steps=10, rungs=3, tie_factor=1.5)
+    assert node_steps(asked, planned) == NodeSteps(360, 374)
+    shaped, notes = schedule(asked, planned)
+    assert shaped.rungs == 2 and node_steps(shaped, planned) == NodeSteps(360, 299)
+    assert "374 node-steps against the grid's 360" in notes[0] and "299" in notes[0], notes
+    # A schedule that saves as asked is left alone.
+    assert (
+        schedule(
+            HalvingSettings(eta=6, first_steps=10, rungs=2, tie_factor=1.5), [PlanPoint(120, 1, 1)] * 12
+        )[1]
+        == []
+    )
+
+
+def test_a_schedule_that_cannot_save_is_refused_with_its_cost() -> None:
+    # The issue's sweep: 6 points x 30 steps, the defaults (eta=3, 3 rungs, ties up to 2x): at worst
+    # 6 x 12 + 4 x 30 node-steps, more than the grid's 180, whatever the rung count.
+    with pytest.raises(BadInput) as refused:
+        schedule(HalvingSettings(), [PlanPoint(30, 2, 1)] * 6)
+    line = str(refused.value)
+    assert "\n" not in line and line.startswith("hydra.sweeper.search=halving cannot save")
+    assert (
+        "at most 192 node-steps against the grid's 180 (107%)" in line
+        and "Fix: hydra.sweeper.search=grid" in line
+    )
+    # Predicted step times: the cost in node-seconds too.
+    with pytest.raises(BadInput, match="predicted node-seconds"):
+        schedule(HalvingSettings(), [PlanPoint(30, 2, 1, step_s=2.0)] * 6)
+    # A first rung as long as the run leaves nothing to decide.
+    with pytest.raises(BadInput, match=r"first rung .* already runs every point.s full train_iters"):
+        schedule(HalvingSettings(), [PlanPoint(12, 2, 1)] * 12)
+
+
+@pytest.mark.slow
+def test_the_issue_s_sweep_is_refused_before_anything_is_written(tmp_path: Path) -> None:
+    done = train(
+        tmp_path,
+        *["model=tiny_moe_vlm", "data=mock", "nproc=1", "mbs=1,2", "recompute=none,full,selective"],
+        "train_iters=30",
+        "hydra.sweeper.search=halving",
+    )
+    assert done.returncode == 2, done.stdout[-2000:] + done.stderr[-2000:]
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("moe_vlm: error: hydra.sweeper.search=halving cannot save on these 6 point(s)"), (
+        last
+    )
+    assert "node-steps against the grid's 180" in last and "Fix:" in last
+    assert not (tmp_path / "sweep").exists()
 
 
 def test_an_unreadable_state_file_is_no_search(tmp_path: Path) -> None:

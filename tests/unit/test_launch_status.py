@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from moe_vlm.launch.status import collect, main, progress_bar, snapshot
+from moe_vlm.launch.status import collect, main, passed_canary, progress_bar, snapshot
 from moe_vlm.runtime import points
 
 
@@ -138,6 +138,20 @@ def test_a_failed_canary_fails_the_points_it_held_with_class_stack_and_its_last_
     assert failure["failure"]["log_tail"][-2] == f"[canary] {evidence}"
     assert main([str(point_dir.parent)]) == 0
     assert f"canary job 7 (cluster=local, image (none)): failed: {evidence}" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("rc, reused", [("0", "7"), ("1", None), ("", None)])
+def test_only_a_passed_canary_is_reused_by_a_later_launch_of_the_sweep(
+    tmp_path: Path, rc: str, reused: str | None
+) -> None:
+    """One canary per sweep: a halving rung after the first finds the sweep's canary passed (its
+    own exit status file says 0) and submits none; a failed or unfinished one is no verdict."""
+    point_dir = held_sweep(tmp_path / "sweep", rc)
+    canary = point_dir.parent / points.CANARIES / "local-0"
+    if not rc:
+        (canary / "7.rc").unlink()
+    assert passed_canary(canary) == reused
+    assert passed_canary(tmp_path / "no-canary") is None
 
 
 def test_a_passed_canary_shows_its_summary_and_leaves_its_points_to_slurm(sweep: Path) -> None:
