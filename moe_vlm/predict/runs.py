@@ -13,6 +13,7 @@ from moe_vlm.config.spec import RunSpec
 from moe_vlm.perf.flops import Workload
 from moe_vlm.perf.metrics import by_step, steady_window, workload_of
 from moe_vlm.predict.calibration import Sample, stack_of
+from moe_vlm.predict.model import measured_window
 from moe_vlm.predict.terms import loads
 from moe_vlm.record.records import RunRecord, RunStatus, read_steps
 from moe_vlm.record.shape import RecordError
@@ -37,12 +38,10 @@ class RecordedRun:
 
 
 def measured_step_s(summary: dict[str, Any]) -> float | None:
-    """What the summary's rates divide by: the mean step period, else the mean step time."""
-    for key in ("step_period_s", "step_time_s"):
-        value = (summary.get(key) or {}).get("mean")
-        if isinstance(value, int | float) and value > 0:
-            return float(value)
-    return None
+    """The mean of the seconds the summary's rates divide by (model.measured_window decides which)."""
+    window = measured_window(summary)
+    mean = window[0].get("mean") if window is not None else None
+    return float(mean) if isinstance(mean, int | float) and not isinstance(mean, bool) and mean > 0 else None
 
 
 def mean_workload(run_dir: Path, warmup_steps: int) -> Workload | None:

@@ -16,6 +16,7 @@ from moe_vlm.config.schema import MOCK_KINDS
 from moe_vlm.perf import stragglers
 from moe_vlm.perf.metrics import by_step, steady_window
 from moe_vlm.predict import report_section as prediction_report
+from moe_vlm.predict.model import measured_window
 from moe_vlm.record.columns import KNOBS
 from moe_vlm.record.records import RecordError, RunRecord, read_steps
 from moe_vlm.report import basis as report_basis
@@ -121,7 +122,8 @@ def _throughput_band(summary: dict[str, Any]) -> dict[str, float | None]:
     (the time basis: step periods where recorded, else step times): the run's median rate and its
     noise band. The mean rate is over the same steps' mean seconds, so rate x mean / seconds."""
     effective = summary.get("effective_tokens_per_s_per_gpu")
-    spread = summary.get("step_period_s") or summary.get("step_time_s") or {}
+    window = measured_window(summary)
+    spread = window[0] if window is not None else {}
     mean = spread.get("mean")
     band: dict[str, float | None] = {}
     for column, quantile in (("eff_p50", "p50"), ("eff_low", "p90"), ("eff_high", "p10")):

@@ -16,12 +16,13 @@ from moe_vlm.base.errors import BadInput
 from moe_vlm.perf.flops import step_flops
 from moe_vlm.perf.metrics import by_step, steady_window, workload_of
 from moe_vlm.predict import calibration as cal
-from moe_vlm.predict.model import FLAG_SIGMAS, MIN_JUDGED_STEPS, predict, record_section
+from moe_vlm.predict.model import FLAG_SIGMAS, MIN_JUDGED_STEPS, measured_window, predict, record_section
 from moe_vlm.predict.report_section import row_fields, section
-from moe_vlm.predict.runs import find_runs, recorded
+from moe_vlm.predict.runs import find_runs, measured_step_s, recorded
 from moe_vlm.predict.terms import Term, bubble_factor, hardware_flops_by_class, loads
 from moe_vlm.predict.workload import expected_workload
 from moe_vlm.record.records import read_steps
+from moe_vlm.report.table import _throughput_band
 from moe_vlm.run.plan import render
 from tests.conftest import REPO, make_spec
 
@@ -179,17 +180,18 @@ def test_record_section_flags_a_run_2_sigma_slower():
     assert "1 more than 2 sigma slower" in text and text.count("FLAGGED") == 2  # the note and the row
 
 
+def quantiles(predicted: float, p10: float, p50: float, p90: float, mean: float) -> dict[str, float]:
+    """A summary's step-time spread (the four figures measured_window reads), each a multiple of
+    the predicted step time."""
+    return {"p10": predicted * p10, "p50": predicted * p50, "p90": predicted * p90, "mean": predicted * mean}
+
+
 def test_judged_on_the_windows_median_not_one_slow_step():
     """Ten steady steps, one of them slow: the mean is +28 % ("2.5 sigma"), the median +3 %. The
     record judges the median, keeps the spread, and flags nothing."""
     spec = make_spec(*GB200)
     predicted = predict(spec).step_time_s or 0.0
-    spread = {
-        "p10": predicted * 1.01,
-        "p50": predicted * 1.03,
-        "p90": predicted * 1.06,
-        "mean": predicted * 1.28,
-    }
+    spread = quantiles(predicted, p10=1.01, p50=1.03, p90=1.06, mean=1.28)
     found = record_section(spec, {"step_period_s": spread, "steady_window": {"steps": 10}})
     assert found["error"] == pytest.approx(0.03) and found["flag"] is None
     assert found["measured_p10_s"] == spread["p10"] and found["measured_p90_s"] == spread["p90"]
@@ -200,19 +202,37 @@ def test_judged_on_the_windows_median_not_one_slow_step():
     )
 
 
+def test_which_seconds_the_rates_divide_by_is_decided_once():
+    """A record whose step periods are unusable (zero: a clock that did not move) divides by its
+    step times, in the prediction's judgement, the calibration's samples and the report's band
+    alike (the report took the zeroed periods and showed no band)."""
+    times = quantiles(2.0, p10=0.9, p50=1.0, p90=1.2, mean=1.05)
+    summary = {
+        "step_period_s": quantiles(0.0, p10=1, p50=1, p90=1, mean=1),
+        "step_time_s": times,
+        "effective_tokens_per_s_per_gpu": 1000.0,
+    }
+    window = measured_window(summary)
+    assert window is not None and window[0] is times
+    assert measured_step_s(summary) == times["mean"]
+    band = _throughput_band(summary)
+    assert band["eff_p50"] == pytest.approx(1000.0 * 1.05 / 1.0) and band["eff_low"] == pytest.approx(
+        1000.0 * 1.05 / 1.2
+    )
+    # No reader but measured_window spells the summary's time keys.
+    for module in ("moe_vlm/predict/runs.py", "moe_vlm/report/table.py", "moe_vlm/launch/halving.py"):
+        assert '"step_period_s"' not in (REPO / module).read_text(), module
+
+
 def test_a_window_too_short_is_recorded_never_judged():
     spec = make_spec(*GB200)
     predicted = predict(spec).step_time_s or 0.0
-    one_step = {
-        "p10": predicted * 1.28,
-        "p50": predicted * 1.28,
-        "p90": predicted * 1.28,
-        "mean": predicted * 1.28,
-    }
+    one_step = quantiles(predicted, p10=1.28, p50=1.28, p90=1.28, mean=1.28)
     short = record_section(spec, {"step_time_s": one_step, "steady_window": {"steps": 1}})
     assert short["error"] == pytest.approx(0.28) and short["flag"] is None
     assert "too few to judge" in short["note"]
-    slow = {q: predicted * (1 + 3 * 0.24) for q in ("p10", "p50", "p90", "mean")}
+    same = 1 + 3 * 0.24
+    slow = quantiles(predicted, p10=same, p50=same, p90=same, mean=same)
     judged = record_section(spec, {"step_time_s": slow, "steady_window": {"steps": MIN_JUDGED_STEPS}})
     assert "regression" in judged["flag"]
 
