@@ -19,8 +19,8 @@ is not probed (0), so the calibration is a lower bound (`Calibration.lower_bound
 predictions rank points, carry no band and never flag a run.
 
 Where the probe's calibration is worth storing: clusters without the defaults fitted on published
-whole-step rows (cluster=local, a site's own preset without a datasheet peak). On GPU clusters those defaults predict the published rows within 14.8 %
-leave-one-out, and a probe of GEMMs and collectives alone misses what a whole step spends between
+whole-step rows (cluster=local, a site's own preset without a datasheet peak). On GPU clusters those defaults predict the published rows within 8.5-12.1 % out of sample
+(mean absolute error, a whole family left out), and a probe of GEMMs and collectives alone misses what a whole step spends between
 them (docs/step-time-prediction.md), so there it is printed against the datasheet, not stored,
 unless asked.
 """
