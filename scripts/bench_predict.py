@@ -15,7 +15,15 @@ Anchors (--anchors): the published measured rows of ../shared/reference/sister-s
 card's rows and the Qwen hardware rows of 2.5), each as this tool's point; its "measured" step time
 is the row's published TFLOP/s/GPU turned back into seconds with Bridge-comparable FLOPs (the
 figure Megatron logs). Leave-one-out: each row predicted by the group scales (compute, data
-movement) fitted on the others; prints each error and the mean (target <= 20 %).
+movement) fitted on the others; prints each error and the mean (target <= 20 %). In sample: the
+rows are the ones the defaults were once fitted on.
+
+Families (--families): out of sample. Every published row of moe_vlm/predict/published_rows.json,
+each whole family (model family, GPU generation, data kind, precision) left out of the fit in turn
+and predicted by the rest (moe_vlm/predict/published.py): the table of every row (predicted,
+published, error, inside the band) and each family's summary, in markdown
+(docs/step-time-prediction.md holds this output), then the defaults' fit on all covered rows.
+Targets: mean absolute error <= 15 %, no row beyond 30 %, bands holding >= 80 % of rows.
 """
 
 from __future__ import annotations
@@ -38,6 +46,7 @@ from moe_vlm.perf.flops import step_flops  # noqa: E402
 from moe_vlm.predict.calibration import Sample, calibrate, predicted_s  # noqa: E402
 from moe_vlm.predict.model import predict  # noqa: E402
 from moe_vlm.predict.probe import probe  # noqa: E402
+from moe_vlm.predict.published import GROUPINGS, default_fit, out_of_sample, published_rows, table  # noqa: E402
 from moe_vlm.predict.runs import RecordedRun, find_runs, recorded  # noqa: E402
 from moe_vlm.predict.terms import Term, loads  # noqa: E402
 from moe_vlm.predict.workload import expected_workload  # noqa: E402
@@ -256,11 +265,27 @@ def anchors() -> int:
     return 0
 
 
+def families() -> int:
+    rows = published_rows()
+    for grouping in GROUPINGS:
+        print("\n".join(table(grouping, out_of_sample(grouping, rows))))
+        print()
+    fit = default_fit(rows)
+    print(
+        f"Defaults, fitted on all {fit.runs} covered rows: compute scale {fit.scales[Term.dense.value]:.4g} "
+        f"(a step at {1 / fit.scales[Term.dense.value]:.1%} of the peaks), leave-one-out rms {fit.band:.1%}."
+    )
+    return 0
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     p.add_argument("--sweep", default=None, help="a sweep directory already run (else run one)")
     p.add_argument("--anchors", action="store_true", help="leave-one-out on the published rows")
+    p.add_argument("--families", action="store_true", help="out of sample: each family left out in turn")
     args = p.parse_args()
+    if args.families:
+        return families()
     if args.anchors:
         return anchors()
     sweep = Path(args.sweep) if args.sweep else REPO / "multirun" / "bench_predict"

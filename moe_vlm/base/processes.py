@@ -24,6 +24,17 @@ def start_method() -> str:
     return "spawn" if has_gpu_devices else "fork"
 
 
+def cores_here() -> int:
+    """The cores this process may use: its CPU affinity, capped by Slurm's allocation on the node
+    (an allocation without CPU binding still shows every core: two one-CPU jobs on one node would
+    each start a thread per core and stall each other)."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    allocated = os.environ.get("SLURM_CPUS_ON_NODE", "")
+    if allocated.isdigit() and int(allocated) > 0:
+        cores = min(cores, int(allocated))
+    return max(cores, 1)
+
+
 def run_local_ranks(rank_fn: Callable[..., None], args: tuple[Any, ...], ranks: int) -> None:
     """`rank_fn(local_rank, *args)` in `ranks` processes here, until all return; a rank that
     raises or dies raises torch.multiprocessing's ProcessRaisedException / ProcessExitedException."""

@@ -11,7 +11,6 @@ prints one progress line per step, and writes run.json once at the end (atomical
 
 from __future__ import annotations
 
-import os
 import resource
 import signal
 import socket
@@ -33,7 +32,7 @@ from torch.distributed.tensor import DTensor
 
 from moe_vlm.base.errors import EngineUnavailable, RunFailed
 from moe_vlm.base.files import RUN_JSON, STEPS_JSONL, write_json_atomic
-from moe_vlm.base.processes import die_with_parent, run_local_ranks
+from moe_vlm.base.processes import cores_here, die_with_parent, run_local_ranks
 from moe_vlm.config.schema import DataKind, ShardingStrategy
 from moe_vlm.config.spec import RunSpec
 from moe_vlm.data import Batch, BatchStats, DataStats, build_batches
@@ -135,13 +134,7 @@ def run_rank(spec: RunSpec, config: dict[str, Any], run_dir: Path, env: DistEnv)
         torch.cuda.set_device(device)
     else:
         # Ranks share the cores; oversubscribed intra-op threads only slow every rank down.
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-        # A Slurm allocation without CPU binding still shows every core of the node: two one-CPU
-        # jobs on one node would each start a thread per core and stall each other.
-        allocated = os.environ.get("SLURM_CPUS_ON_NODE", "")
-        if allocated.isdigit() and int(allocated) > 0:
-            cores = min(cores, int(allocated))
-        torch.set_num_threads(max(1, cores // env.local_world_size))
+        torch.set_num_threads(max(1, cores_here() // env.local_world_size))
     dist.init_process_group(
         "nccl" if device.type == "cuda" else "gloo",
         init_method=env.init_method,

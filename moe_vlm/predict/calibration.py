@@ -87,6 +87,9 @@ class Calibration:
     lower_bound: bool = False
 
     def scale(self, term: Term) -> float:
+        if term.value not in self.scales and term is Term.gdn:
+            # A calibration stored before Gated DeltaNet had its own term timed it with attention.
+            return float(self.scales.get(Term.attention.value, 0.0))
         return float(self.scales.get(term.value, 0.0))
 
     @property

@@ -30,6 +30,7 @@ from moe_vlm.config.schema import (
     FlexBackend,
     ModelConfig,
     ParallelismFamily,
+    Precision,
     RecomputeGranularity,
     TokenDispatcher,
 )
@@ -64,6 +65,12 @@ EP_OVERLAP_HIDDEN = 0.3655
 EP_NO_OVERLAP_HIDDEN = 0.0011
 # Forward dispatch + combine, backward the same on the gradients.
 EP_PASSES = 4
+# The share of its format's peak the decoder's GEMMs reach relative to BF16's share of the BF16
+# peak. MXFP8: DeepSeek-V3 on 256 x B200, the same layout in BF16 ~520 TFLOP/s and FP8-MX ~800
+# (moe-hardware-configs/card.yaml; ../shared/reference/sister-skills.md 2.5, line 143): 800 / 4.5 PF
+# over 520 / 2.25 PF = 0.769. No published A/B for FP8 current scaling or NVFP4: absent here (1.0),
+# and the plan says those precisions are uncalibrated (predict/model.py).
+PRECISION_EFFICIENCY: dict[Precision, float] = {Precision.fp8mx: (800 / 4.5) / (520 / 2.25)}
 
 
 class Term(StrEnum):
@@ -72,6 +79,7 @@ class Term(StrEnum):
     vision = "vision"
     dense = "dense"
     attention = "attention"
+    gdn = "gdn"
     experts = "experts"
     logits = "logits"
     ep_alltoall = "ep_alltoall"
@@ -99,8 +107,9 @@ class Term(StrEnum):
 
 _MEANINGS = {
     Term.vision: "ViT blocks + projector mergers",
-    Term.dense: "decoder attention projections, Gated DeltaNet projections, shared experts, dense MLPs",
-    Term.attention: "attention core (sum of squared lengths) and the delta-rule recurrence",
+    Term.dense: "decoder attention projections, shared experts, dense MLPs",
+    Term.attention: "attention core (sum of squared lengths)",
+    Term.gdn: "Gated DeltaNet layers: projections, conv and the delta-rule recurrence (Qwen3.5)",
     Term.experts: "routed experts' grouped GEMMs",
     Term.logits: "the output layer",
     Term.ep_alltoall: "EP token exchange, all-to-all dispatcher",
@@ -113,7 +122,7 @@ _MEANINGS = {
     Term.overhead: "the per-step constant",
 }
 
-COMPUTE = (Term.vision, Term.dense, Term.attention, Term.experts, Term.logits)
+COMPUTE = (Term.vision, Term.dense, Term.attention, Term.gdn, Term.experts, Term.logits)
 COMM = (Term.ep_alltoall, Term.ep_deepep, Term.ep_hybridep, Term.fsdp, Term.dp_grad, Term.tp)
 
 
@@ -130,8 +139,12 @@ def _masked(decoder: DecoderForward, keep: tuple[str, ...]) -> DecoderForward:
 
 
 CLASS_PARTS: dict[Term, tuple[str, ...]] = {
-    Term.dense: ("attention_projections", "gdn_weight", "moe_shared", "dense_mlp"),
-    Term.attention: ("attention_core", "gdn_recurrence"),
+    Term.dense: ("attention_projections", "moe_shared", "dense_mlp"),
+    Term.attention: ("attention_core",),
+    # Its own term: fla's chunked delta-rule kernels (core/ssm/gated_delta_net) are not the
+    # GEMMs or the flash attention the Qwen3 rows measure, so a calibration can give them their
+    # own efficiency; until one does they run at the compute scale and the plan's band says so.
+    Term.gdn: ("gdn_weight", "gdn_recurrence"),
     Term.experts: ("moe_routed",),
     Term.logits: ("logits",),
 }
@@ -170,12 +183,15 @@ def bubble_factor(spec: RunSpec) -> float:
 def _compute_peaks(spec: RunSpec) -> dict[Term, float]:
     peaks = module_peaks(spec)
     bf16 = spec.cluster.peak_bf16_flops
-    decoder = peaks["decoder"]["flops"]
+    decoder = peaks["decoder"]["flops"] * PRECISION_EFFICIENCY.get(spec.precision.format, 1.0)
     return {
         Term.vision: peaks["vision_encoder"]["flops"],
         Term.dense: decoder,
         Term.experts: decoder,
         Term.attention: bf16,
+        # fla's Triton kernels compute in BF16 whatever the linear layers' format
+        # (megatron-first-contact.md line 64: core/ssm/gated_delta_net/common.py).
+        Term.gdn: bf16,
         Term.logits: bf16,
     }
 
@@ -234,7 +250,11 @@ def loads(spec: RunSpec, workload: Workload) -> list[Load]:
         if flops <= 0:
             continue
         peak = peaks[term] if gpu and peaks[term] > 0 else NOMINAL_CPU_FLOPS
-        rate = f"{peak / 1e12:g} TFLOP/s peak" if gpu else "nominal 1 GFLOP/s (no CPU peak)"
+        rate = f"{peak / 1e12:.4g} TFLOP/s peak" if gpu else "nominal 1 GFLOP/s (no CPU peak)"
+        if gpu and term in (Term.dense, Term.experts) and spec.precision.format in PRECISION_EFFICIENCY:
+            rate += (
+                f" ({spec.precision.format.value} peak x {PRECISION_EFFICIENCY[spec.precision.format]:.3f})"
+            )
         out.append(
             Load(term, flops / world / peak * bubble, f"{flops / world:.3g} FLOP/GPU at {rate}{bubble_note}")
         )

@@ -7,10 +7,15 @@ expectation of what the data kind draws (the memory estimate plans for the worst
 ``synthetic``  per sample a uniform image count, long side, aspect ratio and text length
                (moe_vlm/data/synthetic.py); patches through Qwen2-VL's resize rule
                (moe_vlm/perf/memory/images.py); a row holds at most seq_length tokens.
+``bridge_mock`` Bridge's perf-recipe mock, draw for draw (moe_vlm/data/bridge_mock.py replays
+               mock_vlm_sft.py:106-112): one 448x448 image (784 patches) and Bridge's own answer
+               lengths per sample, 10-29 words (mean ~232 real tokens), 10-99 when packed (~267).
 ``real``       the mean patches of the first image headers the memory estimate reads, one image
                per sample, the configured text-length range; without readable headers, the
                synthetic expectation.
-Rows are padded to seq_length unless ``data.packing=in_batch`` packs each micro-batch's samples.
+Rows are padded to seq_length unless ``data.packing=in_batch`` packs each micro-batch's samples;
+packed, each sample is padded to the CP/SP multiple (Bridge's collate, training/config.py:1213-1239;
+RunSpec.collate_padding_multiple).
 """
 
 from __future__ import annotations
@@ -19,6 +24,8 @@ from dataclasses import dataclass
 
 from moe_vlm.config.schema import DataKind, Packing
 from moe_vlm.config.spec import RunSpec
+from moe_vlm.config.vendor import BRIDGE_MOCK_PATCHES
+from moe_vlm.data.bridge_mock import bridge_mock
 from moe_vlm.perf.flops import Workload
 from moe_vlm.perf.memory.estimate import REAL_DATA_SAMPLES_READ
 from moe_vlm.perf.memory.images import patches_for_image, real_image_sizes
@@ -83,17 +90,38 @@ def _real_patches(spec: RunSpec) -> tuple[float, float] | None:
     return sum(values) / len(values), sum(v * v for v in values) / len(values)
 
 
+def _ceil(value: int, multiple: int) -> int:
+    return -(-value // multiple) * multiple
+
+
+def bridge_mock_lengths(spec: RunSpec) -> tuple[int, ...]:
+    """Real tokens of each of Bridge's base examples (the mock cycles over them) for this packing."""
+    mock = bridge_mock(spec.data.packing)
+    return tuple(mock.real_tokens(i) for i in range(mock.base_examples))
+
+
 def expected_workload(spec: RunSpec) -> ExpectedWorkload:
     """One optimizer step's expected statistics, summed over data-parallel ranks."""
     data, model, seq = spec.data, spec.model, spec.seq_length
     rows = spec.gbs  # sequences per step (every DP rank's micro-batches)
     merge = model.vision_spatial_merge_size**2
+    lengths: list[int] = []  # each sample's real tokens, where the data kind's draw is known
     if data.kind is DataKind.mock:
         low, high = seq // 2, seq
         mean_len = (low + high) / 2
         mean_sq = (low * low + low * high + high * high) / 3
         images, patches, patches_sq = 0.0, 0.0, 0.0
         source = f"mock: text rows uniform in [{low}, {high}] tokens"
+    elif data.kind is DataKind.bridge_mock:
+        lengths = [min(n, seq) for n in bridge_mock_lengths(spec)]
+        mean_len = sum(lengths) / len(lengths)
+        mean_sq = sum(n * n for n in lengths) / len(lengths)
+        images, patches = 1.0, float(BRIDGE_MOCK_PATCHES)
+        patches_sq = patches * patches
+        source = (
+            f"bridge_mock: Bridge's mock drawn as mock_vlm_sft.py draws it, 1 image x {BRIDGE_MOCK_PATCHES} "
+            f"patches, {min(lengths)}-{max(lengths)} real tokens/sample (mean {mean_len:.0f})"
+        )
     else:
         found = _real_patches(spec) if data.kind is DataKind.real else None
         if found is not None:
@@ -111,13 +139,20 @@ def expected_workload(spec: RunSpec) -> ExpectedWorkload:
         mean_sq = mean_len * mean_len
     packed = data.packing is Packing.in_batch and mean_len > 0
     real = rows * mean_len
+    multiple = spec.collate_padding_multiple
+    # Packed: each sample padded to the CP/SP multiple, on average half a multiple (exact for the
+    # drawn lengths of bridge_mock).
+    if lengths:
+        aligned = rows * sum(_ceil(n, multiple) for n in lengths) / len(lengths)
+    else:
+        aligned = real + rows * (multiple - 1) / 2
     sample_images = rows * images
     # data.packing=in_batch: each micro-batch's samples concatenated unpadded into one row, attention
     # confined to each sample (so the squared lengths stay per sample).
     return ExpectedWorkload(
         Workload(
             sequences=max(1, rows // spec.mbs) if packed else rows,
-            padded_tokens=round(real) if packed else rows * seq,
+            padded_tokens=round(aligned) if packed else rows * seq,
             real_tokens=round(real),
             sum_seq_len_squared=round(rows * mean_sq),
             vision_patches=round(sample_images * patches),

@@ -16,7 +16,14 @@ from moe_vlm.base.errors import BadInput
 from moe_vlm.perf.flops import step_flops
 from moe_vlm.perf.metrics import by_step, steady_window, workload_of
 from moe_vlm.predict import calibration as cal
-from moe_vlm.predict.model import FLAG_SIGMAS, MIN_JUDGED_STEPS, measured_window, predict, record_section
+from moe_vlm.predict.model import (
+    DEFAULT_SIGMA,
+    FLAG_SIGMAS,
+    MIN_JUDGED_STEPS,
+    measured_window,
+    predict,
+    record_section,
+)
 from moe_vlm.predict.report_section import row_fields, section
 from moe_vlm.predict.runs import find_runs, measured_step_s, recorded
 from moe_vlm.predict.terms import Term, bubble_factor, hardware_flops_by_class, loads
@@ -120,7 +127,7 @@ def test_local_without_calibration_says_so_and_gpu_has_the_published_defaults():
     found = predict(make_spec())
     assert found.step_time_s is None and "moe-vlm calibrate" in (found.note or "")
     gpu = predict(make_spec(*GB200))
-    assert gpu.step_time_s and gpu.step_time_s > 0 and gpu.sigma == pytest.approx(0.24)
+    assert gpu.step_time_s and gpu.step_time_s > 0 and gpu.sigma == pytest.approx(DEFAULT_SIGMA)
     assert gpu.mfu is not None and "GB200 dense BF16" in (gpu.peak_name or "")
     assert "published rows" in gpu.source
 
