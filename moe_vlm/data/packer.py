@@ -35,30 +35,8 @@ from dataclasses import dataclass
 import torch
 
 from moe_vlm.data.batch import IGNORE_INDEX, Batch, BatchStats
+from moe_vlm.data.bins import first_fit_decreasing, padded_length
 from moe_vlm.data.sequence import EncodedSample, SkipCounter
-
-
-def padded_length(length: int, multiple: int) -> int:
-    return -(-length // multiple) * multiple
-
-
-def first_fit_decreasing(lengths: list[int], capacity: int) -> list[list[int]]:
-    """Bins of item indices, each summing to at most `capacity`; longest first, ties in index order."""
-    bins: list[list[int]] = []
-    room: list[int] = []
-    for index in sorted(range(len(lengths)), key=lambda i: (-lengths[i], i)):
-        length = lengths[index]
-        if length > capacity:
-            raise ValueError(f"a sample of {length} tokens cannot fit a row of {capacity}")
-        for b, left in enumerate(room):
-            if length <= left:
-                bins[b].append(index)
-                room[b] -= length
-                break
-        else:
-            bins.append([index])
-            room.append(capacity - length)
-    return bins
 
 
 @dataclass(frozen=True)

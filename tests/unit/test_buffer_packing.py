@@ -16,8 +16,9 @@ import torch
 from moe_vlm.config.spec import RunSpec
 from moe_vlm.data import build_batches, indexed_samples
 from moe_vlm.data.batch import Batch
+from moe_vlm.data.bins import first_fit_decreasing
 from moe_vlm.data.indexed import rank_indices
-from moe_vlm.data.packer import Packer, assemble_rows, first_fit_decreasing
+from moe_vlm.data.packer import Packer, assemble_rows
 from moe_vlm.data.sequence import EncodedSample, assemble
 from moe_vlm.engines.torch_model import build_model, packed_position_ids
 from moe_vlm.rules import validate
@@ -132,3 +133,23 @@ def test_attention_never_crosses_a_sample_boundary() -> None:
             rtol=0,
             atol=1e-6,
         )
+
+
+def test_the_plan_sizes_buffer_packed_rows() -> None:
+    from moe_vlm.perf.memory.micro_batch import (
+        attention_mask_elements,
+        micro_batch_positions,
+        micro_batch_shape,
+    )
+    from moe_vlm.predict.workload import expected_workload
+
+    padded = make_spec("data=synthetic", "mbs=2", "seq_length=4096")
+    spec = make_spec("data=synthetic", "mbs=2", "seq_length=4096", "data.packing=buffer")
+    assert micro_batch_positions(spec) == 2 * spec.packed_row_length
+    assert attention_mask_elements(spec) == 2 * spec.packed_row_length**2
+    shape, padded_shape = micro_batch_shape(spec), micro_batch_shape(padded)
+    assert shape.buffered and shape.mean_tokens is not None and padded_shape.mean_tokens is not None
+    assert shape.mean_tokens > 2 * padded_shape.mean_tokens  # rows hold several samples
+    work, padded_work = expected_workload(spec).workload, expected_workload(padded).workload
+    assert work.padded_tokens == padded_work.padded_tokens  # the same GBS rows of seq_length
+    assert work.real_tokens > 2 * padded_work.real_tokens and work.samples > work.sequences
