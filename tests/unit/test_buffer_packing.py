@@ -153,3 +153,20 @@ def test_the_plan_sizes_buffer_packed_rows() -> None:
     work, padded_work = expected_workload(spec).workload, expected_workload(padded).workload
     assert work.padded_tokens == padded_work.padded_tokens  # the same GBS rows of seq_length
     assert work.real_tokens > 2 * padded_work.real_tokens and work.samples > work.sequences
+
+
+def test_the_packing_preset_compares_none_in_batch_and_buffer_on_real_data() -> None:
+    from itertools import product
+
+    from tests.unit.test_sweep_presets import preset_params
+
+    params = preset_params("packing")
+    assert params["data"] == "real" and set(params["data.packing"].split(",")) == {
+        "none",
+        "in_batch",
+        "buffer",
+    }
+    axes = [[f"{key}={value}" for value in values.split(",")] for key, values in params.items()]
+    for point in product(*axes):
+        spec = make_spec(*point, "data.path=/tmp/moe_vlm_packing_preset")
+        assert not [f.code for f in validate(spec) if f.level.value == "error" and f.code != "A005"], point
