@@ -5,6 +5,7 @@ Every kind goes through the same path, so token and patch counts are comparable:
     source (mock | synthetic | real)  ->  RawSample (uint8 images + byte-level text ids)
     -> SampleEncoder: Qwen3-VL image processor, placeholder tokens, seq_length policy
     -> collate: MBS rows x seq_length, or (data.packing=in_batch) one unpadded row  ->  Batch (+ BatchStats)
+       or (data.packing=buffer) the packer (packer.py): MBS rows each packed from a buffer of samples
 
 torch and transformers are imported on first use, so that scripts/build_dataset.py (which
 needs only the shard format in energon.py) starts in a moment.
