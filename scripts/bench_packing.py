@@ -1,19 +1,19 @@
 #!/usr/bin/env python
-"""What does in-batch packing buy? Packed vs padded effective tokens/s, measured in the same run.
+"""What does packing buy? none / in_batch / buffer effective tokens/s at MBS 1 and 4, in one run.
 
-For each data kind (synthetic, and real: photographs in the project's Energon layout, built here
-with scripts/build_dataset.py --skimage unless --real-path names a dataset), two engine Trainers
-with the same seed train on the SAME samples: one on padded rows (data.packing=none), one on each
-micro-batch packed into one row (data.packing=in_batch). They run in interleaved blocks (padded,
-packed, packed, padded, ...) so machine noise hits both alike, cycling through batches built once
-up front (the data pipeline adds no noise). Effective tokens are the real (non-padding) tokens,
-the same in both; the script prints each mode's effective tokens/s and the ratio packed / padded
-(on wall time, and on process CPU time, which other load on a shared machine disturbs less), and
-the positions each mode computed per step.
+For each data kind (real by default: photographs in the project's Energon layout, built here with
+scripts/build_dataset.py --skimage unless --real-path names a dataset) and each MBS, one engine
+Trainer per packing mode with the same seed: padded rows (none), the micro-batch in one row
+(in_batch: the same samples as none) and rows packed from a buffer (buffer: GBS counts rows, so a
+step holds more samples). Every point runs in rounds whose order rotates, so machine noise hits all
+alike, cycling through batches built once up front (the data pipeline adds no noise). Effective
+tokens are real (non-padding) tokens; the table gives each point's samples, positions and real
+tokens per step, the fraction of positions holding real tokens, effective tokens/s and its ratio to
+none at the same MBS (wall time, and process CPU time, which other load disturbs less).
 
-    .venv/bin/python scripts/bench_packing.py                         # tiny model, CPU, both kinds
-    .venv/bin/python scripts/bench_packing.py --kinds synthetic --reps 2
-    .venv/bin/python scripts/bench_packing.py -- seq_length=4096 mbs=4  # any config overrides
+    .venv/bin/python scripts/bench_packing.py                          # tiny model, CPU, real data
+    .venv/bin/python scripts/bench_packing.py --kinds synthetic real --mbs 1 --reps 3
+    .venv/bin/python scripts/bench_packing.py -- seq_length=1024       # any config overrides
 
 One rank (gloo on CPU, NCCL on a GPU).
 """
@@ -28,6 +28,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -44,7 +45,7 @@ from moe_vlm.runtime.dist_env import DistEnv
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_OVERRIDES = ["nproc=1"]
-MODES = ("none", "in_batch")
+MODES = ("none", "in_batch", "buffer")
 
 
 def make_spec(overrides: list[str]) -> RunSpec:
@@ -58,71 +59,105 @@ def make_spec(overrides: list[str]) -> RunSpec:
     return spec
 
 
-def bench_kind(
-    kind_overrides: list[str], args: argparse.Namespace, device: torch.device
-) -> tuple[float, float]:
-    """Prints one kind's figures; returns effective tokens/s packed / padded on wall and CPU time."""
-    specs = {mode: make_spec([*kind_overrides, f"data.packing={mode}"]) for mode in MODES}
-    trainers: dict[str, Trainer] = {}
-    per_step: dict[str, tuple[int, int]] = {}
-    for mode, spec in specs.items():
-        source = build_batches(spec, 0, 1)
-        batches: list[Batch] = [next(source) for _ in range(args.batches * spec.accumulation_steps)]
-        trainers[mode] = Trainer(spec, device, 0, 1, batches=itertools.cycle(batches), timing=False)
-        steps = len(batches) / spec.accumulation_steps
-        per_step[mode] = (
-            round(sum(b.stats.padded_tokens for b in batches) / steps),
-            round(sum(b.stats.real_tokens for b in batches) / steps),
-        )
-    assert per_step["none"][1] == per_step["in_batch"][1], "both modes must train on the same samples"
-    spec = specs["none"]
-    print(
-        f"bench_packing: data={spec.data.kind.value}, {spec.model.name} on {device}, seq {spec.seq_length}, "
-        f"mbs {spec.mbs} x accumulation {spec.accumulation_steps}; per step: padded computes "
-        f"{per_step['none'][0]:,} positions, packed {per_step['in_batch'][0]:,}, for {per_step['none'][1]:,} "
-        f"real tokens; {args.reps} x (padded + packed) blocks of {args.steps} steps after {args.warmup} "
-        "warm-up steps each",
-        flush=True,
-    )
-    step_number = {mode: 0 for mode in MODES}
-    seconds: dict[str, list[float]] = {mode: [] for mode in MODES}
-    cpu_seconds: dict[str, list[float]] = {mode: [] for mode in MODES}
-    tokens: dict[str, int] = {mode: 0 for mode in MODES}
+@dataclass
+class Point:
+    """One (packing mode, MBS) configuration: its trainer and what it computed."""
 
-    def run(mode: str, steps: int, counted: bool = True) -> list[float]:
+    mode: str
+    mbs: int
+    trainer: Trainer
+    positions: int  # per step, padding included
+    real: int  # real tokens per step
+    samples: float  # per step
+    steps_per_pass: int
+    seconds: list[float] = field(default_factory=list)
+    cpu_seconds: list[float] = field(default_factory=list)
+    tokens: int = 0
+    steps_run: int = 0
+
+    @property
+    def name(self) -> str:
+        return f"{self.mode} mbs {self.mbs}"
+
+    def run(self, steps: int, counted: bool = True) -> list[float]:
         times = []
         for _ in range(steps):
-            step_number[mode] += 1
+            self.steps_run += 1
             cpu_started = time.process_time()
-            record = trainers[mode].step(step_number[mode])
+            record = self.trainer.step(self.steps_run)
             times.append(record.step_time_s)
             if counted:
-                seconds[mode].append(record.step_time_s)
-                cpu_seconds[mode].append(time.process_time() - cpu_started)
-                tokens[mode] += record.real_tokens
+                self.seconds.append(record.step_time_s)
+                self.cpu_seconds.append(time.process_time() - cpu_started)
+                self.tokens += record.real_tokens
         return times
 
-    for mode in MODES:
-        run(mode, args.warmup, counted=False)
-    for rep in range(args.reps):
-        order = MODES if rep % 2 == 0 else MODES[::-1]
-        block = {mode: statistics.median(run(mode, args.steps)) for mode in order}
-        print(
-            f"  block {rep + 1}: median step padded {block['none']:.3f} s, packed {block['in_batch']:.3f} s",
-            flush=True,
-        )
-    rate = {mode: tokens[mode] / sum(seconds[mode]) for mode in MODES}
-    cpu_rate = {mode: tokens[mode] / sum(cpu_seconds[mode]) for mode in MODES}
-    ratio = rate["in_batch"] / rate["none"]
-    cpu_ratio = cpu_rate["in_batch"] / cpu_rate["none"]
+    def rate(self, cpu: bool = False) -> float:
+        return self.tokens / sum(self.cpu_seconds if cpu else self.seconds)
+
+
+def bench_kind(
+    kind_overrides: list[str], args: argparse.Namespace, device: torch.device
+) -> dict[tuple[str, int], tuple[float, float]]:
+    """Prints one kind's figures; returns each point's effective tokens/s / none's at its MBS (wall, CPU)."""
+    points: list[Point] = []
+    for mbs in args.mbs:
+        for mode in args.modes:
+            spec = make_spec([*kind_overrides, f"mbs={mbs}", f"gbs={mbs}", f"data.packing={mode}"])
+            # Each point cycles through one pass over the same leading samples of the stream (at
+            # least one whole buffer when packing by buffer: its first rows hold the longest samples).
+            wanted = max(args.samples, spec.data.packing_buffer if mode == "buffer" else 0)
+            source = build_batches(spec, 0, 1)
+            batches: list[Batch] = []
+            while sum(b.stats.samples for b in batches) < wanted or len(batches) % spec.accumulation_steps:
+                batches.append(next(source))
+            trainer = Trainer(spec, device, 0, 1, batches=itertools.cycle(batches), timing=False)
+            steps = len(batches) / spec.accumulation_steps
+            points.append(
+                Point(
+                    mode,
+                    mbs,
+                    trainer,
+                    positions=round(sum(b.stats.padded_tokens for b in batches) / steps),
+                    real=round(sum(b.stats.real_tokens for b in batches) / steps),
+                    samples=sum(b.stats.samples for b in batches) / steps,
+                    steps_per_pass=round(steps),
+                )
+            )
+    by_name = {(p.mode, p.mbs): p for p in points}
+    for mbs in args.mbs:  # none and in_batch train the same samples; buffer more per step
+        if ("none", mbs) in by_name and ("in_batch", mbs) in by_name:
+            assert by_name[("none", mbs)].real == by_name[("in_batch", mbs)].real, "same samples expected"
+    spec = points[0].trainer.spec
     print(
-        f"  effective tokens/s: padded {rate['none']:,.0f}, packed {rate['in_batch']:,.0f}; "
-        f"packed / padded = {ratio:.2f} wall, {cpu_ratio:.2f} process CPU time "
-        f"(less disturbed by other load); positions computed packed / padded "
-        f"{per_step['in_batch'][0] / per_step['none'][0]:.2f}",
+        f"bench_packing: data={spec.data.kind.value}, {spec.model.name} on {device}, seq {spec.seq_length}, "
+        f"buffer {spec.data.packing_buffer} samples; each point cycles one pass over the stream's first "
+        f"{args.samples}+ samples; {args.reps} round(s) of one pass per point (order rotated each round) "
+        f"after {args.warmup} warm-up step(s) each",
         flush=True,
     )
-    return ratio, cpu_ratio
+    for point in points:
+        point.run(args.warmup, counted=False)
+    for rep in range(args.reps):
+        shift = rep % len(points)
+        order = points[shift:] + points[:shift]
+        medians = {p.name: statistics.median(p.run(p.steps_per_pass)) for p in order}
+        print(f"  round {rep + 1}: median step " + ", ".join(f"{n} {t:.2f} s" for n, t in medians.items()))
+    ratios: dict[tuple[str, int], tuple[float, float]] = {}
+    print(
+        f"  {'mode':<9} {'mbs':>3} {'samples/step':>12} {'positions/step':>14} {'real tokens':>11} "
+        f"{'real frac':>9} {'eff tok/s':>10} {'vs none':>8} {'(CPU time)':>10}"
+    )
+    for point in points:
+        base = by_name.get(("none", point.mbs), point)
+        ratios[(point.mode, point.mbs)] = (point.rate() / base.rate(), point.rate(True) / base.rate(True))
+        wall, cpu = ratios[(point.mode, point.mbs)]
+        print(
+            f"  {point.mode:<9} {point.mbs:>3} {point.samples:>12.1f} {point.positions:>14,} {point.real:>11,} "
+            f"{point.real / point.positions:>9.0%} {point.rate():>10,.1f} {wall:>7.2f}x {cpu:>9.2f}x",
+            flush=True,
+        )
+    return ratios
 
 
 def real_dataset(path: str | None, workdir: Path) -> str:
@@ -141,14 +176,16 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument(
-        "--kinds", nargs="+", default=["synthetic", "real"], choices=["synthetic", "real", "mock"]
-    )
-    parser.add_argument("--reps", type=int, default=3, help="block pairs (padded + packed) after warm-up")
-    parser.add_argument("--steps", type=int, default=2, help="optimizer steps per block")
+    parser.add_argument("--kinds", nargs="+", default=["real"], choices=["synthetic", "real", "mock"])
+    parser.add_argument("--modes", nargs="+", default=list(MODES), choices=list(MODES))
+    parser.add_argument("--mbs", nargs="+", type=int, default=[1, 4], help="micro-batch sizes, each a point")
+    parser.add_argument("--reps", type=int, default=1, help="rounds (one pass each) over every point")
     parser.add_argument("--warmup", type=int, default=1, help="steps per mode before timing")
     parser.add_argument(
-        "--batches", type=int, default=3, help="distinct steps' batches each mode cycles through"
+        "--samples",
+        type=int,
+        default=24,
+        help="samples each point cycles through (buffer: at least its buffer)",
     )
     parser.add_argument("--threads", type=int, default=1, help="CPU intra-op threads (CPU only)")
     parser.add_argument("--real-path", help="data=real: this dataset instead of the scikit-image photographs")
@@ -171,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
         "nccl" if device.type == "cuda" else "gloo", init_method=env.init_method, rank=0, world_size=1
     )
     started = time.perf_counter()
-    ratios: dict[str, tuple[float, float]] = {}
+    ratios: dict[str, dict[tuple[str, int], tuple[float, float]]] = {}
     try:
         with tempfile.TemporaryDirectory() as tmp:
             for kind in args.kinds:
@@ -181,11 +218,14 @@ def main(argv: list[str] | None = None) -> int:
                 )
     finally:
         dist.destroy_process_group()
-    summary = ", ".join(
-        f"data={kind} {wall:.2f}x (CPU time {cpu:.2f}x)" for kind, (wall, cpu) in ratios.items()
+    summary = "; ".join(
+        f"data={kind} "
+        + ", ".join(f"{mode} mbs {mbs} {wall:.2f}x" for (mode, mbs), (wall, _) in found.items())
+        for kind, found in ratios.items()
     )
     print(
-        f"bench_packing: effective tokens/s packed / padded: {summary} ({time.perf_counter() - started:.0f} s)"
+        f"bench_packing: effective tokens/s vs none at the same MBS (wall): {summary} "
+        f"({time.perf_counter() - started:.0f} s)"
     )
     return 0
 

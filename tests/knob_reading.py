@@ -173,6 +173,7 @@ TORCH_CONTEXT: dict[str, tuple[str, ...]] = {
     "profiling.steps": ("profiling=torch",),
     "profiling.ranks": ("profiling=torch",),
     "data.path": ("data=real", "data.path=/nonexistent/shards"),
+    "data.packing_buffer": ("data.packing=buffer",),
 }
 # Where `changed` would leave the range the run can draw from, or change nothing in a one-rank run.
 TORCH_CHANGED: dict[str, Any] = {
@@ -196,6 +197,7 @@ TORCH_CHANGED: dict[str, Any] = {
     "data.max_text_tokens": 96,
     "data.min_pixels": 8192,
     "data.max_pixels": 6144,
+    "data.packing_buffer": 1,  # one candidate: one sample per row, where 64 pack several
 }
 # Knobs the engine reads by refusing a value: the refusal names it (launch checks that nodes x
 # nproc is the world it was started with; the loader opens data.path).

@@ -67,6 +67,9 @@ class Packing(StrEnum):
     # the micro-batch's samples concatenated unpadded into one row, attention confined to each sample
     # (torch: per-sample mask and positions; Megatron: Bridge's collate-time THD packing + vlm_step)
     in_batch = "in_batch"
+    # rows of seq_length filled first-fit-decreasing from a buffer of data.packing_buffer samples
+    # (moe_vlm/data/packer.py): packs at MBS 1 too; GBS counts rows, records count samples and tokens
+    buffer = "buffer"
 
 
 # Data that is no performance proxy for a VLM on real images: labelled mock, never ranked with the rest.
@@ -248,6 +251,7 @@ class DataConfig:
     kind: DataKind = DataKind.mock
     path: str | None = None  # real: an Energon-prepared WebDataset directory (scripts/build_dataset.py)
     packing: Packing = Packing.none  # none: pad each sample to seq_length; in_batch: one unpadded row
+    packing_buffer: int = 64  # data.packing=buffer: candidate samples each rank's packer holds
     # DataLoader workers per rank; null = per engine (torch: 0, in its loop; megatron: from the CPUs per rank)
     num_workers: int | None = None
     # synthetic: per sample, uniform draws from each [min, max] range (text_tokens: byte-level ids)

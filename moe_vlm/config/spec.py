@@ -16,6 +16,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from moe_vlm.config.arch import ArchProfile, profile
+from moe_vlm.config.precision import profile as precision_profile
 from moe_vlm.config.schema import (
     CardConfig,
     ClusterConfig,
@@ -219,6 +220,16 @@ class RunSpec(RunKnobs):
         cp, tp = self.layout.cp, self.layout.tp
         cp_multiple = 2 * cp if cp > 1 else 1
         return math.lcm(cp_multiple, cp * tp if self.sequence_parallel else 1)
+
+    @property
+    def packed_row_length(self) -> int:
+        """data.packing=buffer: the positions of one packed row, seq_length rounded up to a multiple of
+        the collate padding multiple (each packed sample's CP/SP split) and of the precision's token
+        multiple (a row's tokens feed TE's quantized GEMMs, config/precision.py token_multiple)."""
+        multiple = math.lcm(
+            self.collate_padding_multiple, precision_profile(self.precision.format).token_multiple
+        )
+        return -(-self.seq_length // multiple) * multiple
 
     @property
     def pipeline(self) -> PipelineSplit:

@@ -5,6 +5,7 @@ Every kind goes through the same path, so token and patch counts are comparable:
     source (mock | synthetic | real)  ->  RawSample (uint8 images + byte-level text ids)
     -> SampleEncoder: Qwen3-VL image processor, placeholder tokens, seq_length policy
     -> collate: MBS rows x seq_length, or (data.packing=in_batch) one unpadded row  ->  Batch (+ BatchStats)
+       or (data.packing=buffer) the packer (packer.py): MBS rows each packed from a buffer of samples
 
 torch and transformers are imported on first use, so that scripts/build_dataset.py (which
 needs only the shard format in energon.py) starts in a moment.
@@ -17,14 +18,14 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from moe_vlm.config.schema import DataConfig, DataKind, ModelConfig
+from moe_vlm.config.schema import DataConfig, DataKind, ModelConfig, Packing
 from moe_vlm.data.errors import DataError
 
 if TYPE_CHECKING:
     from moe_vlm.config.spec import RunSpec
     from moe_vlm.data.batch import IGNORE_INDEX, Batch, BatchStats
     from moe_vlm.data.indexed import IndexedSamples
-    from moe_vlm.data.sequence import SampleEncoder
+    from moe_vlm.data.sequence import EncodedSample, SampleEncoder, SkipCounter
     from moe_vlm.data.stats import DataStats
 
 __all__ = [
@@ -56,12 +57,14 @@ def build_batches(spec: RunSpec, rank: int, world_size: int) -> Iterator[Batch]:
     """
     from moe_vlm.data.indexed import rank_indices
     from moe_vlm.data.real import rank_locations, real_samples
-    from moe_vlm.data.sequence import batches, collate
+    from moe_vlm.data.sequence import SkipCounter, batches, collate, encoded_samples
 
     kind = spec.data.kind
     if kind is not DataKind.real:
         source = indexed_samples(spec.model, spec.data, spec.seed, spec.seq_length)
         stream = source.stream(rank_indices(rank, world_size, spec.mbs))
+        if spec.data.packing is Packing.buffer:
+            return _buffer_packed(spec, stream, source.skips)
         return batches(
             stream, source.skips, spec.seq_length, spec.mbs, spec.data.packing,
             spec.model.pad_token_id, kind.value,
@@ -70,7 +73,17 @@ def build_batches(spec: RunSpec, rank: int, world_size: int) -> Iterator[Batch]:
     samples = real_samples(
         rank_locations(_real_path(spec), rank, world_size), encoder.tokenizer, spec.seed, rank
     )
+    if spec.data.packing is Packing.buffer:
+        skips = SkipCounter(kind.value)
+        return _buffer_packed(spec, encoded_samples(samples, encoder, skips), skips)
     return collate(samples, encoder, spec.mbs, spec.data.packing, spec.model.pad_token_id, kind.value)
+
+
+def _buffer_packed(spec: RunSpec, stream: Iterator[EncodedSample], skips: SkipCounter) -> Iterator[Batch]:
+    from moe_vlm.data.packer import Packer, packed_batches
+
+    packer = Packer(stream, spec.packed_row_length, spec.data.packing_buffer, spec.collate_padding_multiple)
+    return packed_batches(packer, skips, spec.mbs, spec.model.pad_token_id, spec.data.kind.value)
 
 
 def sample_encoder(model: ModelConfig, data: DataConfig, seq_length: int) -> SampleEncoder:

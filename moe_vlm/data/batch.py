@@ -63,8 +63,12 @@ class Batch:
     images_per_sample: list[int] = field(default_factory=list)  # aligned with sample_keys
     image_original_hw: list[tuple[int, int]] = field(default_factory=list)  # before the processor's resize
     image_resized_hw: list[tuple[int, int]] = field(default_factory=list)  # what the ViT sees
-    # data.packing=in_batch: [samples + 1] int32 sample boundaries in the single row; None = padded rows
+    # data.packing=in_batch: [samples + 1] int32 sample boundaries in the single row; None = padded rows.
+    # data.packing=buffer: the THD boundaries of the real tokens over the rows laid end to end.
     cu_seqlens: torch.Tensor | None = None
+    # data.packing=buffer: [samples + 1] int32 boundaries of each sample padded to its multiple, the
+    # last of a row to the row's end (where sample i starts in the flattened rows); None otherwise.
+    cu_seqlens_padded: torch.Tensor | None = None
 
     @property
     def packed(self) -> bool:

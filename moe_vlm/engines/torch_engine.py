@@ -357,7 +357,7 @@ class Trainer:
             self.data_stats.add(batch)
             consumed.append(batch)
             inputs = batch.model_inputs()
-            if batch.packed:  # data.packing=in_batch: per-sample positions confine attention
+            if batch.packed:  # data.packing=in_batch or buffer: per-sample positions confine attention
                 inputs["position_ids"] = packed_position_ids(self.model, batch)
             inputs = {name: tensor.to(self.device, non_blocking=True) for name, tensor in inputs.items()}
             loss = self.model(**inputs).loss

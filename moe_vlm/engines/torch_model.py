@@ -84,15 +84,21 @@ class ModelParts:
 
 
 def packed_position_ids(model: Qwen3VLMoeForConditionalGeneration, batch: Batch) -> torch.Tensor:
-    """[4, 1, T] position ids for a packed row (data.packing=in_batch): every sample starts again.
+    """[4, rows, T] position ids for packed rows (data.packing=in_batch or buffer): every sample starts again.
 
     Row 0 is the text position transformers' mask builder reads: it restarts at 0 on each sample,
     so masking_utils.find_packed_sequence_indices confines attention to the sample. Rows 1-3 are
     each sample's own multimodal RoPE from the model's get_rope_index (its images' grids only), the
-    positions that sample gets in a padded row of its own.
+    positions that sample gets in a padded row of its own. Under buffer packing a sample's padding
+    (to its multiple, or to the row's end) continues its positions: it follows the sample, no later
+    sample sees it, and its labels carry no loss.
     """
     assert batch.cu_seqlens is not None, "a padded batch gets its positions from the attention mask"
+    rows, row_length = batch.input_ids.shape
     bounds = batch.cu_seqlens.tolist()
+    # in_batch: one row, samples back to back; buffer: padded starts over the rows laid end to end
+    starts = bounds if batch.cu_seqlens_padded is None else batch.cu_seqlens_padded.tolist()
+    input_ids, types = batch.input_ids.reshape(1, -1), batch.mm_token_type_ids.reshape(1, -1)
     grids = batch.image_grid_thw
     first_image = 0
     pieces = []
@@ -100,12 +106,16 @@ def packed_position_ids(model: Qwen3VLMoeForConditionalGeneration, batch: Batch)
         images = batch.images_per_sample[index]
         grid = None if grids is None or images == 0 else grids[first_image : first_image + images]
         first_image += images
-        mrope, _ = model.model.get_rope_index(
-            batch.input_ids[:, start:end], batch.mm_token_type_ids[:, start:end], image_grid_thw=grid
-        )
+        real = slice(starts[index], starts[index] + end - start)
+        mrope, _ = model.model.get_rope_index(input_ids[:, real], types[:, real], image_grid_thw=grid)
         text = torch.arange(end - start, dtype=mrope.dtype).view(1, 1, -1)
-        pieces.append(torch.cat([text, mrope], dim=0))
-    return torch.cat(pieces, dim=-1)
+        piece = torch.cat([text, mrope], dim=0)
+        padding = starts[index + 1] - starts[index] - (end - start)
+        if padding > 0:
+            after = piece[:, :, -1:] + torch.arange(1, padding + 1, dtype=mrope.dtype).view(1, 1, -1)
+            piece = torch.cat([piece, after], dim=-1)
+        pieces.append(piece)
+    return torch.cat(pieces, dim=-1).reshape(4, rows, row_length)
 
 
 def model_parts(model: Qwen3VLMoeForConditionalGeneration) -> ModelParts:

@@ -33,6 +33,7 @@ from moe_vlm.config.schema import (
     CudaGraphImpl,
     Engine,
     OuterSharding,
+    Packing,
     ParallelismFamily,
     Precision,
     ShardingStrategy,
@@ -262,8 +263,10 @@ TORCH: Mapping[str, Support] = {
     "data.kind": Honoured("batches built in the training loop"),
     "data.path": Honoured("data=real: Energon shards read in the training loop"),
     "data.packing": Honoured(
-        "padded rows, or the micro-batch in one row with per-sample attention and positions"
+        "padded rows, the micro-batch in one row, or rows packed from a buffer (data/packer.py), "
+        "with per-sample attention and positions"
     ),
+    "data.packing_buffer": Honoured("the packer's buffer of candidate samples (data/packer.py)"),
     "data.num_workers": Honoured("batches are built in the training loop; no dataloader workers", (None, 0)),
     **{f"data.{name}": Honoured("data=synthetic draws") for name in SYNTHETIC_DRAW_FIELDS},
     "data.min_pixels": Honoured("the image processor's bounds"),
@@ -335,8 +338,11 @@ MEGATRON: Mapping[str, Support] = {
         for leaf in leaves
     },
     "data.packing": Honoured(
-        "in_batch: Bridge's collate-time THD packing (data/packing/in_batch.py) with vlm_step; none: padded rows"
+        "in_batch: Bridge's collate-time THD packing (data/packing/in_batch.py) with vlm_step; none: padded "
+        "rows; buffer: refused (rule A021)",
+        (Packing.none, Packing.in_batch),
     ),
+    "data.packing_buffer": Inert("data.packing", "buffer packing is refused on this engine (rule A021)"),
 }
 
 SUPPORT: Mapping[Engine, Mapping[str, Support]] = {Engine.torch: TORCH, Engine.megatron: MEGATRON}

@@ -16,6 +16,8 @@ expectation of what the data kind draws (the memory estimate plans for the worst
 Rows are padded to seq_length unless ``data.packing=in_batch`` packs each micro-batch's samples;
 packed, each sample is padded to the CP/SP multiple (Bridge's collate, training/config.py:1213-1239;
 RunSpec.collate_padding_multiple).
+``data.packing=buffer`` fills GBS rows of packed_row_length with as many samples as the packer's
+first-fit-decreasing fits (its mean fill from perf/memory/micro_batch.py).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from moe_vlm.data.bridge_mock import bridge_mock
 from moe_vlm.perf.flops import Workload
 from moe_vlm.perf.memory.estimate import REAL_DATA_SAMPLES_READ
 from moe_vlm.perf.memory.images import patches_for_image, real_image_sizes
+from moe_vlm.perf.memory.micro_batch import micro_batch_shape
 
 LONG_SIDE_SAMPLES = 33  # long sides averaged over min..max (uniform draw), evenly spaced
 IMAGE_FRAME_TOKENS = 2  # <|vision_start|> and <|vision_end|> around each image's tokens
@@ -137,6 +140,8 @@ def expected_workload(spec: RunSpec) -> ExpectedWorkload:
         text = (data.min_text_tokens + data.max_text_tokens) / 2
         mean_len = min(text + images * (patches / merge + IMAGE_FRAME_TOKENS), seq)
         mean_sq = mean_len * mean_len
+    if data.packing is Packing.buffer and mean_len > 0:
+        return _buffer_workload(spec, rows, mean_len, mean_sq, images, patches, patches_sq, source)
     packed = data.packing is Packing.in_batch and mean_len > 0
     real = rows * mean_len
     multiple = spec.collate_padding_multiple
@@ -160,4 +165,33 @@ def expected_workload(spec: RunSpec) -> ExpectedWorkload:
             samples=rows if packed else 0,
         ),
         source + ("; samples packed per micro-batch" if packed else f"; rows padded to {seq}"),
+    )
+
+
+def _buffer_workload(
+    spec: RunSpec,
+    rows: int,
+    mean_len: float,
+    mean_sq: float,
+    images: float,
+    patches: float,
+    patches_sq: float,
+    source: str,
+) -> ExpectedWorkload:
+    """GBS packed rows: their real tokens are the packer's mean fill, in samples of the mean length."""
+    shape = micro_batch_shape(spec)
+    row = spec.packed_row_length
+    fill = (shape.mean_tokens or mean_len * spec.mbs) / (spec.mbs * row)
+    samples = rows * fill * row / mean_len
+    return ExpectedWorkload(
+        Workload(
+            sequences=rows,
+            padded_tokens=rows * row,
+            real_tokens=round(rows * fill * row),
+            sum_seq_len_squared=round(samples * mean_sq),  # attention stays inside each sample
+            vision_patches=round(samples * images * patches),
+            sum_patches_squared=round(samples * images * patches_sq),
+            samples=round(samples),
+        ),
+        f"{source}; {fill:.0%} of each {row}-position row filled by first-fit-decreasing (data.packing=buffer)",
     )

@@ -276,3 +276,29 @@ def _loader_on_training_thread(spec: RunSpec) -> Iterator[Violation]:
             "every step, so step times measure data preparation too (data_wait_s records how much).",
             "leave data.num_workers unset (null: from the CPUs per rank) or set it to 1 or more.",
         )
+
+
+@rule("A020", Level.error, "the packing buffer holds at least one sample")
+def _packing_buffer_size(spec: RunSpec) -> Iterator[Violation]:
+    if spec.data.packing is Packing.buffer and spec.data.packing_buffer < 1:
+        yield Violation(
+            ("data.packing_buffer",),
+            f"data.packing_buffer={spec.data.packing_buffer}: the packer fills rows from a buffer of that "
+            "many samples, so it needs 1 or more.",
+            "set data.packing_buffer=64 (or any N >= 1; larger packs tighter).",
+        )
+
+
+@rule("A021", Level.error, "buffer packing runs on the torch engine only (for now)")
+def _packing_buffer_megatron(spec: RunSpec) -> Iterator[Violation]:
+    # The packer's rows (data/packer.py) hold several samples each at any MBS; Bridge's THD path is
+    # built per micro-batch by build_mcore_thd_sequence_batch_from_rows (data/packing/in_batch.py:
+    # 89-215), and our collate (engines/megatron/data.py) does not yet hand it a packer's rows nor
+    # checkpoint the packer's buffer, so the Megatron engine would silently train something else.
+    if spec.engine == Engine.megatron and spec.data.packing is Packing.buffer:
+        yield Violation(
+            ("data.packing", "engine"),
+            "data.packing=buffer is not wired into the Megatron engine's collate yet (the packer feeds "
+            "the torch engine only).",
+            "use engine=torch with data.packing=buffer, or data.packing=in_batch (mbs >= 2) on engine=megatron.",
+        )

@@ -223,6 +223,11 @@ CASES: dict[str, tuple[list[str], list[str]]] = {
         [*MEG, "parallelism=3d", "tp=2", "ep=4", "data.packing=in_batch", "mbs=2", "overlap.tp_comm=false"],
     ),
     "A009": ([*MEG, "data.num_workers=0"], [*MEG, "data.num_workers=2"]),
+    "A020": (
+        ["data.packing=buffer", "data.packing_buffer=0"],
+        ["data.packing=buffer", "data.packing_buffer=1"],
+    ),
+    "A021": ([*MEG, "data.packing=buffer"], ["data.packing=buffer"]),
     "W001": ([*MEG, "parallelism=3d", "ep=4", "etp=2"], [*MEG, "parallelism=3d", "ep=8"]),
     "W002": ([*MEG, "nodes=2", "ep=16"], [*MEG, "nodes=2"]),
     "W003": ([*GB200, "dispatcher=alltoall"], GB200),

@@ -13,6 +13,12 @@ the data source's tokens (and ViT patches) per micro-batch, PERCENTILE, stated i
   decoded; a caption's byte count is its byte-tokenizer length, a JSON caption's is an upper bound),
   one image per sample; unreadable here (planning on a login node): the padded bound.
 
+Buffer-packed (data.packing=buffer), a micro-batch is MBS rows of RunSpec.packed_row_length
+positions, a fixed shape (activations and transformers' [rows, 1, L, L] mask are sized on it,
+exactly); what follows the data is how many samples, and so images, a row holds: the drawn samples
+are packed by the packer's own first-fit-decreasing (data/bins.py) over data.packing_buffer, and
+the vision tower is sized on the PERCENTILE of patches per micro-batch of those rows.
+
 A fixed-shape source (every sample alike) makes the percentile the exact size. Micro-batches are
 drawn DRAWS times from a fixed seed, so a plan is reproducible. Static buffers sized by the
 configuration (HybridEP's, memory/megatron.py) stay on MBS x seq_length: they are allocated for it.
@@ -32,6 +38,7 @@ from PIL import Image
 
 from moe_vlm.config.schema import DataKind, Packing
 from moe_vlm.config.spec import RunSpec
+from moe_vlm.data.bins import first_fit_decreasing, padded_length
 from moe_vlm.data.energon import IMAGE_PARTS, iter_samples, read_meta
 from moe_vlm.perf.memory.images import patches_for_image
 
@@ -55,6 +62,7 @@ class MicroBatchShape:
     positions: int  # what activations are sized on: padded_positions, or the percentile when packed
     patches: int | None  # ViT patches per micro-batch at the percentile (packed); None: the image budget's
     source: str
+    buffered: bool = False  # data.packing=buffer: positions are MBS x packed_row_length, fixed
 
     @property
     def padding_fraction(self) -> float | None:
@@ -66,6 +74,12 @@ class MicroBatchShape:
     def text(self) -> str:
         mean = "unknown" if self.mean_tokens is None else f"{self.mean_tokens:,.0f}"
         padding = "" if self.padding_fraction is None else f" ({100 * self.padding_fraction:.0f}% padding)"
+        if self.buffered:
+            return (
+                f"buffer-packed (data.packing=buffer): {self.positions:,} positions per micro-batch for {mean} "
+                f"real tokens (mean){padding}, p{100 * PERCENTILE:.0f} {self.patches or 0:,} ViT patches; "
+                f"{self.source}"
+            )
         if not self.packed:
             return (
                 f"padded: {self.padded_positions:,} positions per micro-batch for {mean} real tokens (mean)"
@@ -95,6 +109,8 @@ def micro_batch_positions(spec: RunSpec) -> int:
     """Positions (tokens, padding included) of one micro-batch that activations are sized on."""
     if spec.data.packing is Packing.none:
         return spec.mbs * spec.seq_length
+    if spec.data.packing is Packing.buffer:
+        return spec.mbs * spec.packed_row_length
     return micro_batch_shape(spec).positions
 
 
@@ -102,6 +118,8 @@ def positions_source(spec: RunSpec) -> str:
     """How micro_batch_positions was sized, for a term's detail."""
     if spec.data.packing is Packing.none:
         return f"MBS {spec.mbs} x seq {spec.seq_length}"
+    if spec.data.packing is Packing.buffer:
+        return f"buffer-packed: MBS {spec.mbs} x row {spec.packed_row_length}"
     return f"packed: p{100 * PERCENTILE:.0f} of the data's tokens per micro-batch, perf/memory/micro_batch.py"
 
 
@@ -110,6 +128,8 @@ def attention_mask_elements(spec: RunSpec) -> int:
     padded, (packed row length)^2 packed (the per-sample mask over the one row)."""
     if spec.data.packing is Packing.none:
         return spec.mbs * spec.seq_length**2
+    if spec.data.packing is Packing.buffer:
+        return spec.mbs * spec.packed_row_length**2
     return micro_batch_positions(spec) ** 2
 
 
@@ -118,6 +138,8 @@ _SHAPES: dict[tuple[object, ...], MicroBatchShape] = {}
 
 def _shape(spec: RunSpec) -> MicroBatchShape:
     samples, source = _sample_sizes(spec)
+    if spec.data.packing is Packing.buffer:
+        return _buffer_shape(spec, samples, source)
     padded_positions = spec.mbs * spec.seq_length
     packed = spec.data.packing is Packing.in_batch
     if not samples:
@@ -131,6 +153,30 @@ def _shape(spec: RunSpec) -> MicroBatchShape:
     if not packed:
         return MicroBatchShape(False, padded_positions, mean, padded_positions, None, source)
     return MicroBatchShape(True, padded_positions, mean, tokens[at], patches[at], source)
+
+
+def _buffer_shape(spec: RunSpec, samples: list[tuple[int, int]], source: str) -> MicroBatchShape:
+    """MBS rows of the packer's first-fit-decreasing over buffers of drawn samples."""
+    row, multiple = spec.packed_row_length, spec.collate_padding_multiple
+    positions = spec.mbs * row
+    if not samples:
+        return MicroBatchShape(True, positions, None, positions, None, source, buffered=True)
+    rng = random.Random(SEED)
+    buffer = max(spec.data.packing_buffer, 1)
+    rows: list[tuple[int, int]] = []  # (real tokens, patches) per packed row
+    while len(rows) < DRAWS * spec.mbs:
+        drawn = [samples[rng.randrange(len(samples))] for _ in range(buffer)]
+        lengths = [padded_length(min(tokens, spec.seq_length), multiple) for tokens, _ in drawn]
+        for members in first_fit_decreasing(lengths, row):
+            rows.append((sum(drawn[i][0] for i in members), sum(drawn[i][1] for i in members)))
+    batches = [rows[i : i + spec.mbs] for i in range(0, DRAWS * spec.mbs, spec.mbs)]
+    tokens = [sum(t for t, _ in batch) for batch in batches]
+    patches = sorted(sum(p for _, p in batch) for batch in batches)
+    at = min(len(patches) - 1, math.ceil(PERCENTILE * len(patches)) - 1)
+    return MicroBatchShape(
+        True, positions, sum(tokens) / len(tokens), positions, patches[at],
+        f"{source}; packed first-fit-decreasing from buffers of {buffer}", buffered=True,
+    )  # fmt: skip
 
 
 def _sample_sizes(spec: RunSpec) -> tuple[list[tuple[int, int]], str]:

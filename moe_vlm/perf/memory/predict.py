@@ -24,12 +24,14 @@ def estimate(
     estimator, not the draw).
     """
     budget = image_budget(spec)
-    shape = micro_batch_shape(spec) if spec.data.packing is Packing.in_batch else None
+    shape = micro_batch_shape(spec) if spec.data.packing is not Packing.none else None
     if shape is not None and shape.patches is not None and patches_per_micro_batch is None:
-        # Packed: the vision tower sees the micro-batch's own images, sized like its tokens.
+        # Packed: the vision tower sees the micro-batch's own images, sized like its tokens. Buffer
+        # packing puts several samples' images in a row, so the padded budget does not bound it.
+        buffered = spec.data.packing is Packing.buffer
         budget = replace(
             budget,
-            patches=min(shape.patches, budget.patches),
+            patches=shape.patches if buffered else min(shape.patches, budget.patches),
             source=f"packed: p{100 * PERCENTILE:.0f} of the data's patches per micro-batch; {shape.source}",
         )
     if patches_per_micro_batch is not None:

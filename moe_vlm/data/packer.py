@@ -1,0 +1,193 @@
+"""data.packing=buffer: rows of several samples each, packed first-fit-decreasing from a buffer.
+
+In-batch packing joins the MBS samples of one micro-batch; at MBS 1 it joins nothing. The packer
+instead holds a buffer of ``data.packing_buffer`` encoded samples (each rank its own, from its own
+sample stream), sorts them by their exact token length (text and image placeholders after the
+Qwen3-VL processor, what SampleEncoder produced) and places each, longest first, into the first row
+with room left (first-fit-decreasing). Every row of the buffer is emitted, in the order FFD opened
+them; then the buffer refills. A micro-batch is MBS such rows, so GBS counts rows and a step's
+samples vary (the records count samples and tokens per step exactly, BatchStats).
+
+Layout (THD, as Megatron's packed sequences): each sample is padded to ``sample_multiple`` (the
+collate padding multiple: CP's load-balanced split, SP's), the last sample of a row to the row's
+end; rows are ``row_length`` positions (RunSpec.packed_row_length). ``cu_seqlens`` are the real
+boundaries over the rows laid end to end, ``cu_seqlens_padded`` the padded ones; every sample's
+first label is IGNORE_INDEX (nothing before it in its sample predicts it). The torch engine
+restarts positions (mRoPE included) at each padded start (torch_model.packed_position_ids), which
+confines attention to each sample; attention_mask is 1 on real tokens only (the router's padding
+mask).
+
+Over-length samples follow the one policy of SampleEncoder (data/sequence.py: text cut to fit
+seq_length and counted, a sample whose images alone do not fit skipped and counted): every encoded
+sample fits a row, so the packer itself drops nothing.
+
+Deterministic: the rows depend only on the sample stream's order (ties in length keep stream
+order). Resumable: ``state()`` names, by position in the stream, how many samples were drawn and
+which of them wait in rows not yet emitted; a packer started with that state over the same stream
+replays it to there and continues with the same rows (data sources are deterministic for a seed).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+
+from moe_vlm.data.batch import IGNORE_INDEX, Batch, BatchStats
+from moe_vlm.data.bins import first_fit_decreasing, padded_length
+from moe_vlm.data.sequence import EncodedSample, SkipCounter
+
+
+@dataclass(frozen=True)
+class PackerState:
+    """Where a packer stands in its sample stream: saved with the data position, enough to resume."""
+
+    drawn: int  # samples taken from the stream so far
+    pending: tuple[tuple[int, ...], ...]  # rows packed but not yet emitted, as stream positions
+
+
+class Packer:
+    """Endless packed rows from an endless stream of encoded samples."""
+
+    def __init__(
+        self,
+        samples: Iterator[EncodedSample],
+        row_length: int,
+        buffer: int,
+        sample_multiple: int = 1,
+        state: PackerState | None = None,
+    ) -> None:
+        if buffer < 1 or row_length % sample_multiple:
+            raise ValueError(
+                f"buffer={buffer} must be >= 1, row_length={row_length} a multiple of {sample_multiple}"
+            )
+        self.samples = samples
+        self.row_length = row_length
+        self.buffer = buffer
+        self.multiple = sample_multiple
+        self.drawn = 0
+        self.pending: list[list[tuple[int, EncodedSample]]] = []
+        if state is not None:
+            self._replay(state)
+
+    def _replay(self, state: PackerState) -> None:
+        wanted = {position for row in state.pending for position in row}
+        kept: dict[int, EncodedSample] = {}
+        while self.drawn < state.drawn:
+            sample = next(self.samples)
+            if self.drawn in wanted:
+                kept[self.drawn] = sample
+            self.drawn += 1
+        self.pending = [[(position, kept[position]) for position in row] for row in state.pending]
+
+    def state(self) -> PackerState:
+        return PackerState(self.drawn, tuple(tuple(p for p, _ in row) for row in self.pending))
+
+    def _fill(self) -> None:
+        candidates: list[tuple[int, EncodedSample]] = []
+        for _ in range(self.buffer):
+            try:
+                candidates.append((self.drawn, next(self.samples)))
+            except StopIteration:
+                break  # only a finite source ends; the data sources themselves repeat forever
+            self.drawn += 1
+        lengths = [padded_length(sample.length, self.multiple) for _, sample in candidates]
+        self.pending = [
+            [candidates[i] for i in row] for row in first_fit_decreasing(lengths, self.row_length)
+        ]
+
+    def __iter__(self) -> Iterator[list[EncodedSample]]:
+        return self
+
+    def __next__(self) -> list[EncodedSample]:
+        if not self.pending:
+            self._fill()
+            if not self.pending:
+                raise StopIteration
+        return [sample for _, sample in self.pending.pop(0)]
+
+
+def packed_batches(
+    packer: Packer, skips: SkipCounter, mbs: int, pad_token_id: int, data_kind: str
+) -> Iterator[Batch]:
+    """Micro-batches of `mbs` packed rows; `skips` counts what the stream dropped on the way."""
+    skipped_before = 0
+    while True:
+        try:
+            rows = [next(packer) for _ in range(mbs)]
+        except StopIteration:
+            return
+        batch = assemble_rows(rows, packer.row_length, packer.multiple, pad_token_id, data_kind)
+        batch.stats.skipped_samples = skips.total - skipped_before
+        skipped_before = skips.total
+        yield batch
+
+
+def assemble_rows(
+    rows: list[list[EncodedSample]], row_length: int, multiple: int, pad_token_id: int, data_kind: str
+) -> Batch:
+    """len(rows) rows of row_length positions, each holding its samples at padded offsets (THD)."""
+    mbs = len(rows)
+    input_ids = torch.full((mbs, row_length), pad_token_id, dtype=torch.long)
+    labels = torch.full((mbs, row_length), IGNORE_INDEX, dtype=torch.long)
+    attention_mask = torch.zeros((mbs, row_length), dtype=torch.long)
+    mm_token_type_ids = torch.zeros((mbs, row_length), dtype=torch.int32)
+    cu_seqlens, cu_padded = [0], [0]
+    pixel_values: list[torch.Tensor] = []
+    grids: list[torch.Tensor] = []
+    samples = [sample for row in rows for sample in row]
+    for r, row in enumerate(rows):
+        offset = 0
+        for position, sample in enumerate(row):
+            end = offset + sample.length
+            input_ids[r, offset:end] = sample.input_ids
+            labels[r, offset:end] = sample.labels
+            labels[r, offset] = IGNORE_INDEX  # nothing before it in its own sample predicts it
+            mm_token_type_ids[r, offset:end] = sample.mm_token_type_ids
+            attention_mask[r, offset:end] = 1
+            offset = (
+                row_length if position == len(row) - 1 else offset + padded_length(sample.length, multiple)
+            )
+            if offset > row_length:
+                raise ValueError(f"row {r}: its samples need more than {row_length} positions")
+            cu_seqlens.append(cu_seqlens[-1] + sample.length)
+            cu_padded.append(r * row_length + offset)
+            if sample.pixel_values is not None and sample.image_grid_thw is not None:
+                pixel_values.append(sample.pixel_values)
+                grids.append(sample.image_grid_thw)
+    grid = torch.cat(grids) if grids else None
+    patches = [] if grid is None else [int(n) for n in grid.prod(dim=-1).tolist()]
+    images = sum(sample.images for sample in samples)
+    stats = BatchStats(
+        sequences=mbs,
+        padded_tokens=mbs * row_length,
+        real_tokens=int(attention_mask.sum()),
+        text_tokens=sum(sample.text_tokens for sample in samples) + 2 * images,
+        image_tokens=int((mm_token_type_ids == 1).sum()),
+        loss_tokens=int((labels[:, 1:] != IGNORE_INDEX).sum()),
+        images=images,
+        vision_patches=sum(patches),
+        # causal attention inside each sample only: the sum of the samples' squares
+        sum_seq_len_squared=sum(sample.length**2 for sample in samples),
+        sum_patches_squared=sum(n * n for n in patches),
+        samples=len(samples),
+        vision_marker_tokens=2 * images,
+        truncated_text_tokens=sum(sample.truncated_text_tokens for sample in samples),
+    )
+    return Batch(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        labels=labels,
+        mm_token_type_ids=mm_token_type_ids,
+        pixel_values=torch.cat(pixel_values) if pixel_values else None,
+        image_grid_thw=grid,
+        stats=stats,
+        data_kind=data_kind,
+        sample_keys=[sample.key for sample in samples],
+        images_per_sample=[sample.images for sample in samples],
+        image_original_hw=[hw for sample in samples for hw in sample.original_hw],
+        image_resized_hw=[hw for sample in samples for hw in sample.resized_hw],
+        cu_seqlens=torch.tensor(cu_seqlens, dtype=torch.int32),
+        cu_seqlens_padded=torch.tensor(cu_padded, dtype=torch.int32),
+    )
