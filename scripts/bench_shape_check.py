@@ -53,6 +53,15 @@ def timed(points: list[RunSpec], with_shapes: bool) -> float:
     return time.perf_counter() - started
 
 
+def shapes_alone(points: list[RunSpec]) -> float:
+    """The shape check by itself on the same points (cache cleared): its own cost, beside the noise."""
+    engine_side._CACHE.clear()
+    started = time.perf_counter()
+    for spec in points:
+        shape_check(spec)
+    return time.perf_counter() - started
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=3)
@@ -72,6 +81,8 @@ def main() -> None:
     print(
         f"rules + shape check    {new:7.3f} s  {new / base:.2f}x  ({engine_side.cached_keys()} shapes built)"
     )
+    alone = statistics.median([shapes_alone(points) for _ in range(args.repeat)])
+    print(f"shape check alone      {alone:7.3f} s  {alone / base:.3f}x of the rules' time")
 
 
 if __name__ == "__main__":
