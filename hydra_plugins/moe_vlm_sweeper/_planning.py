@@ -52,7 +52,15 @@ from moe_vlm.perf.memory import MemoryEstimate
 from moe_vlm.predict.model import Prediction
 from moe_vlm.record.records import RunRecord
 from moe_vlm.rules import Finding, errors, validate
-from moe_vlm.run.plan import POINT_LINE_HEADER, gather, memory_of, point_line, prediction_of, render
+from moe_vlm.run.plan import (
+    POINT_LINE_HEADER,
+    gather,
+    memory_of,
+    point_line,
+    prediction_of,
+    render,
+    shape_check,
+)
 from moe_vlm.run.plan_record import plan_of
 from moe_vlm.runtime import points
 
@@ -61,6 +69,13 @@ log = logging.getLogger(__name__)
 COMPACT_ABOVE = 8
 DRY_RUN_FILE = "dry_run.txt"  # the table
 PLANS_FILE = "dry_run_plans.txt"  # every point's plan and sbatch script, as dry_run=full prints them
+
+
+def checked(spec: RunSpec) -> list[Finding]:
+    """The rules, then (for a point they let through) the shape check of its real micro-batch,
+    cached per shape (moe_vlm/run/plan.py shape_check): a refused point is never submitted."""
+    findings = validate(spec)
+    return findings if errors(findings) else [*findings, *shape_check(spec)]
 
 
 @dataclass
@@ -185,7 +200,8 @@ class Planner:
             config = scrub(composed.config, secrets)
             point_id = points.identity(config, code_version)
             # Two spellings of one point (mbs=1 and mbs=01) run once.
-            planned.setdefault(point_id, Point(index, overrides, point_id, config, spec, validate(spec)))
+            if point_id not in planned:
+                planned[point_id] = Point(index, overrides, point_id, config, spec, checked(spec))
         return list(planned.values())
 
     def job_overrides(self, point: Point, sweep_dir: Path) -> list[str]:

@@ -56,6 +56,7 @@ class RawSample:
 class SkippedSample:
     key: str
     reason: str
+    too_long: bool = False  # skipped for its length (the images alone fill seq_length), data/lengths.py
 
 
 @dataclass
@@ -106,6 +107,7 @@ class SampleEncoder:
                 sample.key,
                 f"its {len(image_tokens)} image(s) need {image_span} tokens, leaving no room for text in "
                 f"seq_length={self.seq_length} (raise seq_length or lower data.max_pixels)",
+                too_long=True,
             )
         text = sample.text_ids[:room_for_text]
         tok = self.tokenizer

@@ -11,8 +11,10 @@ the points wait on it with `--dependency=afterok`. In about a minute it:
 3. imports the point's engine: torch and transformers for engine=torch; for engine=megatron the
    Megatron stack the run needs, then builds the Bridge ConfigContainer (moe_vlm.engines.megatron
    .config.build_config) in a scratch directory;
-4. on a GPU cluster, checks that CUDA sees the job's GPUs (driver and container agree);
-5. with --probe (hydra.launcher.canary_probe, the default), times the point's GEMMs, a copy and
+4. for engine=megatron, runs the plan's shape check (moe_vlm/rules/shapes.py) on one real
+   micro-batch with this stack's Transformer Engine (docs/shapes.md);
+5. on a GPU cluster, checks that CUDA sees the job's GPUs (driver and container agree);
+6. with --probe (hydra.launcher.canary_probe, the default), times the point's GEMMs, a copy and
    an all-to-all and all-gather at its EP and DP sizes on the node's ranks (moe_vlm/predict/probe.py,
    seconds) and prints the rates; where no published-row defaults apply (cluster=local, a site
    preset without a datasheet peak) it stores them as the first step-time calibration, unless one
@@ -86,6 +88,21 @@ def check_engine(spec: RunSpec, workdir: Path) -> str:
     return f"torch {torch.__version__} and transformers {transformers.__version__} import"
 
 
+def check_shapes(spec: RunSpec) -> str:
+    """The plan's shape check (docs/shapes.md) again, on this stack's TE: an error holds the points."""
+    from moe_vlm.engines.megatron.shape_check import shape_evidence
+    from moe_vlm.rules.shapes import applies, shape_findings
+
+    if not applies(spec):
+        return ""
+    findings = shape_findings(spec, shape_evidence(spec))
+    bad = [f for f in findings if f.is_error]
+    if bad:
+        raise CanaryFailed(f"shape check: {bad[0].line()}")
+    skipped = [f for f in findings if f.code == "S000"]
+    return f"; shape check not run: {skipped[0].message}" if skipped else "; shape check passed"
+
+
 def check_gpus(spec: RunSpec) -> str:
     if not spec.cluster.is_gpu_cluster:
         return ""
@@ -129,7 +146,9 @@ def run(overrides: list[str], probe: bool = False) -> str:
     check_data(spec)
     with tempfile.TemporaryDirectory(prefix="moe_vlm_canary_") as scratch:
         engine = check_engine(spec, Path(scratch))
-    summary = f"cluster={spec.cluster.name} engine={spec.engine}: {engine}{check_gpus(spec)}"
+    summary = (
+        f"cluster={spec.cluster.name} engine={spec.engine}: {engine}{check_shapes(spec)}{check_gpus(spec)}"
+    )
     return summary + (probe_here(spec) if probe else "")
 
 

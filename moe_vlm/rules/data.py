@@ -14,6 +14,8 @@ from moe_vlm.config.schema import (
     TokenDispatcher,
 )
 from moe_vlm.config.spec import RunSpec
+from moe_vlm.data.errors import DataError
+from moe_vlm.data.lengths import Lengths, dataset_lengths
 from moe_vlm.data.stats import MOCK_SPEEDUP_NOTE
 from moe_vlm.rules.catalogue import (
     Level,
@@ -301,4 +303,59 @@ def _packing_buffer_megatron(spec: RunSpec) -> Iterator[Violation]:
             "data.packing=buffer is not wired into the Megatron engine's collate yet (the packer feeds "
             "the torch engine only).",
             "use engine=torch with data.packing=buffer, or data.packing=in_batch (mbs >= 2) on engine=megatron.",
+        )
+
+
+def _real_lengths(spec: RunSpec) -> Lengths | None:
+    """The real dataset's length counts, or None: not data=real, or a dataset A005 / the data check
+    already refuse (nothing to count)."""
+    path = spec.data.path
+    if spec.data.kind is not DataKind.real or not path or spec.seq_length < 1:
+        return None
+    if not (Path(path).expanduser() / ".nv-meta" / "split.yaml").is_file():
+        return None
+    try:
+        return dataset_lengths(spec.model, spec.data, spec.seq_length)
+    except DataError:
+        return None  # unreadable shards: check_data refuses the run with its own line
+
+
+def _packs_whole_samples(spec: RunSpec) -> bool:
+    return spec.engine == Engine.megatron and spec.data.packing is Packing.in_batch
+
+
+@rule("A014", Level.warning, "real samples longer than seq_length: text cut to fit, images never (counted)")
+def _real_over_length(spec: RunSpec) -> Iterator[Violation]:
+    # The policy, decided here before the queue: a sample longer than seq_length keeps its image
+    # tokens and loses the text that does not fit; one whose images alone do not fit is skipped
+    # (data/sequence.py SampleEncoder.encode), both counted in run.json (truncated_text_tokens,
+    # skipped_samples). A015 refuses the one path that cannot apply it.
+    found = _real_lengths(spec)
+    if found is not None and found.over and not _packs_whole_samples(spec):
+        yield Violation(
+            ("data.path", "seq_length"),
+            f"{found.text(spec.seq_length)}; counted in run.json data.stats (truncated_text_tokens, "
+            "skipped_samples).",
+            f"raise seq_length to {found.longest} to keep every sample whole, or accept the cut.",
+        )
+
+
+@rule(
+    "A015",
+    Level.error,
+    "Megatron packing of real samples longer than seq_length: Bridge's packer raises (MB)",
+)
+def _real_over_length_packed(spec: RunSpec) -> Iterator[Violation]:
+    # Bridge's Qwen-VL collate packs each Energon sample whole (models/qwen_vl/data/collate_fn.py:
+    # 153-230) and its packer raises on a row longer than sequence_length (data/packing/in_batch.py:
+    # 137-140): the first micro-batch holding such a sample stops the run, where the padded path and
+    # the torch engine cut the text (A014).
+    found = _real_lengths(spec)
+    if found is not None and found.over and _packs_whole_samples(spec):
+        yield Violation(
+            ("data.packing", "data.path", "seq_length"),
+            f"{found.text(spec.seq_length)}; with data.packing=in_batch Bridge's packer raises 'Packed sequence "
+            "row length ... exceeds configured sequence_length' on the first one "
+            "(megatron/bridge/data/packing/in_batch.py:137-140).",
+            f"raise seq_length to {found.longest}, or use data.packing=none (text is then cut to fit, A014).",
         )

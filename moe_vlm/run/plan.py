@@ -16,6 +16,7 @@ from moe_vlm.engines.hf_config import is_local_checkpoint
 from moe_vlm.engines.megatron.library_checks import Check
 from moe_vlm.engines.megatron.plan_cache import library_checks, stack_probe
 from moe_vlm.engines.megatron.plan_cache import planned_effective as cached
+from moe_vlm.engines.megatron.shape_check import shape_evidence
 from moe_vlm.knobs.bridge_fields import RESOLVED_FIELDS, bridge_overrides, forward_step_path
 from moe_vlm.knobs.bridge_recipe import select_recipe
 from moe_vlm.knobs.cards import plan_lines as card_lines
@@ -27,6 +28,8 @@ from moe_vlm.perf.metrics import peak_of, precision_peak_of
 from moe_vlm.predict.model import Prediction, predict
 from moe_vlm.record.columns import choices
 from moe_vlm.rules import Finding, Level, unplannable
+from moe_vlm.rules.shapes import applies as shapes_apply
+from moe_vlm.rules.shapes import shape_findings
 
 if TYPE_CHECKING:
     from moe_vlm.engines.megatron.effective import Planned
@@ -179,6 +182,25 @@ def library_findings(spec: RunSpec) -> list[Finding]:
         )
         for f in found
     ]
+
+
+def shape_check(spec: RunSpec) -> list[Finding]:
+    """The shape check of this point (docs/shapes.md): one real micro-batch, each rank's GEMM operands,
+    Transformer Engine's own checks on them; cached per shape, so a sweep builds one batch per shape.
+    [] off the Megatron engine. The canary runs the same two calls on the cluster's stack."""
+    return shape_findings(spec, shape_evidence(spec)) if shapes_apply(spec) else []
+
+
+def shape_lines(spec: RunSpec) -> list[str]:
+    found = shape_evidence(spec)
+    if found.shapes is None:
+        return ["-- shape check --", f"not run: {found.not_run}"]
+    checked = (
+        f"Transformer Engine's checks on {found.checked} operand(s): {len(found.refused)} refused"
+        if found.checked
+        else "no quantized GEMM: nothing of TE's asserts applies"
+    )
+    return ["-- shape check (docs/shapes.md) --", found.shapes.text(), checked]
 
 
 # The tuning block: the knobs whose null keeps the recipe's value, and the host-memory/HSDP ones.
@@ -402,6 +424,8 @@ def render(
         found = got.effective
         planned = found[0] if isinstance(found, tuple) else found
         out += [*megatron_lines(spec), "", *tuning_lines(spec, planned), "", *stack]
+        if not errors:
+            out += ["", *shape_lines(spec)]
         if found is not None:
             out += ["", *effective_lines(spec, found)]
     else:

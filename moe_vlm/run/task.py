@@ -22,7 +22,7 @@ from moe_vlm.data import DataError, check_data
 from moe_vlm.engines import launch
 from moe_vlm.record.records import RUNNING, RunRecord
 from moe_vlm.rules import errors, validate
-from moe_vlm.run.plan import gather, library_findings, render
+from moe_vlm.run.plan import gather, library_findings, render, shape_check
 from moe_vlm.run.plan_record import plan_of
 from moe_vlm.runtime.dist_env import global_rank
 from moe_vlm.runtime.failures import Diagnosis, launch_info, record_exception, write_failure
@@ -41,7 +41,7 @@ def run(cfg: DictConfig) -> None:
     bad = errors(findings)
     if spec.dry_run:
         if not bad:  # the library's own checks judge what the rules let through (engine=megatron)
-            findings = [*findings, *library_findings(spec)]
+            findings = [*findings, *library_findings(spec), *shape_check(spec)]
             bad = errors(findings)
         got = gather(spec, findings)
         print(

@@ -25,7 +25,7 @@ from functools import cache
 from typing import Any
 
 from moe_vlm.config.compose import CONF_DIR, compose_point
-from moe_vlm.config.schema import SYNTHETIC_DRAW_FIELDS, TrainConfig
+from moe_vlm.config.schema import SYNTHETIC_DRAW_FIELDS, Packing, TrainConfig
 from moe_vlm.rules.catalogue import CUDA_GRAPH_SCOPES, SELECTIVE_RECOMPUTE_MODULES
 from moe_vlm.rules.overlap import VISION_GRAPH_SCOPES
 from tests.conftest import SCHEMA_LEAVES, knob_override
@@ -259,3 +259,38 @@ def assemble(point: Point) -> TrainConfig:
     for knob, value in point.leaves:
         _set(train, knob, value)
     return train
+
+
+# --- the shape axes -----------------------------------------------------------------------------
+
+# What the shape check (moe_vlm/rules/shapes.py) reads, drawn together: the random points above
+# change at most five things, so packing x FP8 x CP x SP x an odd sequence length rarely meet there.
+# data=real needs files (the shape check says S000 without them); the three others build batches.
+SHAPE_AXES: dict[str, tuple[Any, ...]] = {
+    "cluster": ("gb200", "b200", "h100"),
+    "data": ("mock", "synthetic", "bridge_mock"),
+    "data.packing": tuple(Packing),
+    "precision": ("bf16", "fp8cs", "fp8mx", "nvfp4"),
+    "tp": (1, 2, 4),
+    "cp": (1, 2),
+    "parallelism.sequence_parallel": (True, False),
+    "mbs": (1, 2, 3, 4),
+    # 4100: a multiple of 4 only; 4104: of 8, not 16 or 32; 4112: of 16, not 32
+    "seq_length": (2048, 4096, 4100, 4104, 4112),
+}
+SHAPE_SMALL = (("data.max_long_side_px", 480), ("data.max_text_tokens", 96))  # a batch in a second
+
+
+def draw_shape_point(rng: random.Random, per_node: dict[str, int]) -> Point:
+    """One point on the shape axes: the 30B-A3B model on 8 GPUs, 3D parallelism, the all-to-all
+    dispatcher (allgather refuses packing, A010), every shape axis drawn."""
+    pick = {axis: rng.choice(values) for axis, values in SHAPE_AXES.items()}
+    cluster = pick.pop("cluster")
+    groups = (
+        ("data", pick.pop("data")),
+        ("dispatcher", "alltoall"),
+        ("parallelism", "3d"),
+        ("precision", pick.pop("precision")),
+    )
+    leaves = (*pick.items(), *SHAPE_SMALL)
+    return Point(cluster, MODELS[0], max(1, 8 // per_node[cluster]), groups, leaves)

@@ -89,7 +89,7 @@ def _quiet() -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _cpu_device() -> Iterator[None]:
+def cpu_device() -> Iterator[None]:
     """TE's quantizers put their constants on ``torch.cuda.current_device()`` (NVFP4's Hadamard
     signs, tensor/nvfp4_tensor.py:175-177): here that device is the CPU."""
     import torch
@@ -380,7 +380,7 @@ def check_config(cfg: Any, spec: RunSpec, *, planned: bool = True) -> list[Libra
 
     findings = []
     # As the rank runs them: the job's world and GPU, the recipe's env_vars by setdefault (Bridge's).
-    with rank_environment(spec, set(cfg.env_vars), planned), _cpu_device(), _quiet():
+    with rank_environment(spec, set(cfg.env_vars), planned), cpu_device(), _quiet():
         apply_environment_variables(update.config)
         for check, run in CHECKS:
             try:
