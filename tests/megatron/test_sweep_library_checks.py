@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -72,3 +73,38 @@ def test_switched_off_they_are_left_to_the_canary(
     check_library([_point(0)], enabled=False, canary=False)
     out = capsys.readouterr().out
     assert "library_checks=false" in out and "nothing runs them" in out
+
+
+@needs_stack
+def test_the_canary_refuses_a_point_before_it_starts_and_status_says_why(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The canary's pass over its points file (moe_vlm/launch/canary.py check_points), on this
+    machine's stack as it would on the cluster's: the point the library refuses gets a rejected
+    run.json and point.json's `refused` (moe_vlm/run/task.py exits on it before any work), the
+    other is left to start; `moe-vlm status` gives the library's reason."""
+    from moe_vlm.launch.canary import REFUSED_PREFIX, check_points
+    from moe_vlm.launch.status import snapshot
+    from moe_vlm.runtime import points
+
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path / "cache"))
+    monkeypatch.setattr(catalogue, "CATALOGUE", [r for r in catalogue.CATALOGUE if r.code != "X009"])
+    sweep_dir, listed = tmp_path / "sweep", []
+    for name, dtype in (("refused", "fp64"), ("passes", "fp32")):
+        overrides = [*GB200, f"router.dtype={dtype}"]
+        points.write_point(
+            sweep_dir / name,
+            {"point_id": name, "overrides": overrides, "config": {}, "valid": True, "refused": []},
+        )
+        listed.append({"point_dir": str(sweep_dir / name), "overrides": overrides})
+    points_file = tmp_path / points.CANARY_POINTS
+    points_file.write_text(json.dumps({"points": listed}))
+
+    assert check_points(points_file).endswith("2 point(s): 1 refused (they never start)")
+    assert f"{REFUSED_PREFIX} refused: LIB-ROUTER: " in capsys.readouterr().out
+    assert [r["code"] for r in points.refused(sweep_dir / "refused")] == ["LIB-ROUTER"]
+    assert points.refused(sweep_dir / "passes") == [] and not (sweep_dir / "passes" / "run.json").exists()
+    rows = {s.point_id: s for s in snapshot(sweep_dir, record=False)[0]}
+    assert rows["refused"].state == "rejected"
+    assert rows["refused"].detail.startswith("refused by the library's own check LIB-ROUTER: ")
+    assert "float64" in rows["refused"].detail
