@@ -232,7 +232,7 @@ def canary_command(
     quoted = [shlex.quote(safety.check_no_control("canary override", str(o))) for o in overrides]
     listed = ["--points", shlex.quote(str(points_file))] if points_file is not None else []
     return " ".join(
-        [python, "-u -m moe_vlm.launch.canary", *(["--probe"] if probe else []), *listed, *quoted]
+        [python, "-u -m moe_vlm.launch.canary", *(["--probe"] if probe else []), *quoted, *listed]
     )
 
 
