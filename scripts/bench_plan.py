@@ -2,6 +2,7 @@
 
     .venv/bin/python scripts/bench_plan.py            # 3 repeats of each case
     .venv/bin/python scripts/bench_plan.py --repeat 5 --gpu
+    .venv/bin/python scripts/bench_plan.py --library   # the library checks' cost, side by side
 
 Cases: one point (the baseline), a 48-point sweep (three recompute options: three sets of group
 choices), a 1,000-point sweep of scalar axes, the same 1,000 points through the Slurm launcher
@@ -11,6 +12,14 @@ directory with no site file; each run is checked (exit status 0 and the number o
 summary states), so a figure is never of a failed command. The machine may be shared: the load
 average is printed before and after, and wall and CPU time (user + system of the command) are
 both reported. Ratios are median wall time over the one-point median of the same run.
+
+--library (issue 31) times instead a 1,000-point GB200 sweep (30B model: four axes, 1,000
+distinct points) with the library's own checks on every point the rules let through, against the
+same sweep with `hydra.sweeper.library_checks=false`, interleaved in the same run, with a plan
+cache of its own ($MOE_VLM_CACHE_DIR in a temporary directory): first one sweep with the checks on
+an empty cache (every distinct point checked once: the stack imported, a ConfigContainer built per
+point), reported on its own line, then the repeats, which read the checks from that cache. The
+ratio is checks-on over checks-off (target: at most 1.5x).
 """
 
 from __future__ import annotations
@@ -54,6 +63,15 @@ CASES = [
         "1,000 points, Slurm", 1000, ("-m", "hydra/launcher=slurm", "nproc=1", *SCALARS_1000, "dry_run=true")
     ),
 ]
+GPU_1000 = (
+    "-m", "cluster=gb200", "model=qwen3_vl_30b_a3b", "mbs=1,2,4,8", "nodes=2,4,8,16,32",
+    "seq_length=2048,4096,8192,16384,32768", ITERS, "dry_run=true",
+)  # fmt: skip
+LIBRARY_OFF = Case(
+    "1,000 GB200 points, library checks off", 1000, (*GPU_1000, "hydra.sweeper.library_checks=false")
+)
+LIBRARY_ON = Case("1,000 GB200 points, library checks on", 1000, GPU_1000)
+LIBRARY_GOAL = 1.5  # issue 31: at most 1.5x the same sweep without the checks
 GPU_CASE = Case(
     "100 points, GB200 30B",
     100,
@@ -68,11 +86,13 @@ class Timing:
     cpu_s: float
 
 
-def run_once(case: Case, workdir: Path) -> Timing:
+def run_once(case: Case, workdir: Path, cache: Path | None = None) -> Timing:
     args = list(case.args)
     if case.points > 1:
         args.append(f"hydra.sweep.dir={workdir / 'sweep'}")
     env = {**os.environ, "MOE_VLM_SITE_FILE": str(workdir / "no-site.yaml")}
+    if cache is not None:
+        env["MOE_VLM_CACHE_DIR"] = str(cache)
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.perf_counter()
     done = subprocess.run(
@@ -108,9 +128,14 @@ def main(argv: list[str]) -> int:
     parser.add_argument(
         "--gpu", action="store_true", help="also plan 100 GB200 points (the Megatron estimate)"
     )
+    parser.add_argument(
+        "--library", action="store_true", help="time the library checks on a 1,000-point GB200 sweep instead"
+    )
     args = parser.parse_args(argv)
     if args.repeat < 1:
         parser.error(f"--repeat {args.repeat}: must be at least 1")
+    if args.library:
+        return library(args.repeat)
     cases = [*CASES, *([GPU_CASE] if args.gpu else [])]
     print(f"load average before: {load()}")
     results: dict[str, list[Timing]] = {case.name: [] for case in cases}
@@ -139,6 +164,44 @@ def main(argv: list[str]) -> int:
     print(
         f"\ngoal (1,000 points under {GOAL_S:.0f} s wall and at most {GOAL_RATIO:.0f}x one point): {verdict} "
         f"({thousand:.2f} s, {thousand / base:.2f}x)"
+    )
+    return 0
+
+
+def library(repeat: int) -> int:
+    """The library checks' cost: LIBRARY_ON against LIBRARY_OFF, interleaved, one plan cache."""
+    print(f"load average before: {load()}")
+    with tempfile.TemporaryDirectory(prefix="moe_vlm_bench_plan_cache_") as cache_tmp:
+        cache = Path(cache_tmp)
+        with tempfile.TemporaryDirectory(prefix="moe_vlm_bench_plan_") as tmp:
+            cold = run_once(LIBRARY_ON, Path(tmp), cache)
+        entries = len(list((cache / "plan").glob("library-*.json")))
+        results: dict[str, list[Timing]] = {LIBRARY_OFF.name: [], LIBRARY_ON.name: []}
+        for _ in range(repeat):
+            for case in (LIBRARY_OFF, LIBRARY_ON):
+                with tempfile.TemporaryDirectory(prefix="moe_vlm_bench_plan_") as tmp:
+                    results[case.name].append(run_once(case, Path(tmp), cache))
+    print(f"load average after:  {load()}")
+    base = statistics.median(t.wall_s for t in results[LIBRARY_OFF.name])
+    print()
+    print("| command | wall median s | wall min s | CPU median s | x checks off |")
+    print("|---|---:|---:|---:|---:|")
+    for name, timings in results.items():
+        median = statistics.median(t.wall_s for t in timings)
+        cpu = statistics.median(t.cpu_s for t in timings)
+        shown = f"{name}, from the plan cache" if name == LIBRARY_ON.name else name
+        print(
+            f"| {shown} | {median:.2f} | {min(t.wall_s for t in timings):.2f} | {cpu:.2f} | {median / base:.2f} |"
+        )
+    print(
+        f"| {LIBRARY_ON.name}, empty cache (once; {entries} distinct points checked) | {cold.wall_s:.2f} | "
+        f"{cold.wall_s:.2f} | {cold.cpu_s:.2f} | {cold.wall_s / base:.2f} |"
+    )
+    ratio = statistics.median(t.wall_s for t in results[LIBRARY_ON.name]) / base
+    verdict = "met" if ratio <= LIBRARY_GOAL else "NOT met"
+    print(
+        f"\ngoal (with the checks at most {LIBRARY_GOAL}x without, cached): {verdict} ({ratio:.2f}x); "
+        f"a first sweep of new points pays {cold.wall_s / base:.1f}x (the empty-cache line)"
     )
     return 0
 

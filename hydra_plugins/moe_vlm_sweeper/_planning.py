@@ -5,8 +5,11 @@ For `python train.py -m mbs=1,2,4 recompute=full,selective` (or `sweep=<preset>`
 1. expands the grid (preset axes from `hydra.sweeper.params`, command-line sweeps win);
 2. composes every point and builds its RunSpec; a point that cannot compose stops the sweep
    with one line (exit 2) before anything is submitted;
-3. validates every point with the rule catalogue; points with error findings are never
-   launched and get a `rejected` run.json naming the rules;
+3. validates every point with the rule catalogue and, on what the rules let through on the
+   Megatron engine, the library's own checks (LIB-*, the same as a one-point dry run, through the
+   plan cache: identical inputs are checked once), when the Megatron stack imports here (else one
+   LIB-STACK warning: the canary runs them on the cluster); points with error findings are never
+   launched and get a `rejected` run.json naming the rules or the library's refusal;
 4. names every point by its identity (hash of the resolved config and the code version) and
    skips points already completed in the sweep directory, or queued/running in Slurm:
    rerunning the command resumes the sweep; `hydra.sweeper.force=true` reruns completed ones;
@@ -44,7 +47,7 @@ from moe_vlm.base.provenance import git_state
 from moe_vlm.base.safety import scrub, scrub_text, secret_values
 from moe_vlm.config.compose import compose_sweep_point, override_key, quote_override_value
 from moe_vlm.config.preflight import COMPOSE_ERRORS, explain
-from moe_vlm.config.schema import DryRun, dry_run_mode
+from moe_vlm.config.schema import DryRun, Engine, dry_run_mode
 from moe_vlm.config.spec import RunSpec
 from moe_vlm.launch.halving import Search, search_of
 from moe_vlm.launch.status import collect
@@ -55,6 +58,7 @@ from moe_vlm.rules import Finding, errors, validate
 from moe_vlm.run.plan import (
     POINT_LINE_HEADER,
     gather,
+    library_findings,
     memory_of,
     point_line,
     prediction_of,
@@ -110,6 +114,35 @@ def _predicted_rate(found: Prediction | str) -> float:
     return found.effective_tokens_per_s_per_gpu
 
 
+def check_library(planned: list[Point], *, enabled: bool, canary: bool) -> None:
+    """The library's own checks on every point the rules let through (engine=megatron), their
+    findings added to the point's: a point they refuse is rejected like one the rules refuse.
+    Identical inputs are judged once (plan_cache, on disk, across sweeps). Without the stack here:
+    one LIB-STACK line for the sweep, not one per point. canary: the launcher's canary runs them
+    again on the cluster before any point starts (moe_vlm/launch/canary.py)."""
+    todo = [p for p in planned if p.valid and p.spec.engine == Engine.megatron]
+    if not todo:
+        return
+    later = (
+        "the canary runs them on the cluster's stack before any point starts, and a point they refuse "
+        "never starts"
+        if canary
+        else "nothing runs them before the points start (the Slurm launcher's canary would)"
+    )
+    if not enabled:
+        print(
+            f"moe_vlm: hydra.sweeper.library_checks=false: the library's own checks did not run here; {later}"
+        )
+        return
+    for point in todo:
+        found = library_findings(point.spec)
+        stack = [f for f in found if f.code == "LIB-STACK"]
+        if stack:  # the same machine for every point: said once
+            print(scrub_text(f"moe_vlm: warning: LIB-STACK: {stack[0].message}; {later}"), file=sys.stderr)
+            return
+        point.findings = [*point.findings, *found]
+
+
 DROPPED_NAMED = 20  # predict_keep names this many dropped points, then counts the rest
 
 
@@ -163,6 +196,7 @@ class Planner:
         search: str,
         halving: Any,
         predict_keep: float,
+        library_checks: bool = True,
         config: DictConfig,
         hydra_context: HydraContext,
         launcher: Launcher,
@@ -172,6 +206,7 @@ class Planner:
         self.search = search
         self.halving = halving
         self.predict_keep = predict_keep
+        self.library_checks = library_checks
         self.config: DictConfig | None = config
         self.hydra_context: HydraContext | None = hydra_context
         self.launcher: Launcher | None = launcher
@@ -226,6 +261,9 @@ class Planner:
         search = search_of(self.search)
         settings = halving.settings_of(self.halving) if search is Search.halving else None
         planned = keep_predicted_top(self.plan(self.grid(arguments)), self.predict_keep)
+        check_library(
+            planned, enabled=self.library_checks, canary=bool(getattr(self.launcher, "uses_canary", False))
+        )
         check = getattr(self.launcher, "check", None)
         for point in planned:
             if check is not None:
@@ -353,6 +391,8 @@ class Planner:
                 "launcher_overrides": self.launcher_overrides,
                 "config": point.config,
                 "valid": point.valid,
+                # Why it is refused, for `moe-vlm status` (a dry run's point has no run.json).
+                "refused": [{"code": f.code, "message": f.message} for f in errors(point.findings)],
                 "planned_unix_s": points.now(),
                 "submissions": previous.get("submissions", []),
             },

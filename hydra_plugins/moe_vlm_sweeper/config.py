@@ -36,6 +36,10 @@ class PlanningSweeperConf:
     # Keep only this fraction of the valid points, the best by predicted effective tokens/s/GPU
     # (moe_vlm/predict; docs/step-time-prediction.md). 1.0 = every point.
     predict_keep: float = 1.0
+    # The library's own checks (LIB-*) on every point on this machine, when the Megatron stack
+    # imports here; false leaves them to the canary (a first sweep of many distinct points pays
+    # about 0.3 s a point, after one import of the stack).
+    library_checks: bool = True
 
 
 @dataclass

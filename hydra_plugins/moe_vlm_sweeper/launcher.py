@@ -212,7 +212,14 @@ class SubmititLauncher(BaseSubmititLauncher):
         from moe_vlm.launch import slurm
 
         params = slurm.canary_parameters(job.settings, job.spec, job.canary_dir)
-        command = slurm.canary_command(self.python(job), job.task_overrides, job.settings.canary_probe)
+        from moe_vlm.runtime import points
+
+        command = slurm.canary_command(
+            self.python(job),
+            job.task_overrides,
+            job.settings.canary_probe,
+            job.canary_dir / points.CANARY_POINTS,
+        )
         return slurm.render_sbatch(params, str(job.canary_dir), self.python(job), command)
 
     def submit_canaries(self, planned: Sequence["PlannedJob"]) -> dict[tuple[str, str | None], str]:
@@ -236,6 +243,19 @@ class SubmititLauncher(BaseSubmititLauncher):
                 )
                 continue
             first.canary_dir.mkdir(parents=True, exist_ok=True)
+            # The points the canary runs the library's own checks on, before any of them starts.
+            write_json_atomic(
+                first.canary_dir / points.CANARY_POINTS,
+                scrub(
+                    {
+                        "points": [
+                            {"point_dir": str(job.point_dir), "overrides": job.task_overrides}
+                            for job in planned
+                            if job.canary_key == key
+                        ]
+                    }
+                ),
+            )
             path = first.canary_dir / "canary.sbatch"
             path.write_text(self.canary_script(first))
             job_id = slurm.submit_script(path)

@@ -23,6 +23,7 @@ class PlanningSweeper(Sweeper):
         search: str = "grid",
         halving: Any = None,
         predict_keep: float = 1.0,
+        library_checks: bool = True,
     ) -> None:
         super().__init__()
         self.params = dict(params or {})
@@ -30,6 +31,7 @@ class PlanningSweeper(Sweeper):
         self.search = search
         self.halving = halving
         self.predict_keep = predict_keep
+        self.library_checks = library_checks
         self.config: DictConfig | None = None
         self.hydra_context: HydraContext | None = None
         self.launcher: Launcher | None = None
@@ -54,6 +56,7 @@ class PlanningSweeper(Sweeper):
             search=self.search,
             halving=self.halving,
             predict_keep=self.predict_keep,
+            library_checks=self.library_checks,
             config=self.config,
             hydra_context=self.hydra_context,
             launcher=self.launcher,

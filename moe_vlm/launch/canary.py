@@ -14,7 +14,13 @@ the points wait on it with `--dependency=afterok`. In about a minute it:
 4. for engine=megatron, runs the plan's shape check (moe_vlm/rules/shapes.py) on one real
    micro-batch with this stack's Transformer Engine (docs/shapes.md);
 5. on a GPU cluster, checks that CUDA sees the job's GPUs (driver and container agree);
-6. with --probe (hydra.launcher.canary_probe, the default), times the point's GEMMs, a copy and
+6. with --points FILE (the launcher writes it: every point behind this canary), runs the library's
+   own checks (LIB-*, moe_vlm/engines/megatron/library_checks.py, the same as a dry run's, through
+   the plan cache: identical inputs once) on each engine=megatron point on the cluster's own stack.
+   A point they refuse gets a `rejected` run.json with the finding and its point.json's `refused`
+   list, so it never starts (moe_vlm/run/task.py reads it first) and `moe-vlm status` says why;
+   the others start as usual;
+7. with --probe (hydra.launcher.canary_probe, the default), times the point's GEMMs, a copy and
    an all-to-all and all-gather at its EP and DP sizes on the node's ranks (moe_vlm/predict/probe.py,
    seconds) and prints the rates; where no published-row defaults apply (cluster=local, a site
    preset without a datasheet peak) it stores them as the first step-time calibration, unless one
@@ -44,6 +50,7 @@ if TYPE_CHECKING:
 FAILED_PREFIX = "moe_vlm canary: FAILED"
 OK_PREFIX = "moe_vlm canary: ok"
 PROBE_PREFIX = "moe_vlm canary probe:"
+REFUSED_PREFIX = "moe_vlm canary: refused"
 
 
 class CanaryFailed(RuntimeError):
@@ -139,7 +146,56 @@ def probe_here(spec: RunSpec) -> str:
     return f"; probe calibration stored in {store([found])}"
 
 
-def run(overrides: list[str], probe: bool = False) -> str:
+def refuse_point(point_dir: Path, overrides: list[str]) -> str | None:
+    """The library's own checks on one point; a refusal is written where the point's job reads it
+    first (its run.json and point.json): the refusing line, or None when the point may start."""
+    from moe_vlm.config.compose import compose_config
+    from moe_vlm.config.schema import Engine
+    from moe_vlm.config.spec import RunSpec
+    from moe_vlm.engines.megatron.plan_cache import library_checks
+    from moe_vlm.record.records import RunRecord
+    from moe_vlm.rules import Finding, Level
+    from moe_vlm.runtime import points
+
+    composed = compose_config(overrides)
+    spec = RunSpec.from_config(composed)
+    if spec.engine != Engine.megatron:
+        return None
+    found, _entry = library_checks(spec)
+    refusals = [
+        Finding(f.check.value, Level.error, ("engine",), f"{f.message}{f.where}", f.fix)
+        for f in found
+        if f.refuses
+    ]
+    if not refusals:
+        return None
+    RunRecord.rejected(spec, points.resolved(composed), refusals).write(point_dir)
+    points.update_point(
+        point_dir, valid=False, refused=[{"code": f.code, "message": f.message} for f in refusals]
+    )
+    return f"{refusals[0].code}: {refusals[0].message}"
+
+
+def check_points(points_file: Path) -> str:
+    """refuse_point on every point the file lists; what was found, for the summary."""
+    import json
+
+    listed = json.loads(points_file.read_text())["points"]
+    refused = 0
+    for entry in listed:
+        point_dir = Path(entry["point_dir"])
+        try:
+            why = refuse_point(point_dir, [str(o) for o in entry["overrides"]])
+        except Exception as exc:  # the point's own job fails with the whole story; the others go on
+            print(f"{REFUSED_PREFIX} {point_dir.name}: not checked: {type(exc).__name__}: {exc}", flush=True)
+            continue
+        if why is not None:
+            refused += 1
+            print(f"{REFUSED_PREFIX} {point_dir.name}: {' '.join(why.split())}", flush=True)
+    return f"; library checks on {len(listed)} point(s): {refused} refused (they never start)"
+
+
+def run(overrides: list[str], probe: bool = False, points_file: Path | None = None) -> str:
     spec = compose_spec(overrides)
     from moe_vlm.data import check_data
 
@@ -149,16 +205,23 @@ def run(overrides: list[str], probe: bool = False) -> str:
     summary = (
         f"cluster={spec.cluster.name} engine={spec.engine}: {engine}{check_shapes(spec)}{check_gpus(spec)}"
     )
+    if points_file is not None:
+        summary += check_points(points_file)
     return summary + (probe_here(spec) if probe else "")
 
 
 def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     probe = "--probe" in args
+    points_file = None
+    if "--points" in args:
+        at = args.index("--points")
+        points_file = Path(args[at + 1])
+        del args[at : at + 2]
     overrides = [a for a in args if a != "--probe"]
     started = time.monotonic()
     try:
-        summary = run(overrides, probe)
+        summary = run(overrides, probe, points_file)
     except Exception as exc:  # every failure is the finding; the last line says which
         traceback.print_exc()
         message = " ".join(str(exc).split()) or "no message"

@@ -224,10 +224,16 @@ def canary_parameters(settings: SlurmSettings, spec: RunSpec, canary_dir: Path) 
     return safety.scrub({k: v for k, v in params.items() if v is not None})
 
 
-def canary_command(python: str, overrides: Iterable[str], probe: bool = False) -> str:
-    """The canary's task: the point's task overrides, each quoted for the shell (one line each)."""
+def canary_command(
+    python: str, overrides: Iterable[str], probe: bool = False, points_file: Path | None = None
+) -> str:
+    """The canary's task: the point's task overrides, each quoted for the shell (one line each);
+    points_file: the list of the points it checks with the library's own checks (canary.py)."""
     quoted = [shlex.quote(safety.check_no_control("canary override", str(o))) for o in overrides]
-    return " ".join([python, "-u -m moe_vlm.launch.canary", *(["--probe"] if probe else []), *quoted])
+    listed = ["--points", shlex.quote(str(points_file))] if points_file is not None else []
+    return " ".join(
+        [python, "-u -m moe_vlm.launch.canary", *(["--probe"] if probe else []), *quoted, *listed]
+    )
 
 
 def marker_lines() -> list[str]:

@@ -191,7 +191,13 @@ def _finished_detail(record: RunRecord | Mapping[str, Any]) -> str:
         failure = run.failure or Failure("unknown", "")
         return f"{failure.name}: {failure.evidence or failure.message}"
     if run.status == RunStatus.rejected:
-        return "rule(s) " + ", ".join(run.error_codes())
+        return refusal_detail(
+            [
+                {"code": f.get("code"), "message": f.get("message")}
+                for f in run.findings or []
+                if f.get("level") == "error"
+            ]
+        ) or "rule(s) " + ", ".join(run.error_codes())
     summary = run.summary or {}
     parts = []
     p50 = (summary.get("step_time_s") or {}).get("p50")
@@ -201,6 +207,19 @@ def _finished_detail(record: RunRecord | Mapping[str, Any]) -> str:
     if isinstance(tokens, int | float):
         parts.append(f"{tokens:.4g} effective tok/s/GPU")
     return ", ".join(parts)
+
+
+def refusal_detail(refused: list[dict[str, Any]]) -> str:
+    """The refusing codes; a library refusal (LIB-*) with the library's own message, since no rule
+    explains it ("" when nothing is refused)."""
+    codes = [str(r.get("code")) for r in refused]
+    if not codes:
+        return ""
+    library = next((r for r in refused if str(r.get("code")).startswith("LIB-")), None)
+    if library is None:
+        return "rule(s) " + ", ".join(codes)
+    message = " ".join(str(library.get("message")).split())
+    return f"refused by the library's own check {library['code']}: {message}"
 
 
 def _dry_run(point: dict[str, Any]) -> bool:
@@ -308,8 +327,13 @@ def _state(
             return "running", ""
         if not job_id:
             if _dry_run(point):
+                refused = refusal_detail(point.get("refused") or [])
                 verdict = (
-                    "" if point.get("valid", True) else "; its rules would reject it (see its plan.json)"
+                    ""
+                    if point.get("valid", True)
+                    else f"; would be rejected: {refused}"
+                    if refused
+                    else "; its rules would reject it (see its plan.json)"
                 )
                 return "planned", f"dry run: planned, not submitted{verdict}"
             return "planned", "not submitted"

@@ -254,6 +254,7 @@ POINT_SHAPE: dict[str, Any] = {
     "config": DICT,
     "submitit_folder": STR,
     "submissions": ListOf(_SUBMISSION),
+    "refused": ListOf(DICT),  # {code, message} of each error finding (the sweeper's, or the canary's)
 }
 
 

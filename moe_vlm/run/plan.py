@@ -149,12 +149,6 @@ def planned_effective(spec: RunSpec) -> tuple[Planned, Entry] | str:
         return f"{type(exc).__name__}: {exc}"
 
 
-LIBRARY_FIX = (
-    "change the combination; the rule catalogue let it through, so add a rule that cites the library "
-    "line above (moe_vlm/rules/library.py, docs/adding-a-knob.md)"
-)
-
-
 def library_findings(spec: RunSpec) -> list[Finding]:
     """The library's own checks of this point (moe_vlm/engines/megatron/library_checks.py, seconds):
     an error per refusal, a warning when they could not run here; [] off the Megatron engine."""
@@ -175,10 +169,10 @@ def library_findings(spec: RunSpec) -> list[Finding]:
     return [
         Finding(
             f.check.value,
-            Level.warning if f.check is Check.stack else Level.error,
+            Level.error if f.refuses else Level.warning,
             ("engine",),
             f"{f.message}{f.where}",
-            "install the Megatron stack to run them" if f.check is Check.stack else LIBRARY_FIX,
+            f.fix,
         )
         for f in found
     ]

@@ -24,6 +24,7 @@ from moe_vlm.record.records import RUNNING, RunRecord
 from moe_vlm.rules import errors, validate
 from moe_vlm.run.plan import gather, library_findings, render, shape_check
 from moe_vlm.run.plan_record import plan_of
+from moe_vlm.runtime import points
 from moe_vlm.runtime.dist_env import global_rank
 from moe_vlm.runtime.failures import Diagnosis, launch_info, record_exception, write_failure
 from moe_vlm.runtime.heartbeat import Heartbeat, write_running
@@ -55,6 +56,16 @@ def run(cfg: DictConfig) -> None:
     for finding in findings:
         print(scrub_text(finding.line()), file=sys.stderr)
     run_dir = Path(HydraConfig.get().runtime.output_dir)
+    refused = points.refused(run_dir)
+    if refused and not bad:  # the canary's library checks refused it on the cluster: its record says so
+        first = refused[0]
+        print(
+            scrub_text(
+                f"moe_vlm: refused before any work by {first.get('code')}: {first.get('message')}; nothing was run."
+            ),
+            file=sys.stderr,
+        )
+        sys.exit(EXIT_INVALID)
     # Secrets from the environment never reach a record, even through ${oc.env:...}.
     config = scrub(resolved_config(cfg))
     if bad:

@@ -106,6 +106,16 @@ def update_point(point_dir: Path, **changes: Any) -> dict[str, Any]:
     return payload
 
 
+CANARY_POINTS = "points.json"  # in a canary's directory: the points it checks (canary.py --points)
+
+
+def refused(point_dir: Path) -> list[dict[str, Any]]:
+    """point.json's refusals ({code, message}): the sweeper's, or the canary's library checks'.
+    A point with any never starts (moe_vlm/run/task.py)."""
+    found = (read_point(point_dir) or {}).get("refused")
+    return [r for r in found if isinstance(r, dict)] if isinstance(found, list) else []
+
+
 def add_submission(point_dir: Path, submission: dict[str, Any], **changes: Any) -> None:
     """One more submission of the point (its job id becomes the point's), and other `changes`,
     in one write."""

@@ -162,3 +162,19 @@ def test_a_passed_canary_shows_its_summary_and_leaves_its_points_to_slurm(sweep:
     statuses, canaries = snapshot(point_dir.parent)
     assert [(c.state, c.detail) for c in canaries] == [("passed", ok)]
     assert statuses[0].state == "unknown" and not (point_dir / "run.json").exists()
+
+
+def test_a_dry_run_point_the_library_refused_says_why(tmp_path: Path) -> None:
+    """A dry run's point.json `refused` (the sweeper's library checks, issue 31): status names the
+    library's check and its message, not just "its rules would reject it"."""
+    refusal = {"code": "LIB-ARGS", "message": "AssertionError: Must use --overlap-param-gather"}
+    points.write_point(
+        tmp_path / "p",
+        {"point_id": "p", "overrides": [], "config": {"dry_run": True}, "valid": False, "refused": [refusal]},
+    )
+    (row,) = snapshot(tmp_path, record=False)[0]
+    assert row.state == "planned"
+    assert row.detail == (
+        "dry run: planned, not submitted; would be rejected: refused by the library's own check LIB-ARGS: "
+        "AssertionError: Must use --overlap-param-gather"
+    )

@@ -70,6 +70,22 @@ class LibraryFinding:
     def line(self) -> str:
         return f"{self.check.value}: {self.message}{self.where}"
 
+    @property
+    def refuses(self) -> bool:
+        """A refusal by the library (LIB-STACK only says the checks did not run)."""
+        return self.check is not Check.stack
+
+    @property
+    def fix(self) -> str:
+        return STACK_FIX if self.check is Check.stack else LIBRARY_FIX
+
+
+LIBRARY_FIX = (
+    "change the combination; the rule catalogue let it through, so add a rule that cites the library "
+    "line above (moe_vlm/rules/library.py, docs/adding-a-knob.md)"
+)
+STACK_FIX = "install the Megatron stack to run them"
+
 
 class _Ok(Exception):
     """Raised by a probe past the library check it exercises: the check passed."""

@@ -260,9 +260,10 @@ def _cached[T](
     build: Callable[[], T],
     codec: tuple[Callable[[T], Any], Callable[[Any], T]],
     progress: str,
+    keep: Callable[[T], bool] = lambda _value: True,
 ) -> tuple[T, Entry]:
     """build(), or what an earlier build stored for the same inputs. codec: (dump, load), between
-    the value and its JSON form."""
+    the value and its JSON form; a value `keep` refuses is returned, not stored."""
     dump, load = codec
     key, text = _key(parts)
     path = entry_path(kind, parts)
@@ -286,7 +287,7 @@ def _cached[T](
         "payload": dump(value),
     }
     # An entry never holds a secret (the value of a secret environment variable): one that would is not kept.
-    stored = scrub(blob) == blob
+    stored = keep(value) and scrub(blob) == blob
     if stored:
         try:
             write_atomic(path, json.dumps(blob, indent=1) + "\n")
@@ -390,4 +391,6 @@ def library_checks(spec: RunSpec) -> tuple[list[LibraryFinding], Entry]:
         (dump, load),
         "running the library's own checks (Bridge's runtime update, the ViT config, TE, Megatron-LM's "
         "validate_args) on this point",
+        # "The checks did not run here" is not a verdict on the point: the next plan tries again.
+        keep=lambda found: all(f.refuses for f in found),
     )

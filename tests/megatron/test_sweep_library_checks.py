@@ -1,0 +1,110 @@
+"""The library's own checks (LIB-*) judge every point of a sweep, as they judge a one-point dry run
+(hydra_plugins/moe_vlm_sweeper/_planning.py check_library, issue 31)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from hydra_plugins.moe_vlm_sweeper._planning import Point, check_library
+from moe_vlm.engines.megatron.plan_cache import CACHE_ENV
+from moe_vlm.launch.status import refusal_detail
+from moe_vlm.rules import catalogue, validate
+from tests.conftest import make_spec
+from tests.megatron.conftest import needs_stack
+
+GB200 = ("engine=megatron", "cluster=gb200", "model=qwen3_vl_30b_a3b", "nodes=2")
+
+
+def _point(index: int, *overrides: str) -> Point:
+    spec = make_spec(*GB200, *overrides)
+    return Point(index, list(overrides), f"p{index}", {}, spec, validate(spec))
+
+
+@needs_stack
+def test_a_sweep_point_the_rules_let_through_is_rejected_by_the_library(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A combination the catalogue has no rule for (X009, the ported fp64-router refusal, taken
+    out: what a rule nobody wrote yet looks like) is refused by TE's own router check
+    (transformer_engine/pytorch/router.py:345-346), and the sweep rejects that point alone."""
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path))
+    monkeypatch.setattr(catalogue, "CATALOGUE", [r for r in catalogue.CATALOGUE if r.code != "X009"])
+    fp64, fp32 = _point(0, "router.dtype=fp64"), _point(1, "router.dtype=fp32")
+    assert fp64.valid and fp32.valid  # what the sweep planned before issue 31
+    check_library([fp64, fp32], enabled=True, canary=True)
+    assert not fp64.valid and fp32.valid
+    refused = [{"code": f.code, "message": f.message} for f in fp64.findings if f.is_error]
+    assert [r["code"] for r in refused] == ["LIB-ROUTER"]
+    assert "float64" in refused[0]["message"]
+    assert refusal_detail(refused).startswith("refused by the library's own check LIB-ROUTER: ")
+    assert "LIB-STACK" not in capsys.readouterr().err
+    assert sorted(p.name.split("-")[0] for p in (tmp_path / "plan").iterdir()) == ["library", "library"]
+
+
+def test_without_the_stack_one_warning_for_the_sweep_and_nothing_cached(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from moe_vlm.engines.megatron import library_checks
+
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path))
+    monkeypatch.setattr(library_checks, "stack_problem", lambda: "no Megatron here")
+    planned = [_point(0, "mbs=1"), _point(1, "mbs=2")]
+    before = [list(p.findings) for p in planned]
+    check_library(planned, enabled=True, canary=True)
+    err = capsys.readouterr().err
+    assert err.count("LIB-STACK") == 1 and "no Megatron here" in err and "the canary runs them" in err
+    assert [p.findings for p in planned] == before and all(p.valid for p in planned)
+    # "did not run here" is no verdict on the point: the next plan, on a machine with the stack, checks it
+    assert not (tmp_path / "plan").exists() or not list((tmp_path / "plan").glob("library-*"))
+
+
+def test_switched_off_they_are_left_to_the_canary(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from hydra_plugins.moe_vlm_sweeper import _planning
+
+    def never(spec: object) -> list[object]:
+        raise AssertionError("library checks ran")
+
+    monkeypatch.setattr(_planning, "library_findings", never)
+    check_library([_point(0)], enabled=False, canary=False)
+    out = capsys.readouterr().out
+    assert "library_checks=false" in out and "nothing runs them" in out
+
+
+@needs_stack
+def test_the_canary_refuses_a_point_before_it_starts_and_status_says_why(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The canary's pass over its points file (moe_vlm/launch/canary.py check_points), on this
+    machine's stack as it would on the cluster's: the point the library refuses gets a rejected
+    run.json and point.json's `refused` (moe_vlm/run/task.py exits on it before any work), the
+    other is left to start; `moe-vlm status` gives the library's reason."""
+    from moe_vlm.launch.canary import REFUSED_PREFIX, check_points
+    from moe_vlm.launch.status import snapshot
+    from moe_vlm.runtime import points
+
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path / "cache"))
+    monkeypatch.setattr(catalogue, "CATALOGUE", [r for r in catalogue.CATALOGUE if r.code != "X009"])
+    sweep_dir, listed = tmp_path / "sweep", []
+    for name, dtype in (("refused", "fp64"), ("passes", "fp32")):
+        overrides = [*GB200, f"router.dtype={dtype}"]
+        points.write_point(
+            sweep_dir / name,
+            {"point_id": name, "overrides": overrides, "config": {}, "valid": True, "refused": []},
+        )
+        listed.append({"point_dir": str(sweep_dir / name), "overrides": overrides})
+    points_file = tmp_path / points.CANARY_POINTS
+    points_file.write_text(json.dumps({"points": listed}))
+
+    assert check_points(points_file).endswith("2 point(s): 1 refused (they never start)")
+    assert f"{REFUSED_PREFIX} refused: LIB-ROUTER: " in capsys.readouterr().out
+    assert [r["code"] for r in points.refused(sweep_dir / "refused")] == ["LIB-ROUTER"]
+    assert points.refused(sweep_dir / "passes") == [] and not (sweep_dir / "passes" / "run.json").exists()
+    rows = {s.point_id: s for s in snapshot(sweep_dir, record=False)[0]}
+    assert rows["refused"].state == "rejected"
+    assert rows["refused"].detail.startswith("refused by the library's own check LIB-ROUTER: ")
+    assert "float64" in rows["refused"].detail
