@@ -515,7 +515,7 @@ def summary(
         out += card[:2]
     blocked = unplannable(findings)
     if blocked:
-        out.append(f"not planned    {blocked}")
+        out.append(f"not planned: {blocked}")
     else:
         lay = spec.layout
         nvlink = (

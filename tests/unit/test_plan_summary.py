@@ -47,7 +47,7 @@ def dry_run(tmp_path: Path, *overrides: str, cache: Path | None = None) -> subpr
         env=env,
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=900,  # the first plan of a GPU point imports Megatron: a minute on a busy machine
     )
 
 
