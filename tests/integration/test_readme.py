@@ -150,7 +150,7 @@ def run_readme(tmp_path: Path, env: dict[str, str]) -> None:
             env=env,
             capture_output=True,
             text=True,
-            timeout=600,
+            timeout=1800,  # minutes on an idle machine; a loaded one (load 13 on 2 cores) took 25 for the sweep
         )
         out = done.stdout + done.stderr
         lines = out.splitlines()
