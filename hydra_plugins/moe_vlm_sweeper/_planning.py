@@ -42,6 +42,7 @@ from hydra.types import HydraContext
 from omegaconf import DictConfig, OmegaConf
 
 from hydra_plugins.moe_vlm_sweeper import _halving as halving
+from moe_vlm.base import noise
 from moe_vlm.base.errors import EXIT_INVALID, BadInput
 from moe_vlm.base.provenance import git_state
 from moe_vlm.base.safety import scrub, scrub_text, secret_values
@@ -403,8 +404,16 @@ class Planner:
         if len(dry) > COMPACT_ABOVE and not full:
             self.print_compact_dry_run(dry, sweep_dir)
             return
-        for section in self.plans(dry, sweep_dir, deep=True):
+        # The libraries' own output while the plans build (Megatron log lines, warnings) stays off
+        # the console, as a single plan's does (moe_vlm/base/noise.py); dry_run=full prints it.
+        with noise.captured(not full) as library_output:
+            sections = list(self.plans(dry, sweep_dir, deep=True))
+        for section in sections:
             print(section)
+        if library_output:
+            print(
+                f"moe_vlm: {len(library_output)} line(s) of library output while planning, not shown (dry_run=full shows them)"
+            )
         rejected = sum(not p.valid for p in dry)
         print(
             f"moe_vlm: dry run: {len(dry)} point(s), {len(dry) - rejected} valid, "

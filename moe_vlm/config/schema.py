@@ -546,7 +546,9 @@ class TrainConfig(RunKnobs):
     )
     # false | true | full (DryRun): a bool before `full` existed, so typed Any; dry_run_mode checks it.
     dry_run: Any = knob(
-        False, "true: compose, validate and print the plan, train nothing; full: every plan in full"
+        False,
+        "true: compose, validate, print the plan on one screen (plan.txt holds all), train nothing; "
+        "full: every plan in full",
     )
     gbs: int | None = knob(None, "global batch; null = model default rounded up to a multiple of MBS x DP")
     seq_length: int | None = knob(None, "null = model default")

@@ -443,3 +443,123 @@ def verdict_lines(findings: list[Finding]) -> list[str]:
         else f"VALID, with {len(findings)} warning(s):"
     )
     return [head, *(f"  {f.brief()}" for f in findings)]
+
+
+# A plan printed by default fits one screen of 40 lines: 36 here, and the first time the stack is
+# checked, up to 3 progress lines on stderr (tests/unit/test_plan_summary.py counts both).
+SUMMARY_LINES = 36
+PLAN_TEXT = "plan.txt"  # the whole plan, as dry_run=full prints it, beside plan.json
+
+
+def _memory_summary(found: MemoryEstimate | str) -> str:
+    if isinstance(found, str):
+        return f"memory         not estimated: {found}"
+    largest = sorted(found.terms, key=lambda t: -t.bytes)[:3]
+    terms = ", ".join(f"{t.name} {t.gib:.2f}" for t in largest)
+    where = "GPU" if found.device == "gpu" else "rank (peak RSS)"
+    if found.capacity_gib is None:
+        return f"memory         {found.total_gib:.2f} GiB per {where}; largest: {terms} GiB"
+    verdict = "FITS" if found.fits else "DOES NOT FIT"
+    return (
+        f"memory         {found.total_gib:.2f} of {found.capacity_gib:.1f} GiB per {where} -> {verdict} "
+        f"({found.headroom_fraction or 0.0:.0%} headroom); largest: {terms} GiB"
+    )
+
+
+def _prediction_summary(found: Prediction | str) -> list[str]:
+    if isinstance(found, str) or found.step_time_s is None:
+        return [f"predicted      not predicted: {found if isinstance(found, str) else found.note}"]
+    tokens = found.effective_tokens_per_s_per_gpu
+    mfu = "no MFU (no peak declared)" if found.mfu is None else f"MFU {found.mfu:.1%} vs {found.peak_name}"
+    return [
+        f"predicted      step {found.step_time_s:.4g} s {found.range_text(found.step_time_s, '.4g', ' s')}"
+        + ("" if tokens is None else f", {tokens:,.0f} effective tokens/s/{found.unit}"),
+        f"               {mfu}; {found.source}",
+    ]
+
+
+def _megatron_summary(spec: RunSpec, findings: list[Finding], got: Gathered) -> list[str]:
+    recipe = select_recipe(spec)
+    lines = [f"bridge recipe  {recipe.name if recipe else 'none for model arch ' + spec.model.arch}"]
+    if recipe is not None:
+        lines.append(
+            f"               {len(bridge_overrides(spec))} fields set from moe_vlm/knobs/bridge_fields.py"
+        )
+    if any(f.is_error for f in findings):
+        return [*lines, "stack          not checked: the plan is INVALID"]
+    if not got.deep or got.stack is None:
+        return [*lines, f"stack          {SHALLOW_NOTE}"]
+    probes, _entry = got.stack
+    missing = [p for p in probes if not p.ok]
+    lines.append(
+        f"stack          every one of {len(probes)} modules imports here"
+        if not missing
+        else f"stack          {len(missing)} of {len(probes)} modules do not import here "
+        f"({', '.join(p.module.label for p in missing)}): a run here stops before distributed init; "
+        "the cluster's container must hold them"
+    )
+    effective = got.effective
+    lines.append(
+        f"effective      not built here: {effective}"[:200]
+        if isinstance(effective, str)
+        else "effective      Bridge's configuration after its runtime update: built here (see the whole plan)"
+    )
+    return lines
+
+
+def summary(
+    spec: RunSpec,
+    findings: list[Finding],
+    got: Gathered,
+    where: str,
+    library_output: int = 0,
+) -> str:
+    """The plan on one screen (at most SUMMARY_LINES lines): the knobs, layout, memory, prediction,
+    the findings in brief, where the whole plan is, and the verdict; render() is the whole plan
+    (dry_run=full prints it, plan.txt holds it). `where`: the run directory holding plan.json."""
+    knobs = [
+        *textwrap.wrap(" ".join(f"{group}={choice}" for group, choice in choices(spec).items()), 110),
+        f"engine={spec.engine} nodes={spec.layout.nodes} mbs={spec.mbs} gbs={spec.gbs} "
+        f"seq_length={spec.seq_length} train_iters={spec.train_iters}",
+    ]
+    out = ["== moe_vlm plan (the whole plan: dry_run=full) ==", *knobs]
+    recipe, card = recipe_lines(spec), card_lines(spec)
+    if recipe:
+        out += [
+            recipe[0],
+            *(line for line in recipe[1:2] if "this run changes" in line or "every knob" in line),
+        ]
+    if card:
+        out += card[:2]
+    blocked = unplannable(findings)
+    if blocked:
+        out.append(f"not planned: {blocked}")
+    else:
+        lay = spec.layout
+        nvlink = (
+            f"; EP x TP {'inside' if lay.ep_tp_inside_nvlink else 'OUTSIDE'} NVLink"
+            if spec.cluster.is_gpu_cluster
+            else ""
+        )
+        out += [
+            f"layout         {lay.world_size} rank(s) = {lay.nodes} node(s) x {lay.ranks_per_node}; "
+            f"TP={lay.tp} PP={lay.pp} VP={lay.vp} CP={lay.cp} DP={lay.dp}; EP={lay.ep} ETP={lay.etp}{nvlink}",
+            f"batch          GBS={spec.gbs} = MBS {spec.mbs} x DP {lay.dp} x {spec.accumulation_steps} "
+            f"accumulation step(s); seq_length={spec.seq_length}",
+            _memory_summary(got.memory),
+            *_prediction_summary(got.prediction),
+        ]
+        if not isinstance(got.basis, str):
+            out.append(f"flops basis    {got.basis.lines()[0].strip()}")
+        if spec.engine == Engine.megatron:
+            out += _megatron_summary(spec, findings, got)
+    if library_output:
+        out.append(
+            f"library        {library_output} line(s) of library output kept in plan.json (library_output)"
+        )
+    out.append(f"plan           {where}/plan.json (values), {where}/{PLAN_TEXT} (the whole plan as text)")
+    verdict = verdict_lines(findings)
+    room = SUMMARY_LINES - len(out) - 1
+    if len(verdict) > room:  # very many findings: the rest are in plan.json and plan.txt
+        verdict = [*verdict[: room - 1], f"  ... and {len(verdict) - room + 1} more in plan.txt"]
+    return "\n".join([*out, "", *verdict])

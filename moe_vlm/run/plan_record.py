@@ -119,6 +119,9 @@ class Plan:
     bridge: PlanBridge | None  # engine=megatron only
     prediction: dict[str, Any] | None = None  # moe_vlm.predict.model.Prediction.to_json()
     prediction_note: str | None = None  # why there is no prediction
+    # What the libraries printed while the plan ran their checks (warnings, log lines): kept here,
+    # off the console (moe_vlm/base/noise.py captured).
+    library_output: list[str] = field(default_factory=list)
 
     @property
     def valid(self) -> bool:
@@ -237,7 +240,9 @@ def _bridge_of(spec: RunSpec, got: Gathered, invalid: bool) -> PlanBridge:
     )
 
 
-def plan_of(spec: RunSpec, findings: list[Finding], got: Gathered) -> Plan:
+def plan_of(
+    spec: RunSpec, findings: list[Finding], got: Gathered, library_output: list[str] | None = None
+) -> Plan:
     """The typed plan of one point, from the values its printed plan shows."""
     invalid = any(f.is_error for f in findings)
     resolved = spec.to_dict()
@@ -263,4 +268,5 @@ def plan_of(spec: RunSpec, findings: list[Finding], got: Gathered) -> Plan:
         bridge=_bridge_of(spec, got, invalid) if spec.engine == Engine.megatron else None,
         prediction=None if isinstance(got.prediction, str) else got.prediction.to_json(),
         prediction_note=got.prediction if isinstance(got.prediction, str) else None,
+        library_output=list(library_output or []),
     )

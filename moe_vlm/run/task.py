@@ -14,15 +14,17 @@ from typing import Any
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
+from moe_vlm.base import noise
 from moe_vlm.base.errors import EXIT_FAILED, EXIT_INVALID, EngineUnavailable, RunFailed
-from moe_vlm.base.files import RUN_JSON
+from moe_vlm.base.files import RUN_JSON, write_atomic
 from moe_vlm.base.safety import scrub, scrub_files, scrub_text
+from moe_vlm.config.schema import DryRun, dry_run_mode
 from moe_vlm.config.spec import RunSpec
 from moe_vlm.data import DataError, check_data
 from moe_vlm.engines import launch
 from moe_vlm.record.records import RUNNING, RunRecord
-from moe_vlm.rules import errors, validate
-from moe_vlm.run.plan import gather, library_findings, render, shape_check
+from moe_vlm.rules import Finding, errors, validate
+from moe_vlm.run.plan import PLAN_TEXT, gather, library_findings, render, shape_check, summary
 from moe_vlm.run.plan_record import plan_of
 from moe_vlm.runtime import points
 from moe_vlm.runtime.dist_env import global_rank
@@ -36,21 +38,28 @@ def resolved_config(cfg: DictConfig) -> dict[str, Any]:
     return {str(k): v for k, v in plain.items()}
 
 
+def plan(spec: RunSpec, findings: list[Finding], full: bool) -> None:
+    """The dry run: the plan on one screen (full: the whole plan, library output included, as
+    before); plan.json and plan.txt in the run directory hold everything either way."""
+    run_dir = Path(HydraConfig.get().runtime.output_dir)
+    with noise.captured(not full) as library_output:
+        if not errors(findings):  # the library's own checks judge what the rules let through (megatron)
+            findings = [*findings, *library_findings(spec), *shape_check(spec)]
+        got = gather(spec, findings)
+    whole = scrub_text(render(spec, findings, gathered=got))  # a data path may hold an ${oc.env:...} secret
+    plan_of(spec, findings, got, [scrub_text(line) for line in library_output]).write(run_dir, scrub)
+    write_atomic(run_dir / PLAN_TEXT, whole + "\n")
+    print(whole if full else scrub_text(summary(spec, findings, got, str(run_dir), len(library_output))))
+    if errors(findings):
+        sys.exit(EXIT_INVALID)
+
+
 def run(cfg: DictConfig) -> None:
     spec = RunSpec.from_config(cfg)
     findings = validate(spec)
     bad = errors(findings)
     if spec.dry_run:
-        if not bad:  # the library's own checks judge what the rules let through (engine=megatron)
-            findings = [*findings, *library_findings(spec), *shape_check(spec)]
-            bad = errors(findings)
-        got = gather(spec, findings)
-        print(
-            scrub_text(render(spec, findings, gathered=got))
-        )  # a data path may hold an ${oc.env:...} secret
-        plan_of(spec, findings, got).write(Path(HydraConfig.get().runtime.output_dir), scrub)
-        if bad:
-            sys.exit(EXIT_INVALID)
+        plan(spec, findings, full=dry_run_mode(cfg.get("dry_run")) is DryRun.full)
         return
 
     for finding in findings:

@@ -71,7 +71,14 @@ def test_the_second_dry_run_command_reads_both_sections_from_the_cache(tmp_path:
     }
 
     def dry_run() -> subprocess.CompletedProcess[str]:
-        command = [sys.executable, str(REPO / "train.py"), *POINT, f"hydra.run.dir={tmp_path / 'out'}"]
+        # dry_run=full: the whole plan, which says where each section came from (true: one screen)
+        command = [
+            sys.executable,
+            str(REPO / "train.py"),
+            *POINT,
+            "dry_run=full",
+            f"hydra.run.dir={tmp_path / 'out'}",
+        ]
         done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
         assert done.returncode == 0, done.stderr[-3000:]
         return done

@@ -190,7 +190,7 @@ def test_null_is_accepted_where_it_is_the_default(group: str, tmp_path: Path) ->
 def test_dry_run_prints_the_plan(tmp_path: Path) -> None:
     done = train(
         "parallelism=fsdp", "dispatcher=hybridep", "cluster=gb200", "model=qwen3_vl_235b_a22b", "nodes=16",
-        "dry_run=true", cwd=tmp_path,
+        "dry_run=full", cwd=tmp_path,  # the whole plan: every Bridge field (dry_run=true: one screen)
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     out = done.stdout

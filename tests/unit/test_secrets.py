@@ -218,7 +218,8 @@ def test_help_and_cfg_do_not_echo_a_credential() -> None:
     "args",
     [
         ["data=real", "data.path=/data/${oc.env:MOE_VLM_TEST_TOKEN}", "train_iters=4"],
-        ["data=real", "data.path=/data/${oc.env:MOE_VLM_TEST_TOKEN}", "dry_run=true"],
+        # full: the whole plan, which prints data.path (dry_run=true's one screen does not)
+        ["data=real", "data.path=/data/${oc.env:MOE_VLM_TEST_TOKEN}", "dry_run=full"],
         ["-m", "data=real", "data.path=/data/${oc.env:MOE_VLM_TEST_TOKEN}", "mbs=1,2"],
     ],
     ids=["run", "dry-run", "sweep"],

@@ -40,6 +40,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from moe_vlm.base import noise
 from moe_vlm.base.files import write_atomic
 from moe_vlm.base.safety import scrub
 from moe_vlm.config.spec import RunSpec
@@ -274,8 +275,10 @@ def _cached[T](
             return load(entry["payload"]), Entry(what, path, True, float(entry["built_unix_s"]), libraries)
         except (KeyError, TypeError, ValueError, AttributeError):
             pass  # a damaged entry: rebuilt below
-    print(
-        f"moe_vlm: {progress} (first time for this configuration; cached after)", file=sys.stderr, flush=True
+    print(  # to the console even while a plan captures the library's output (base/noise.py)
+        f"moe_vlm: {progress} (first time for this configuration; cached after)",
+        file=noise.progress(),
+        flush=True,
     )
     value = build()
     built = time.time()
