@@ -10,7 +10,7 @@ sweep fails before anything is launched.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import yaml
@@ -135,7 +135,7 @@ def _not_an_option(overrides: list[str]) -> str | None:
     return None
 
 
-def _pick(group: str, typed: str, options: list[str]) -> str:
+def _pick(group: str, typed: str, options: Sequence[str]) -> str:
     """The fix for a group option that does not exist: the option it looks like or is closest to
     (hybrIdep -> hybridep), else any one of them."""
     near = meant(typed, options)
