@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from moe_vlm.rules import CATALOGUE, validate
@@ -316,6 +318,25 @@ def test_a_recipe_changed_without_raising_the_predicted_peak_is_not_refused() ->
         assert "M001" not in found and not found["M003"].is_error, change
         assert "qwen35_vl_35b_a3b_pretrain_8gpu_gb300_bf16 (our estimate for it" in found["M003"].message
     assert "M001" in codes(recipe, "data=synthetic")
+
+
+def test_the_recipe_as_written_is_a_typed_value_the_rule_reads() -> None:
+    """The recipe-as-written estimate M001/M003 compare with comes from knobs/recipes.py (issue 32
+    review): the same number as estimating the recipe's own option, and the rule composes no config."""
+    import ast
+
+    from moe_vlm.knobs.recipes import RecipeMemory, recipe_memory
+    from moe_vlm.perf.memory import estimate
+    from moe_vlm.rules import memory as memory_rules
+
+    recipe = "recipe=qwen35_vl_35b_a3b_pretrain_8gpu_gb300_bf16"
+    found = recipe_memory(make_spec(recipe, "train_iters=20"))
+    written = estimate(make_spec(recipe))
+    assert found == RecipeMemory(recipe.split("=")[1], written.total_gib, 268.2)
+    assert recipe_memory(make_spec("model=qwen35_vl_35b_a3b")) is None
+    tree = ast.parse(Path(memory_rules.__file__).read_text())
+    imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+    assert "moe_vlm.config.compose" not in imported
 
 
 def test_fp8_dispatch_is_never_silently_dropped() -> None:
