@@ -10,17 +10,50 @@ from __future__ import annotations
 
 import argparse
 import enum
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from omegaconf import OmegaConf
 
+from moe_vlm.config.compose import compose_config
 from moe_vlm.config.schema import CONF_DIR
 from moe_vlm.config.spec import RunSpec
+from moe_vlm.config.vendor import vendor_recipe
+from moe_vlm.perf.memory import estimate
 from moe_vlm.record.columns import identity_field
 
 RECIPE_DIR = CONF_DIR / "recipe"
+
+
+@dataclass(frozen=True)
+class RecipeMemory:
+    """Our per-GPU memory estimate for a Bridge perf recipe run unchanged: a size the vendor ran."""
+
+    recipe: str
+    total_gib: float
+    capacity_gib: float
+
+
+def recipe_memory(spec: RunSpec) -> RecipeMemory | None:
+    """The estimate for the recipe this run names (recipe=<name>), as written; None without one or
+    where the recipe as written cannot be estimated here (no GPU cluster)."""
+    name = vendor_recipe(spec)
+    return None if name is None else _recipe_memory(name)
+
+
+@functools.cache
+def _recipe_memory(name: str) -> RecipeMemory | None:
+    # The recipe's own option, composed once per recipe and process: every point of a sweep on the
+    # same recipe shares it, and the rules that compare with it read this typed value.
+    written = RunSpec.from_config(compose_config([f"recipe={name}"]))
+    if not written.cluster.is_gpu_cluster or written.cluster.gpu_memory_gib <= 0:
+        return None
+    found = estimate(written)
+    if found.capacity_gib is None:
+        return None
+    return RecipeMemory(name, found.total_gib, found.capacity_gib)
 
 
 def knob_of_group(group: str) -> str:

@@ -355,31 +355,42 @@ def bridge_vision_forward(model: ModelConfig, workload: Workload, rows: int) -> 
 
 
 def bridge_rows(workload: Workload) -> int:
-    """The batch_size Bridge's train loop passes: DP x MBS x micro-batches = GBS rows
-    (training/train.py:570), which is the step's sequences on the Megatron engine (it never packs:
-    rule A008)."""
-    return workload.sequences
+    """The batch_size Bridge's train loop passes: DP x MBS x micro-batches = GBS (training/train.py:570),
+    whatever the packing: the step's sequences unpacked, its samples when in-batch packing put several
+    in one row."""
+    return workload.samples if workload.packed else workload.sequences
+
+
+def bridge_statistics(workload: Workload) -> Workload:
+    """The step as Bridge's FLOPs accumulator gathers it (training/vlm_step.py:262-276,
+    training/utils/flop_utils.py:318-333): seqlen_sum = every position of the rows (MBS x row width,
+    padding included); seqlen_sq_sum = the sum over cu_seqlens' sub-sequences of s_i^2, the unpadded
+    ones preferred (_real_subseq_lengths). Unpacked, qwen3_vl_step's cu_seqlens are whole rows: row^2
+    per row. Packed (in-batch), they are the samples: each sample's real length squared, not the
+    packed row's (which overstates attention by the row / sample ratio)."""
+    rows = bridge_rows(workload)
+    positions = workload.padded_tokens
+    whole = round(positions**2 / rows) if rows else 0
+    squares = workload.sum_seq_len_squared if workload.packed else whole
+    return Workload(
+        sequences=rows,
+        padded_tokens=positions,
+        real_tokens=positions,
+        sum_seq_len_squared=squares,
+        vision_patches=workload.vision_patches,
+        sum_patches_squared=workload.sum_patches_squared,
+    )
 
 
 def bridge_count(spec: RunSpec, workload: Workload) -> float:
     """The FLOPs Bridge logs for this step (``num_floating_point_operations``, flop_utils.py:425-1271).
 
-    qwen3_vl_step pads every row to one length (seq_length when EP > 1 or PP > 1) and hands
-    cu_seqlens of whole rows to the FLOPs accumulator (qwen3_vl_step.py:183-197, 282-288), so the
-    decoder count is of padded positions, its attention of (row length)^2 per row; the logits run
-    over the vocabulary padded to 128 x TP; every term is x3 (forward + backward) whatever is
-    frozen. tests/megatron/test_flops_basis.py calls the library's function on the real
-    ConfigContainer and checks this figure against it."""
+    The decoder count is of every position Bridge's accumulator sees (bridge_statistics), its
+    attention of the sub-sequences' squares; the logits run over the vocabulary padded to 128 x TP;
+    every term is x3 (forward + backward) whatever is frozen. tests/megatron/test_flops_basis.py
+    calls the library's function on the real ConfigContainer and checks this figure against it."""
     rows = bridge_rows(workload)
-    positions = workload.padded_tokens
-    whole_rows = Workload(
-        sequences=rows,
-        padded_tokens=positions,
-        real_tokens=positions,
-        sum_seq_len_squared=round(positions**2 / rows) if rows else 0,
-        vision_patches=workload.vision_patches,
-        sum_patches_squared=workload.sum_patches_squared,
-    )
+    whole_rows = bridge_statistics(workload)
     padded_vocab = padded_vocab_size(spec.model.vocab_size, spec.layout.tp)
     decoder = decoder_forward(spec.model, whole_rows, padded_vocab).as_forward().total
     return 3.0 * (decoder + bridge_vision_forward(spec.model, workload, rows))

@@ -24,7 +24,7 @@ side by side for two runs.
 from __future__ import annotations
 
 import functools
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from moe_vlm.config.schema import DataKind, Packing
@@ -35,10 +35,12 @@ from moe_vlm.config.vendor import (
     BRIDGE_MOCK_REAL_TOKENS,
     is_bridge_mock,
 )
+from moe_vlm.data.bridge_mock import bridge_mock
 from moe_vlm.perf.flops import (
     Workload,
     bridge_count,
     bridge_rows,
+    bridge_statistics,
     bridge_vision_forward,
     decoder_forward,
     padded_vocab_size,
@@ -137,10 +139,27 @@ def _synthetic_moments(
     )
 
 
+def _bridge_mock_packed_shape() -> SampleShape:
+    """Bridge's mock with in-batch packing: its 1,000 base examples' own lengths (10-99 answer words,
+    mock_vlm_sft.py:110, replayed by moe_vlm/data/bridge_mock.py), not the padded mock's 232. Each
+    sample is packed unpadded (in_batch_packing_pad_to_multiple_of 1, mock_vlm_sft.py:59); CP/SP
+    alignment padding is not counted here."""
+    mock = bridge_mock(Packing.in_batch)
+    lengths = [mock.real_tokens(i) for i in range(mock.base_examples)]
+    mean = sum(lengths) / len(lengths)
+    squares = sum(n * n for n in lengths) / len(lengths)
+    patches = BRIDGE_MOCK_PATCHES
+    return SampleShape(
+        mean, mean, squares, BRIDGE_MOCK_IMAGES, patches, patches**2, "Bridge's mock VLM SFT sample, packed"
+    )
+
+
 def expected_shape(spec: RunSpec) -> SampleShape | str:
     """The average sample this run will see, or why it is not known before the run."""
     seq = spec.seq_length
     if spec.data.packing is not Packing.none:
+        if is_bridge_mock(spec):
+            return _bridge_mock_packed_shape()
         return "packed rows: per-row real tokens are the packing accounting's (known after the run)"
     if is_bridge_mock(spec):  # the hook until data=bridge_mock states its shape (moe_vlm/config/vendor.py)
         real, patches = BRIDGE_MOCK_REAL_TOKENS, BRIDGE_MOCK_PATCHES
@@ -175,6 +194,13 @@ class FlopsBasis:
     bridge_flops: float
     model_flops: float
     terms: tuple[BasisTerm, ...]
+    # What recomputes both counts' attention by hand (records before issue 32 lack them): the step's
+    # positions, the sum of squares Bridge's attention term uses (whole rows: row^2 each; packed: each
+    # sample's real length^2) and ours (each sample's real length^2), and whether rows were packed.
+    packed: bool = False
+    positions_per_step: float = 0.0
+    bridge_sum_squares: float = 0.0
+    real_sum_squares: float = 0.0
 
     @property
     def real_fraction(self) -> float:
@@ -185,7 +211,12 @@ class FlopsBasis:
         return self.model_flops / self.bridge_flops if self.bridge_flops else 0.0
 
     def headline(self) -> str:
-        return (
+        packed = (
+            "packed rows (Bridge: batch = GBS samples, attention over each sample's length^2): "
+            if self.packed
+            else ""
+        )
+        return packed + (
             f"{self.positions_per_sample:,.0f} positions/sample, {self.real_tokens_per_sample:,.0f} real "
             f"({self.real_fraction:.1%}); useful model FLOPs = {self.useful_fraction:.1%} of Bridge's count"
         )
@@ -239,7 +270,7 @@ def flops_basis(
     after_padding = real_decoder + bridge_vision
     after_vocab = unpadded_vocab + bridge_vision
     after_vision = unpadded_vocab + our_vision
-    sequences = max(workload.sequences, 1)
+    sequences = max(rows, 1)
     terms = (
         BasisTerm(
             "padding",
@@ -269,6 +300,10 @@ def flops_basis(
         bridge_flops=bridge,
         model_flops=ours,
         terms=terms,
+        packed=workload.packed,
+        positions_per_step=float(workload.padded_tokens),
+        bridge_sum_squares=float(bridge_statistics(workload).sum_seq_len_squared),
+        real_sum_squares=float(workload.sum_seq_len_squared),
     )
 
 
@@ -287,7 +322,11 @@ def _expected_basis(spec: RunSpec) -> FlopsBasis | str:
         return shape
     if spec.gbs <= 0:
         return "no batch (GBS 0)"
-    return flops_basis(spec, shape.step(spec.gbs), shape.source, shape.images)
+    step = shape.step(spec.gbs)
+    if spec.data.packing is not Packing.none:
+        # MBS samples a row: GBS samples in GBS / MBS rows, attention within each sample.
+        step = replace(step, sequences=max(spec.gbs // max(spec.mbs, 1), 1), samples=spec.gbs)
+    return flops_basis(spec, step, shape.source, shape.images)
 
 
 def basis_lines(spec: RunSpec, basis: FlopsBasis | str | None = None) -> list[str]:

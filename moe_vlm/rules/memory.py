@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Iterator
 
-from moe_vlm.config.compose import compose_config
 from moe_vlm.config.spec import RunSpec
 from moe_vlm.config.vendor import vendor_recipe
 from moe_vlm.knobs.cards import row_as_run
-from moe_vlm.knobs.recipes import changes
+from moe_vlm.knobs.recipes import changes, recipe_memory
 from moe_vlm.perf.memory import (
     GPU_ESTIMATE_UNCERTAINTY,
     THIN_HEADROOM_FRACTION,
@@ -95,12 +93,6 @@ def _vendor_runs_it(spec: RunSpec, found: MemoryEstimate, published: str) -> Vio
     )
 
 
-@functools.cache
-def _recipe_as_written(name: str) -> MemoryEstimate | None:
-    """The estimate for `recipe=<name>` unchanged: a configuration the vendor ran and measured."""
-    return estimate_or_none(RunSpec.from_config(compose_config([f"recipe={name}"])))
-
-
 def _published_as_written(spec: RunSpec) -> str | None:
     """What ran this configuration, where the run reproduces a Bridge perf recipe unchanged or a
     card row changed only where its option says why, or changes a recipe without raising the
@@ -112,20 +104,19 @@ def _published_as_written(spec: RunSpec) -> str | None:
         return f"{recipe} is Bridge's own perf recipe, run by the vendor"
     if row_as_run(spec):
         return f"card row {spec.card.row} ({spec.card.source}) published a figure"
-    if recipe is not None:
-        ours, theirs = estimate_or_none(spec), _recipe_as_written(recipe)
-        if (
-            ours is not None
-            and theirs is not None
-            and ours.capacity_gib is not None
-            and theirs.capacity_gib is not None
-            and ours.total_gib <= theirs.total_gib
-            and ours.capacity_gib >= theirs.capacity_gib
-        ):
-            return (
-                f"{recipe} (our estimate for it: {theirs.total_gib:.1f} GiB, no less than this run's) was run "
-                "by the vendor"
-            )
+    theirs = recipe_memory(spec)
+    ours = estimate_or_none(spec)
+    if (
+        theirs is not None
+        and ours is not None
+        and ours.capacity_gib is not None
+        and ours.total_gib <= theirs.total_gib
+        and ours.capacity_gib >= theirs.capacity_gib
+    ):
+        return (
+            f"{theirs.recipe} (our estimate for it: {theirs.total_gib:.1f} GiB, no less than this run's) was run "
+            "by the vendor"
+        )
     return None
 
 

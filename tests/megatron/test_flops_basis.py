@@ -95,3 +95,58 @@ def test_bridge_count_of_a_ragged_step_at_one_ep_rank(recipes: RecipeCache, engi
         sum_patches_squared=16 * 1024**2,
     )
     assert bridge_count(spec, step) == pytest.approx(library_count(cfg, 16, step, 3000), rel=1e-9)
+
+
+@pytest.mark.parametrize("overrides", POINTS[:2], ids=lambda o: o[0].split("=")[1])
+def test_packed_bridge_count_is_the_librarys(
+    recipes: RecipeCache, engine_environment: Any, overrides: tuple[str, ...]
+) -> None:
+    """Packed rows (in-batch, MBS samples a row): Bridge's accumulator, run here on CPU with each row's
+    cu_seqlens (flop_utils.py accumulate_flops_metadata), counts attention as the samples' squares, and
+    its train loop passes batch_size = GBS. Ours must be that figure, not the row^2 one (issue 32)."""
+    import torch
+    from megatron.bridge.training.utils.flop_utils import (
+        _accumulator_to_int,
+        accumulate_flops_metadata,
+        num_floating_point_operations,
+    )
+
+    from moe_vlm.data.bridge_mock import BRIDGE_MOCK_PACKED
+
+    spec, cfg = runtime_updated(recipes, engine_environment, *overrides)
+    lengths = [BRIDGE_MOCK_PACKED.real_tokens(i) for i in range(spec.gbs)]
+    state = type("State", (), {})()
+    for start in range(0, spec.gbs, spec.mbs):
+        row = lengths[start : start + spec.mbs]
+        cu = torch.tensor([0, *torch.tensor(row).cumsum(0).tolist()], dtype=torch.int32)
+        accumulate_flops_metadata(state, torch.zeros(1, sum(row), dtype=torch.long), cu_seqlens=cu)
+    seqlen_sum = _accumulator_to_int(state._flops_seqlen_sum)
+    squares = _accumulator_to_int(state._flops_seqlen_sq_sum)
+    assert seqlen_sum == sum(lengths) and squares == sum(s * s for s in lengths)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        library = float(
+            num_floating_point_operations(
+                cfg,
+                batch_size=spec.gbs,
+                seqlen_sum=seqlen_sum,
+                seqlen_squared_sum=squares,
+                num_vision_patches=0,
+            )
+        )
+    step = Workload(
+        sequences=spec.gbs // spec.mbs,
+        padded_tokens=sum(lengths),
+        real_tokens=sum(lengths),
+        sum_seq_len_squared=squares,
+        vision_patches=0,
+        sum_patches_squared=0,
+        samples=spec.gbs,
+    )
+    assert bridge_count(spec, step) == pytest.approx(library, rel=1e-9)
+    # The row^2 count the project assumed before: packed rows as if one sequence each.
+    as_rows = Workload(step.sequences, step.padded_tokens, step.real_tokens, 0, 0, 0)
+    REPORT.append(
+        f"packed Bridge count {spec.model.name} (GBS {spec.gbs}, MBS {spec.mbs} samples a row): the library's "
+        f"{library / 1e15:.3f} PFLOP/step = ours; row^2 would say {bridge_count(spec, as_rows) / 1e15:.3f}"
+    )

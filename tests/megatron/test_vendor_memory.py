@@ -141,7 +141,7 @@ def test_the_combine_keeps_no_expert_output() -> None:
     megatron-core 0.19 multiplies the routing probs inside the experts' activation (experts.py:807-886)
     and calls unpermute WITHOUT probs (token_dispatcher.py:884-891 all-to-all, 1451-1458 flex/HybridEP).
     Run on CPU, the library's unpermute then keeps no floating-point tensor for backward; with probs it
-    would keep the k x h expert output (what moe_vlm/perf/memory/megatron_saved.py still counts)."""
+    would keep the k x h expert output (megatron_saved.py counted it until issue 32)."""
     import torch
     from megatron.core.transformer.moe.moe_utils import permute, unpermute
 
@@ -165,12 +165,6 @@ def test_the_combine_keeps_no_expert_output() -> None:
     )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="moe_vlm/perf/memory/megatron_saved.py still counts the expert output for a prob-weighted combine "
-    "(k x h x 2 B per token per MoE layer: 32 KiB of Qwen3.5's 163); kept until GPU calibration confirms "
-    "(docs/memory-and-advisor.md). Remove this mark when the table drops it.",
-)
 def test_our_table_matches_the_combine_as_run() -> None:
     from moe_vlm.perf.memory.megatron_saved import megatron_layer_saved
     from tests.conftest import make_spec

@@ -115,3 +115,36 @@ def test_diff_rows_show_every_term() -> None:
         assert f"- {term} (PFLOP/step)" in names
     assert "Bridge's count (PFLOP/step)" in names and "ours / Bridge" in names
     assert diff_rows({}, {}) == []
+
+
+def test_packed_bridge_mock_basis_counts_samples_as_bridge_does() -> None:
+    """data=bridge_mock packed: the plan's basis is Bridge's packed mock (10-99 answer words: 212 + 54.6
+    = 267 real tokens a sample over its 1,000 examples, not the padded mock's 232), Bridge's batch is GBS samples and its attention the samples'
+    squares; run.json's fields recompute Bridge's attention term by hand (issue 32)."""
+    from moe_vlm.config.arch import attention_shape
+    from moe_vlm.data.bridge_mock import BRIDGE_MOCK_PACKED
+    from moe_vlm.perf.flops import layer_counts
+    from moe_vlm.perf.flops_basis import expected_basis
+
+    spec = make_spec(
+        "engine=megatron", "model=qwen3_vl_30b_a3b", "cluster=gb200", "nodes=2", "parallelism=3d", "ep=8",
+        "data=bridge_mock", "data.packing=in_batch", "mbs=4", "gbs=512",
+    )  # fmt: skip
+    basis = expected_basis(spec)
+    assert not isinstance(basis, str)
+    lengths = [BRIDGE_MOCK_PACKED.real_tokens(i) for i in range(1000)]
+    mean = sum(lengths) / 1000
+    assert 266 < mean < 268 and basis.real_tokens_per_sample == pytest.approx(mean, abs=0.01)
+    assert basis.packed and basis.rows == 512 and "packed rows" in basis.headline()
+    record = basis.to_dict()
+    assert record["bridge_sum_squares"] == record["real_sum_squares"]
+    assert record["bridge_sum_squares"] == pytest.approx(512 * sum(n * n for n in lengths) / 1000, abs=1)
+    # By hand: Bridge's attention term = 3 x 2 x q x full-attention layers x its sum of squares,
+    # which row^2 (4 samples a row) would overstate by about 4x.
+    model = spec.model
+    per_square = 3 * 2 * attention_shape(model).query * layer_counts(model)["full_attention"]
+    positions = record["positions_per_step"]
+    row_squares = positions**2 / 128
+    assert row_squares / record["bridge_sum_squares"] > 3.5
+    rows_count = record["bridge_flops"] + per_square * (row_squares - record["bridge_sum_squares"])
+    assert rows_count > record["bridge_flops"]

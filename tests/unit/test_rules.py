@@ -42,6 +42,8 @@ BIG_3D = ["cluster=b200", "model=qwen3_vl_235b_a22b", "nodes=8", "parallelism=3d
 TE = "cuda_graph=te_moe"
 # Qwen3-VL-235B on 16 GB200 nodes with FSDP, synthetic images: the memory rules' test bed.
 BIG_FSDP = ["cluster=gb200", "model=qwen3_vl_235b_a22b", "nodes=16", "dispatcher=hybridep", "data=synthetic"]
+# Just over GPU memory, within the estimate's 10 %: about 192 GiB of 185 (5,376 positions).
+BIG_FSDP_OVER = [*BIG_FSDP, "seq_length=5376"]
 
 # code -> (overrides that fire it, overrides that do not)
 CASES: dict[str, tuple[list[str], list[str]]] = {
@@ -122,7 +124,7 @@ CASES: dict[str, tuple[list[str], list[str]]] = {
     "R002": ([*MEG, "recompute=selective", "recompute.modules=[]"], [*MEG, "recompute=selective"]),
     # Full recompute warns only where selective is predicted to fit (30B on 8 x B200 does; the 235B
     # on 16 GB200 nodes does not: see tests/unit/test_memory.py for the figures).
-    "R003": ([*MEG, "recompute=full"], [*BIG_FSDP, "recompute=full"]),
+    "R003": ([*MEG, "recompute=full"], [*BIG_FSDP_OVER, "recompute=full"]),
     "E001": (["parallelism=3d"], []),
     "E002": (["tp=2"], []),
     "E003": (["dispatcher=deepep"], []),
@@ -271,10 +273,16 @@ CASES: dict[str, tuple[list[str], list[str]]] = {
     # No recompute: MBS 2 is far over 185 GiB (an error); MBS 1 is ~7% over, inside the estimate's
     # 10% uncertainty (M003 warning); full recompute fits.
     "M001": ([*BIG_FSDP, "mbs=2"], BIG_FSDP),
-    "M003": (BIG_FSDP, [*BIG_FSDP, "recompute=full"]),
+    "M003": (BIG_FSDP_OVER, [*BIG_FSDP_OVER, "recompute=full"]),
     "M002": (
-        [*BIG_FSDP, "recompute=selective", "recompute.modules=[core_attn,moe_act,layernorm]"],
-        [*BIG_FSDP, "recompute=full"],
+        # 171.6 GiB of 185 (7 % headroom) at 5,376 positions; full recompute leaves 54 %.
+        [
+            *BIG_FSDP,
+            "recompute=selective",
+            "recompute.modules=[core_attn,moe_act,layernorm]",
+            "seq_length=5376",
+        ],
+        [*BIG_FSDP, "recompute=full", "seq_length=5376"],
     ),
     # Profiling and logging. Defaults: warmup_steps=2, train_iters=8, 2 ranks on cluster=local.
     "T001": (["profiling=torch", "profiling.steps=[2,4]"], ["profiling=torch", "profiling.steps=[3,5]"]),
@@ -359,6 +367,25 @@ def test_a_recipe_changed_without_raising_the_predicted_peak_is_not_refused() ->
         assert "M001" not in found and not found["M003"].is_error, change
         assert "qwen35_vl_35b_a3b_pretrain_8gpu_gb300_bf16 (our estimate for it" in found["M003"].message
     assert "M001" in codes(recipe, "data=synthetic")
+
+
+def test_the_recipe_as_written_is_a_typed_value_the_rule_reads() -> None:
+    """The recipe-as-written estimate M001/M003 compare with comes from knobs/recipes.py (issue 32
+    review): the same number as estimating the recipe's own option, and the rule composes no config."""
+    import ast
+
+    from moe_vlm.knobs.recipes import RecipeMemory, recipe_memory
+    from moe_vlm.perf.memory import estimate
+    from moe_vlm.rules import memory as memory_rules
+
+    recipe = "recipe=qwen35_vl_35b_a3b_pretrain_8gpu_gb300_bf16"
+    found = recipe_memory(make_spec(recipe, "train_iters=20"))
+    written = estimate(make_spec(recipe))
+    assert found == RecipeMemory(recipe.split("=")[1], written.total_gib, 268.2)
+    assert recipe_memory(make_spec("model=qwen35_vl_35b_a3b")) is None
+    tree = ast.parse(Path(memory_rules.__file__).read_text())
+    imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+    assert "moe_vlm.config.compose" not in imported
 
 
 def test_fp8_dispatch_is_never_silently_dropped() -> None:

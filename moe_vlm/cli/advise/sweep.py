@@ -306,7 +306,6 @@ def suggest_selective(records: list[SweepRun]) -> list[Suggestion]:
         checked = _validated(relaxed)
         if checked is None:
             continue
-        seen.add(key)
         relaxed_memory = checked[1]
         kind = str(r.summary.get("memory_kind") or "cuda_max_allocated")
         # The measured peak plus what the estimate says selective adds, on the quantity that was measured.
@@ -315,6 +314,9 @@ def suggest_selective(records: list[SweepRun]) -> list[Suggestion]:
         predicted = float(r.summary["peak_memory_gib"]) + delta + outside
         capacity = r.spec.cluster.gpu_memory_gib
         if predicted <= capacity * (1 - THIN_HEADROOM_FRACTION):
+            # Only a relaxation suggested stands for its layout: a larger MBS whose selective would
+            # not fit leaves the smaller MBS that would its own suggestion.
+            seen.add(key)
             out.append(
                 r.suggest(
                     "full recompute with headroom",

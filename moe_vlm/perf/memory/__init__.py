@@ -30,8 +30,9 @@ Megatron engine (GPU; what decides an OOM is the GPU's whole memory)
     pipeline_in_flight  1F1B: the first stage holds min(PP, micro-batches) micro-batches;
                         interleaving multiplies by 1 + (PP-1)/(PP x VP) (Megatron-LM
                         theoretical_memory_usage.py)
-    logits              last stage: bf16 logits + the fp32 softmax the vocab-parallel cross
-                        entropy keeps for backward (6 bytes per token per vocab entry / TP)
+    logits              last stage: bf16 logits + what the cross entropy keeps for backward: TE's
+                        fused one a bf16 copy (4 B per token per vocab entry / TP), Megatron's
+                        the fp32 softmax (6 B)
     dispatcher_buffers  DeepEP / HybridEP communication buffers (cudaMalloc'd, outside the
                         PyTorch allocator; sizing and sources in _deepep_bytes/_hybridep_bytes)
     cuda_graph_pool     static inputs/outputs of the captured scopes, per layer per micro-batch

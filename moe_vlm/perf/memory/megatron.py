@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from moe_vlm.config.precision import non_tn_fp8_gemm, profile, quantized, weight_bytes
 from moe_vlm.config.schema import (
+    CrossEntropyFusion,
     CudaGraphImpl,
     Engine,
     FlexBackend,
@@ -450,16 +451,31 @@ def pipeline_in_flight(stage: Stage, activations: float) -> Term | None:
     )
 
 
+def logits_bytes_per_entry(spec: RunSpec) -> tuple[int, str]:
+    """Bytes per token per vocabulary entry the loss holds at the end of forward, and why.
+
+    TE's fused cross entropy (every perf recipe's: perf_recipes/_common.py:68, `fusion=recipe`)
+    keeps a bf16 copy of the logits and writes the gradient into it in backward
+    (transformer_engine/pytorch/cross_entropy.py:36-58, triton/cross_entropy.py:40-44; MCore calls
+    it without overwrite_input, extensions/transformer_engine.py:3490-3503): the bf16 logits and
+    the copy, no fp32 softmax. Megatron's own (native, fused_cross_entropy.py:119) and the unfused
+    vocab-parallel one cast to fp32 and keep the fp32 softmax beside the bf16 logits."""
+    impl = spec.fusion.cross_entropy or CrossEntropyFusion.te
+    if impl is CrossEntropyFusion.te:
+        return 2 * BF16, "bf16 logits + the bf16 copy TE's fused cross entropy keeps"
+    return BF16 + FP32, f"bf16 logits + fp32 softmax kept by the {impl.value} vocab-parallel cross entropy"
+
+
 def logits(stage: Stage) -> Term | None:
-    """Last stage: bf16 logits + the fp32 softmax the vocab-parallel cross entropy keeps."""
+    """Last stage: the logits and what the cross entropy keeps of them."""
     if not (stage.last and stage.training.anything):
         return None
     tokens, vocab, tp = stage.tokens, stage.spec.model.vocab_size, stage.tp
+    per_entry, why = logits_bytes_per_entry(stage.spec)
     return Term(
         "logits",
-        tokens * vocab / tp * (BF16 + FP32),
-        f"{tokens:.0f} tokens x {vocab} vocab / TP{tp} x (bf16 logits + fp32 softmax kept by "
-        "the vocab-parallel cross entropy)",
+        tokens * vocab / tp * per_entry,
+        f"{tokens:.0f} tokens x {vocab} vocab / TP{tp} x ({why})",
     )
 
 

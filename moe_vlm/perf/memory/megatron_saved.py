@@ -69,7 +69,10 @@ def megatron_layer_saved(model: ModelConfig, index: int, etp: int) -> list[Saved
         Saved("expert fc1 input (permuted tokens)", BF16 * h * k * etp, "experts", "wgrad", "moe"),
         Saved("expert fc1 output (SwiGLU input)", BF16 * 2 * f * k, "experts", "dgrad", "moe"),
         Saved("expert SwiGLU output (fc2 input)", BF16 * f * k, "experts", "wgrad", "moe_act"),
-        Saved("expert output for the prob-weighted combine", BF16 * h * k, "experts", "dgrad", "moe"),
+        # No k x h expert output for the combine: megatron-core 0.19 multiplies the routing probs
+        # inside the experts' activation (transformer/moe/experts.py:807-886) and unpermutes without
+        # probs (token_dispatcher.py:884-891, 1451-1458), which keeps no floating-point tensor
+        # (tests/megatron/test_vendor_memory.py::test_the_combine_keeps_no_expert_output, on CPU).
     ]
     if model.num_shared_experts:
         fs = model.shared_expert_ffn_hidden_size * model.num_shared_experts
