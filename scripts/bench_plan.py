@@ -72,7 +72,7 @@ def run_once(case: Case, workdir: Path) -> Timing:
     args = list(case.args)
     if case.points > 1:
         args.append(f"hydra.sweep.dir={workdir / 'sweep'}")
-    env = {**os.environ, "MOE_VLM_SITE_FILE": str(workdir / "no-site.yaml")}
+    env = {**os.environ, "MOE_VLM_SITE_FILE": "none"}
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.perf_counter()
     done = subprocess.run(
