@@ -84,7 +84,7 @@ def parse(argv: list[str]) -> Request:
             try:  # checked as every directory argument is (base/inputs.py)
                 sweep = inputs.ReadDir("sweep=multirun/DATE/TIME (the directory holding the points)")(value)
             except argparse.ArgumentTypeError as exc:
-                raise BadInput(f"sweep={exc}") from None
+                raise BadInput(f"sweep={value[:80]}: {str(exc).split(': ', 1)[-1]}") from None
             if not any(sweep.rglob(RUN_JSON)):
                 raise BadInput(
                     f"sweep={value}: no {RUN_JSON} under it. Fix: point sweep= at a sweep that has run."
