@@ -329,6 +329,19 @@ def json_has(*keys: str) -> Callable[[Path], bool]:
     return ours
 
 
+def starts_with(prefix: bytes) -> Callable[[Path], bool]:
+    """An `ours` test for output_file: a file that begins as this tool's own (a title, a header)."""
+
+    def ours(path: Path) -> bool:
+        try:
+            with path.open("rb") as handle:
+                return handle.read(len(prefix)) == prefix
+        except OSError:
+            return False
+
+    return ours
+
+
 # --- environment variables -------------------------------------------------------------------
 
 

@@ -41,6 +41,7 @@ from moe_vlm.report.build import (
     EXIT_REGRESSED,
     _png,
     build_report,
+    check_outputs,
     output_dir,
     write_table,
 )
@@ -127,11 +128,12 @@ def main(argv: list[str] | None = None) -> int:
             inputs.output_file("--save-baseline", args.save_baseline, json_has("metric", "configs"))
         baseline = load_baseline(Path(args.baseline)) if args.baseline else None
         table = load_table(args.paths)
+        out = output_dir(args.paths, str(args.out) if args.out else None)
+        check_outputs(out)
     except BadInput as exc:
         print(f"moe-vlm report: error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
 
-    out = output_dir(args.paths, str(args.out) if args.out else None)
     text, made = build_report(table, out, args.compare, args.top)
     status = EXIT_OK
     if baseline is not None:

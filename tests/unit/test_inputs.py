@@ -253,3 +253,18 @@ def test_advise_sweep_of_the_wrong_kind_is_one_line_exit_2(
     code, _, err = _run(capsys, ["advise", f"sweep={value}"])
     assert code == 2 and len(err.strip().splitlines()) == 1 and "sweep=" in err and "Traceback" not in err
     assert _snapshot(work) == before
+
+
+def test_a_report_never_overwrites_a_file_of_its_names_it_did_not_write(
+    work: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = work / "rep"
+    out.mkdir()
+    (out / "report.md").write_text("# my notes, not a report\n")
+    before = _snapshot(work)
+    code, _, err = _run(capsys, ["report", "sweep", "--out", "rep"])
+    assert code == 2 and "report.md" in err and len(err.strip().splitlines()) == 1, err
+    assert _snapshot(work) == before
+    (out / "report.md").unlink()  # the quiet side: its own earlier report is replaced
+    assert _run(capsys, ["report", "sweep", "--out", "rep"])[0] == 0
+    assert _run(capsys, ["report", "sweep", "--out", "rep"])[0] == 0
