@@ -7,6 +7,7 @@ from omegaconf import DictConfig
 
 import moe_vlm.config.schema  # noqa: F401  (registers the config schema)
 from moe_vlm.base.errors import EXIT_INVALID, BadInput
+from moe_vlm.base.inputs import check_environment
 from moe_vlm.cli import train_help
 from moe_vlm.config.preflight import accept_null, preflight
 from moe_vlm.launch.entry import command_line
@@ -28,6 +29,7 @@ if __name__ == "__main__":
     try:
         # On a login node whose site file names the cluster and launcher, a bare command is
         # submitted as a one-point sweep; inside an allocation it runs here (launch/entry.py).
+        check_environment()  # the paths the environment names (docs/inputs.md), before anything
         entry = command_line(accept_null(sys.argv[1:]))
         sys.argv[1:] = entry.argv
         preflight(sys.argv[1:])

@@ -64,7 +64,7 @@ def run(command: list[str], cache: Path, expect: tuple[str, ...] = (), count: in
     with tempfile.TemporaryDirectory(prefix="moe_vlm_bench_dry_run_") as tmp:
         env = {
             **os.environ,
-            "MOE_VLM_SITE_FILE": str(Path(tmp) / "no-site.yaml"),
+            "MOE_VLM_SITE_FILE": "none",
             "MOE_VLM_CACHE_DIR": str(cache),
             "PYTHONPATH": str(REPO),
         }

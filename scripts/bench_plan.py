@@ -90,7 +90,7 @@ def run_once(case: Case, workdir: Path, cache: Path | None = None) -> Timing:
     args = list(case.args)
     if case.points > 1:
         args.append(f"hydra.sweep.dir={workdir / 'sweep'}")
-    env = {**os.environ, "MOE_VLM_SITE_FILE": str(workdir / "no-site.yaml")}
+    env = {**os.environ, "MOE_VLM_SITE_FILE": "none"}
     if cache is not None:
         env["MOE_VLM_CACHE_DIR"] = str(cache)
     before = resource.getrusage(resource.RUSAGE_CHILDREN)

@@ -100,7 +100,7 @@ def run(command: list[str], cache: Path, expect: str, project: bool) -> Timing:
     """One command in a fresh directory; its output must hold `expect`."""
     with tempfile.TemporaryDirectory(prefix="moe_vlm_bench_startup_") as tmp:
         env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-        env.update({"MOE_VLM_SITE_FILE": str(Path(tmp) / "no-site.yaml"), "MOE_VLM_CACHE_DIR": str(cache)})
+        env.update({"MOE_VLM_SITE_FILE": "none", "MOE_VLM_CACHE_DIR": str(cache)})
         if project:  # our plugins and code from this checkout, as `python train.py` finds them
             env["PYTHONPATH"] = str(REPO)
         before = resource.getrusage(resource.RUSAGE_CHILDREN)

@@ -11,13 +11,14 @@ import argparse
 import sys
 from collections import defaultdict
 from pathlib import Path
-from typing import NoReturn
 
-from moe_vlm.base.errors import EXIT_INVALID
+from moe_vlm.base import inputs
+from moe_vlm.base.errors import EXIT_INVALID, BadInput
+from moe_vlm.base.inputs import json_has, output_file, refuse
 from moe_vlm.config.compose import compose_config
 from moe_vlm.config.preflight import COMPOSE_ERRORS, explain
 from moe_vlm.config.spec import RunSpec
-from moe_vlm.predict.calibration import calibrate, calibration_path, store
+from moe_vlm.predict.calibration import calibrate, calibration_path, read_calibrations, store
 from moe_vlm.predict.model import has_defaults
 from moe_vlm.predict.probe import probe as run_probe
 from moe_vlm.predict.runs import RecordedRun, find_runs, recorded
@@ -34,17 +35,13 @@ SCALES_MEAN = (
 )
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        print(f"{PROG}: error: {message}", file=sys.stderr)
-        sys.exit(EXIT_INVALID)
-
-
 def parser() -> argparse.ArgumentParser:
-    p = _Parser(prog=PROG, description=__doc__.splitlines()[0] if __doc__ else None)
+    p = inputs.Parser(prog=PROG, description=__doc__.splitlines()[0] if __doc__ else None)
     p.add_argument(
         "paths",
         nargs="+",
+        # Directories or, with --probe, overrides: which one is known after parsing (checked in main).
+        type=inputs.Text("multirun/DATE/TIME (or with --probe: model=qwen3_vl_30b_a3b)"),
         help="sweep or run directories (every run.json under them); with --probe: the point's overrides",
     )
     p.add_argument(
@@ -57,23 +54,28 @@ def parser() -> argparse.ArgumentParser:
         action="store_true",
         help="with --probe on a GPU cluster: store the probe's calibration over the published-row defaults",
     )
-    p.add_argument("--out", default=None, help=f"calibration file (default: {calibration_path()})")
+    p.add_argument(
+        "--out",
+        default=None,
+        type=inputs.WriteFile("--out calibration.json"),
+        help=f"calibration file (default: {calibration_path()})",
+    )
     p.add_argument("--dry-run", action="store_true", help="print the fit, write nothing")
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    if args.probe:
-        return probe(args.paths, args.out, args.dry_run, args.store)
-    paths = [Path(p).expanduser() for p in args.paths]
-    missing = [str(p) for p in paths if not p.exists()]
-    if missing:
-        print(
-            f"{PROG}: error: no such path: {', '.join(missing)}; give sweep or run directories",
-            file=sys.stderr,
-        )
-        return EXIT_INVALID
+    try:
+        # Before any fit: a calibration file this tool did not write, or a corrupt one, is refused
+        # rather than overwritten (base/inputs.output_file).
+        out = output_file("calibration file", args.out or calibration_path(), json_has("calibrations"))
+        read_calibrations(out)
+        if args.probe:
+            return probe(args.paths, out, args.dry_run, args.store)
+        paths = [_run_dir(text) for text in args.paths]
+    except BadInput as exc:
+        return refuse(PROG, exc)
     groups: dict[tuple[str, str], list[RecordedRun]] = defaultdict(list)
     for run_dir in find_runs(paths):
         found = recorded(run_dir)
@@ -103,12 +105,19 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"  {term:<12} scale {scale:<8.4g} {Term(term).meaning}")
     if args.dry_run:
         return 0
-    out = store(made, Path(args.out).expanduser() if args.out else None)
-    print(f"wrote {out}")
+    print(f"wrote {store(made, out)}")
     return 0
 
 
-def probe(overrides: list[str], out: str | None, dry_run: bool, store_anyway: bool) -> int:
+def _run_dir(text: str) -> Path:
+    """A PATH without --probe: a sweep or run directory, checked as `moe-vlm status` checks its own."""
+    try:
+        return inputs.ReadDir("multirun/DATE/TIME")(text)
+    except argparse.ArgumentTypeError as exc:
+        raise BadInput(f"PATH {exc}") from None
+
+
+def probe(overrides: list[str], out: Path, dry_run: bool, store_anyway: bool) -> int:
     """--probe: compose the point (one-line error, exit 2, on bad overrides), time it here, store."""
     try:
         spec = RunSpec.from_config(compose_config(overrides))
@@ -133,5 +142,5 @@ def probe(overrides: list[str], out: str | None, dry_run: bool, store_anyway: bo
             "--store stores it anyway"
         )
         return 0
-    print(f"wrote {store([found], Path(out).expanduser() if out else None)}")
+    print(f"wrote {store([found], out)}")
     return 0

@@ -5,7 +5,8 @@ from __future__ import annotations
 import importlib
 import sys
 
-from moe_vlm.base.errors import EXIT_INVALID
+from moe_vlm.base.errors import EXIT_INVALID, BadInput
+from moe_vlm.base.inputs import check_environment, refuse
 from moe_vlm.cli import train_help
 from moe_vlm.cli.commands import SUBCOMMANDS
 
@@ -32,6 +33,10 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return EXIT_INVALID
+    try:  # a path the environment names is checked before any subcommand reads or writes
+        check_environment()
+    except BadInput as exc:
+        return refuse(f"moe-vlm {name}", exc)
     module = importlib.import_module(SUBCOMMANDS[name][0])
     return int(module.main(rest) or 0)
 

@@ -26,10 +26,11 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import NoReturn
 
+from moe_vlm.base import inputs
 from moe_vlm.base.errors import BadInput
 from moe_vlm.base.files import write_atomic
+from moe_vlm.base.inputs import json_has
 from moe_vlm.record.columns import KNOBS
 from moe_vlm.report import diff as report_diff
 from moe_vlm.report import plots
@@ -40,6 +41,7 @@ from moe_vlm.report.build import (
     EXIT_REGRESSED,
     _png,
     build_report,
+    check_outputs,
     output_dir,
     write_table,
 )
@@ -48,27 +50,46 @@ from moe_vlm.report.markdown import DEFAULT_TOP
 from moe_vlm.report.table import load_table
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        print(f"moe-vlm report: error: {message} (see moe-vlm report --help)", file=sys.stderr)
-        sys.exit(EXIT_BAD_INPUT)
-
-
 def parser() -> argparse.ArgumentParser:
-    p = _Parser(
+    p = inputs.Parser(
         prog="moe-vlm report", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    p.add_argument("paths", nargs="+", metavar="PATH", help="run dirs, sweep dirs, run.json files or globs")
-    p.add_argument("--out", help="where report.md, results.csv/.parquet and plots go (default: first PATH)")
-    p.add_argument("--compare", metavar="KNOB", help=f"side-by-side by one knob: {', '.join(KNOBS)}")
-    p.add_argument("--baseline", metavar="FILE", help="flag configs slower than this saved baseline")
+    p.add_argument(
+        "paths",
+        nargs="+",
+        metavar="PATH",
+        type=inputs.ReadPath("multirun/DATE/TIME", globs=True),
+        help="run dirs, sweep dirs, run.json files or globs",
+    )
+    p.add_argument(
+        "--out",
+        type=inputs.WriteDir("--out reports/today"),
+        help="where report.md, results.csv/.parquet and plots go (default: first PATH)",
+    )
+    p.add_argument(
+        "--compare",
+        metavar="KNOB",
+        type=inputs.Choice(KNOBS),
+        help=f"side-by-side by one knob: {', '.join(KNOBS)}",
+    )
+    p.add_argument(
+        "--baseline",
+        metavar="FILE",
+        type=inputs.ReadJson("--baseline baseline.json (written by --save-baseline)"),
+        help="flag configs slower than this saved baseline",
+    )
     p.add_argument(
         "--tolerance",
-        type=float,
+        type=inputs.Number(0.0, 1.0, "--tolerance 0.05", open_high=True),
         default=DEFAULT_TOLERANCE,
         help=f"allowed drop vs --baseline, as a fraction (default {DEFAULT_TOLERANCE})",
     )
-    p.add_argument("--save-baseline", metavar="FILE", help="save this report's throughput as a baseline")
+    p.add_argument(
+        "--save-baseline",
+        metavar="FILE",
+        type=inputs.WriteFile("--save-baseline baseline.json"),
+        help="save this report's throughput as a baseline",
+    )
     p.add_argument(
         "--diff",
         action="store_true",
@@ -77,26 +98,13 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--top",
-        type=_row_count,
+        type=inputs.Count(1, f"--top {DEFAULT_TOP}"),
         default=DEFAULT_TOP,
         metavar="N",
         help=f"rows per ranked table (default {DEFAULT_TOP}: every row of a sweep up to that size, the "
         f"best {DEFAULT_TOP} beyond it); plots name at most {plots.PLOT_TOP} configs and summarise the rest",
     )
     return p
-
-
-def _row_count(text: str) -> int:
-    """--top's type: argparse prints the message on one line, naming the option."""
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(
-            f"{text!r} is not a row count; use a whole number 1 or more, e.g. --top {DEFAULT_TOP}"
-        )
-    return value
 
 
 def _diff(paths: list[str]) -> int:
@@ -116,27 +124,16 @@ def main(argv: list[str] | None = None) -> int:
     if args.diff:
         return _diff(args.paths)
     try:
-        if args.compare and args.compare not in KNOBS:
-            raise BadInput(f"unknown knob {args.compare!r} for --compare; allowed: {', '.join(KNOBS)}")
-        if not 0.0 <= args.tolerance < 1.0:
-            raise BadInput(
-                f"--tolerance {args.tolerance}: must be a fraction in [0, 1), e.g. --tolerance 0.05"
-            )
-        if args.out and Path(args.out).exists() and not Path(args.out).is_dir():
-            raise BadInput(
-                f"--out {args.out}: not a directory; pass a directory (created if missing), e.g. --out reports/today"
-            )
-        if args.save_baseline and Path(args.save_baseline).is_dir():
-            raise BadInput(
-                f"--save-baseline {args.save_baseline}: a directory; pass a file path, e.g. --save-baseline baseline.json"
-            )
+        if args.save_baseline:  # never over a file this tool did not write (base/inputs.py)
+            inputs.output_file("--save-baseline", args.save_baseline, json_has("metric", "configs"))
         baseline = load_baseline(Path(args.baseline)) if args.baseline else None
         table = load_table(args.paths)
+        out = output_dir(args.paths, str(args.out) if args.out else None)
+        check_outputs(out)
     except BadInput as exc:
         print(f"moe-vlm report: error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
 
-    out = output_dir(args.paths, args.out)
     text, made = build_report(table, out, args.compare, args.top)
     status = EXIT_OK
     if baseline is not None:

@@ -17,6 +17,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
+from moe_vlm.base import inputs
 from moe_vlm.config.compose import compose_config
 from moe_vlm.config.schema import CONF_DIR
 from moe_vlm.config.spec import RunSpec
@@ -240,13 +241,16 @@ def listing() -> list[str]:
     return lines
 
 
-def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(
+def parser() -> argparse.ArgumentParser:
+    return inputs.Parser(
         prog="moe-vlm recipes",
         description="list the Bridge perf recipes recipe= takes",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="example:\n  moe-vlm recipes | grep gb200   # then: python train.py recipe=<name> dry_run=true",
     )
-    parser.parse_args(argv)
+
+
+def main(argv: list[str]) -> int:
+    parser().parse_args(argv)
     print("\n".join(listing()))
     return 0

@@ -33,6 +33,7 @@ from typing import Any
 import yaml
 
 from moe_vlm.base.errors import BadInput
+from moe_vlm.base.inputs import ENV_PATHS, NO_FILE, SITE_FILE_ENV, env_path
 from moe_vlm.base.safety import check_credentials
 
 SITE_KEYS = (
@@ -53,17 +54,24 @@ ENTRY_KEYS = ("cluster", "launcher")
 
 
 def site_file() -> Path:
-    explicit = os.environ.get("MOE_VLM_SITE_FILE")
-    if explicit:
-        return Path(explicit).expanduser()
+    # Named in the environment: it must exist (a typo would silently drop every site value).
+    if os.environ.get(SITE_FILE_ENV) == NO_FILE:
+        return Path(os.devnull)
+    explicit = env_path(SITE_FILE_ENV, ENV_PATHS[SITE_FILE_ENV])
+    if explicit is not None:
+        return explicit
     return Path(os.environ.get("XDG_CONFIG_HOME", "~/.config")).expanduser() / "moe_vlm" / "site.yaml"
 
 
 def _read(path: Path) -> dict[str, Any]:
-    if not path.is_file():
+    if path == Path(os.devnull) or not path.exists():
         return {}
+    if not path.is_file():
+        raise BadInput(f"{path}: the site file is a directory. Fix: move it away, or set {SITE_FILE_ENV}")
     try:
         raw = yaml.safe_load(path.read_text()) or {}
+    except (OSError, UnicodeDecodeError) as exc:
+        raise BadInput(f"{path}: the site file cannot be read ({exc}). Fix: check its permissions") from None
     except yaml.YAMLError as exc:
         raise BadInput(
             f"{path}: not valid YAML ({str(exc).splitlines()[0]}). Fix: correct the site file."

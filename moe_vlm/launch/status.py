@@ -28,6 +28,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from moe_vlm.base import inputs
 from moe_vlm.base.errors import BadInput
 from moe_vlm.base.files import POINT_JSON, RUN_JSON
 from moe_vlm.config.schema import DryRun, dry_run_mode
@@ -471,40 +472,35 @@ def render(sweep_dir: Path, statuses: list[PointStatus], canaries: list[CanarySt
     )
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
+def parser() -> argparse.ArgumentParser:
+    parser = inputs.Parser(
         prog="moe-vlm status",
         description=__doc__.splitlines()[0] if __doc__ else None,
         epilog="example: moe-vlm status multirun/mbs=1,2-8d92f47b --watch 30   (the directory a sweep printed)",
     )
     parser.add_argument(
-        "sweep_dir", type=Path, help="a sweep directory (hydra.sweep.dir), e.g. multirun/<name>"
+        "sweep_dir",
+        type=inputs.ReadDir("multirun/<name>"),
+        help="a sweep directory (hydra.sweep.dir), e.g. multirun/<name>",
     )
     parser.add_argument(
         "--watch",
-        type=float,
+        # time.sleep raises on a negative or huge interval, and 0 or NaN would poll without pause
+        type=inputs.Number(0, inputs.MAX_SECONDS, "--watch 30", open_low=True),
         metavar="SECONDS",
         help="refresh every SECONDS until nothing is queued or running",
     )
     parser.add_argument(
         "--json", action="store_true", help="print one JSON object per point instead of the table"
     )
-    args = parser.parse_args(argv)
-    if args.watch is not None and not (0 < args.watch < float("inf")):
-        # time.sleep raises on a negative interval, and 0 or NaN would poll without pause
-        print(
-            f"moe-vlm status: error: --watch {args.watch:g}: must be a number of seconds above 0. "
-            "Fix: --watch 30 (or leave --watch out for one table).",
-            file=sys.stderr,
-        )
-        return 2
-    if not args.sweep_dir.is_dir():
-        print(
-            f"moe-vlm status: error: {args.sweep_dir}: no such directory. Fix: pass the sweep directory "
-            "the sweep printed (hydra.sweep.dir).",
-            file=sys.stderr,
-        )
-        return 2
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        args = parser().parse_args(argv)
+    except SystemExit as done:  # --help, or a refusal already printed on one line
+        return int(done.code or 0)
     if not any(points.iter_points(args.sweep_dir)):
         single = (args.sweep_dir / RUN_JSON).exists()
         print(

@@ -21,7 +21,6 @@ import functools
 import importlib.metadata
 import json
 import math
-import os
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -29,11 +28,18 @@ from typing import Any
 
 import numpy as np
 
+from moe_vlm.base.errors import BadInput
 from moe_vlm.base.files import write_json_atomic
+from moe_vlm.base.inputs import (
+    CALIBRATION_ENV,
+    calibration_file,
+    check_calibration_file,
+    json_has,
+    output_file,
+)
 from moe_vlm.config.schema import Engine
 from moe_vlm.predict.terms import COMM, COMPUTE, Term
 
-CALIBRATION_ENV = "MOE_VLM_CALIBRATION"
 FILE_VERSION = 1
 RIDGE = 0.05
 MIN_RUNS_FOR_SPREAD = 3
@@ -48,11 +54,8 @@ GROUPS: dict[str, tuple[Term, ...]] = {
 
 
 def calibration_path() -> Path:
-    """$MOE_VLM_CALIBRATION, else the user's cache: calibrations are per user and machine set."""
-    if os.environ.get(CALIBRATION_ENV):
-        return Path(os.environ[CALIBRATION_ENV]).expanduser()
-    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    return cache / "moe_vlm" / "step_time_calibration.json"
+    """$MOE_VLM_CALIBRATION, else the user's cache (base/inputs.py owns the variable)."""
+    return calibration_file()
 
 
 @functools.lru_cache(maxsize=4)
@@ -209,9 +212,9 @@ def calibrate(
 
 
 def read_calibrations(path: Path | None = None) -> list[Calibration]:
-    """Every calibration in the file ([] when there is none or it cannot be read: the plan then
-    says the prediction is uncalibrated rather than failing). Read once per file version: a big
-    dry run predicts every point from the same file."""
+    """Every calibration in the file ([] when there is none yet; BadInput when it is corrupt: read
+    as empty, the plan would call every point uncalibrated and `calibrate` would overwrite it).
+    Read once per file version: a big dry run predicts every point from the same file."""
     file = path or calibration_path()
     try:
         stamp = file.stat()
@@ -222,11 +225,15 @@ def read_calibrations(path: Path | None = None) -> list[Calibration]:
 
 @functools.lru_cache(maxsize=8)
 def _read(file: str, _mtime_ns: int, _size: int) -> tuple[Calibration, ...]:
+    check_calibration_file(Path(file))
+    raw = json.loads(Path(file).read_text())
     try:
-        raw = json.loads(Path(file).read_text())
-        return tuple(Calibration.from_json(entry) for entry in raw.get("calibrations", []))
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        return ()
+        return tuple(Calibration.from_json(entry) for entry in raw["calibrations"])
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise BadInput(
+            f"calibration file {file} (${CALIBRATION_ENV} or the default): an entry is not a calibration "
+            f"({type(exc).__name__}: {exc}). Fix: move it away and run moe-vlm calibrate again"
+        ) from None
 
 
 def find(cluster: str, stack: str, path: Path | None = None) -> Calibration | None:
@@ -235,7 +242,7 @@ def find(cluster: str, stack: str, path: Path | None = None) -> Calibration | No
 
 def store(found: Sequence[Calibration], path: Path | None = None) -> Path:
     """Add or replace these calibrations (by cluster and stack) in the file, atomically."""
-    file = path or calibration_path()
+    file = output_file("calibration file", path or calibration_path(), json_has("calibrations"))
     keys = {(c.cluster, c.stack) for c in found}
     kept = [c for c in read_calibrations(file) if (c.cluster, c.stack) not in keys]
     file.parent.mkdir(parents=True, exist_ok=True)

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from moe_vlm.base import inputs
 from moe_vlm.base.errors import EXIT_FAILED, EXIT_INVALID
 from moe_vlm.base.files import write_atomic
 from moe_vlm.perf import stragglers
@@ -48,6 +49,22 @@ def write_table(table: pd.DataFrame, out: Path) -> None:
     write_atomic(out / "results.parquet", parquet)
 
 
+REPORT_TITLE = "# moe_vlm sweep report"
+# What the report writes in its directory, and how an earlier one of its own is told from a user's
+# file of the same name (base/inputs.output_file: never overwritten).
+OUTPUTS = {
+    "report.md": inputs.starts_with(REPORT_TITLE.encode()),
+    "results.csv": inputs.starts_with(b"run_dir,"),
+    "results.parquet": inputs.starts_with(b"PAR1"),
+}
+
+
+def check_outputs(out: Path) -> None:
+    """BadInput (nothing written yet) when `out` holds a file of a report's name the tool did not write."""
+    for name, ours in OUTPUTS.items():
+        inputs.output_file("--out", out / name, ours)
+
+
 def _png(plot: plots.Plot) -> bytes:
     """The plot's PNG, rendered to a scratch file (Plot.save takes a path) for files.write_atomic."""
     with tempfile.TemporaryDirectory() as scratch:
@@ -81,7 +98,7 @@ def build_report(
     knobs = [k for k in varying if k != "data"] or DEFAULT_LABEL_KNOBS
     counts = table["status"].value_counts().to_dict()
     lines = [
-        "# moe_vlm sweep report",
+        REPORT_TITLE,
         "",
         f"{len(table)} runs: " + ", ".join(f"{n} {status}" for status, n in sorted(counts.items())) + ".",
         "Ranked by effective (real, unpadded) tokens/s/GPU = real tokens / (step time x world size); "

@@ -38,7 +38,7 @@ SEARCH = [
 
 
 def train(sweep_dir: Path, *overrides: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "MOE_VLM_SITE_FILE": str(sweep_dir.parent / "no-site.yaml"), "PYTHONPATH": str(REPO)}
+    env = {**os.environ, "MOE_VLM_SITE_FILE": "none", "PYTHONPATH": str(REPO)}
     command = [sys.executable, "train.py", "-m", f"hydra.sweep.dir={sweep_dir}", *BASE, *overrides]
     return subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
 

@@ -37,7 +37,7 @@ JOB_HEADER = re.compile(r"^===== job (\d+)/(\d+): (.*) =====$")
 
 def sweep(sweep_dir: Path, *overrides: str) -> subprocess.CompletedProcess[str]:
     command = [sys.executable, "train.py", "-m", "hydra/launcher=slurm", f"hydra.sweep.dir={sweep_dir}"]
-    env = {**os.environ, "MOE_VLM_SITE_FILE": str(sweep_dir.parent / "no-site.yaml")}
+    env = {**os.environ, "MOE_VLM_SITE_FILE": "none"}
     return subprocess.run(
         [*command, *RUN, HOLD, *overrides], cwd=REPO, env=env, capture_output=True, text=True, timeout=180
     )

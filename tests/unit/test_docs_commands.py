@@ -84,7 +84,7 @@ def test_the_commands_of_a_document_run_as_written(doc: Path, tmp_path: Path) ->
         **os.environ,
         "PATH": f"{REPO / '.venv' / 'bin'}:{os.environ['PATH']}",
         "PYTHONPATH": str(REPO),
-        "MOE_VLM_SITE_FILE": str(tmp_path / "no-site.yaml"),  # no site file: nothing is submitted
+        "MOE_VLM_SITE_FILE": "none",  # no site file: nothing is submitted
         SHALLOW_ENV: "1",
     }
     for commands in blocks:

@@ -30,7 +30,7 @@ def no_slurm_env(tmp_path: Path) -> dict[str, str]:
         {
             "PATH": str(bin_dir),
             "PYTHONPATH": str(REPO),
-            "MOE_VLM_SITE_FILE": str(tmp_path / "no-site.yaml"),
+            "MOE_VLM_SITE_FILE": "none",
             SHALLOW_ENV: "1",  # plans without Bridge's sections: seconds, not a minute per point
         }
     )

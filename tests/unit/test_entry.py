@@ -36,7 +36,7 @@ def site(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 def test_without_a_site_cluster_and_launcher_the_command_is_unchanged(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv("MOE_VLM_SITE_FILE", str(tmp_path / "absent.yaml"))
+    monkeypatch.setenv("MOE_VLM_SITE_FILE", "none")
     entry = command_line(BARE, LOGIN)
     assert entry.argv == BARE and entry.note is None
 
@@ -116,7 +116,7 @@ def train(site: Path, *args: str, env: dict[str, str] | None = None) -> subproce
 def test_the_bare_command_is_rejected_on_a_laptop_and_planned_for_the_cluster_on_a_login_node(
     tmp_path: Path,
 ) -> None:
-    laptop = train(tmp_path / "no-site.yaml", *BARE)
+    laptop = train(Path("none"), *BARE)
     assert laptop.returncode == 2 and "E003" in laptop.stderr and "Fix:" in laptop.stderr
 
     site = tmp_path / "site.yaml"

@@ -321,7 +321,7 @@ def test_good_settings_and_search_values() -> None:
 
 
 def train(tmp_path: Path, *overrides: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "MOE_VLM_SITE_FILE": str(tmp_path / "no-site.yaml"), "PYTHONPATH": str(REPO)}
+    env = {**os.environ, "MOE_VLM_SITE_FILE": "none", "PYTHONPATH": str(REPO)}
     command = [sys.executable, "train.py", "-m", f"hydra.sweep.dir={tmp_path / 'sweep'}", *overrides]
     return subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=180)
 

@@ -143,7 +143,7 @@ def test_every_help_example_plans_cleanly_on_a_cpu_machine(example: str, tmp_pat
         env={
             **os.environ,
             "PYTHONPATH": str(REPO),
-            "MOE_VLM_SITE_FILE": str(tmp_path / "no-site.yaml"),
+            "MOE_VLM_SITE_FILE": "none",
             "MOE_VLM_PLAN_SHALLOW": "1",
         },
         capture_output=True,

@@ -19,7 +19,7 @@ B200 = slurm.SlurmSettings(expects_cluster="b200", exclusive=True, mem_gb=0, cpu
 
 @pytest.fixture(autouse=True)
 def no_site(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    monkeypatch.setenv("MOE_VLM_SITE_FILE", str(tmp_path / "absent.yaml"))
+    monkeypatch.setenv("MOE_VLM_SITE_FILE", "none")
     for key in ("ACCOUNT", "PARTITION", "QOS", "CONTAINER_IMAGE", "CONTAINER_MOUNTS"):
         monkeypatch.delenv(f"MOE_VLM_{key}", raising=False)
 

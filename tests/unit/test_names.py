@@ -67,7 +67,7 @@ def test_train_py_exits_2_with_one_line(tmp_path: Path) -> None:
             f"hydra.run.dir={tmp_path}/run",
         ],
         cwd=tmp_path,
-        env={**os.environ, "PYTHONPATH": str(REPO), "MOE_VLM_SITE_FILE": str(tmp_path / "none.yaml")},
+        env={**os.environ, "PYTHONPATH": str(REPO), "MOE_VLM_SITE_FILE": "none"},
         capture_output=True,
         text=True,
         timeout=120,

@@ -21,7 +21,7 @@ from tests.conftest import make_spec
 
 @pytest.fixture(autouse=True)
 def no_site(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    monkeypatch.setenv("MOE_VLM_SITE_FILE", str(tmp_path / "absent.yaml"))
+    monkeypatch.setenv("MOE_VLM_SITE_FILE", "none")
 
 
 def pack_script(points: int, canary: str | None = None) -> str:

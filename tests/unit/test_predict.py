@@ -169,7 +169,7 @@ def test_calibrate_command_on_the_fixture_sweep(tmp_path: Path):
         text=True,
         cwd=REPO,
     )
-    assert bad.returncode == 2 and "no such path" in bad.stderr and len(bad.stderr.splitlines()) == 1
+    assert bad.returncode == 2 and "no such directory" in bad.stderr and len(bad.stderr.splitlines()) == 1
 
 
 def test_record_section_flags_a_run_2_sigma_slower():

@@ -65,7 +65,7 @@ def run_app(tmp_path: Path, *args: str) -> list[dict[str, Any]]:
     env = {
         **os.environ,
         "PYTHONPATH": str(REPO),
-        "MOE_VLM_SITE_FILE": str(tmp_path / "no-site.yaml"),
+        "MOE_VLM_SITE_FILE": "none",
     }
     done = subprocess.run(
         [sys.executable, str(app), *args],

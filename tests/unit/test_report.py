@@ -258,23 +258,35 @@ def test_cpu_memory_plot_says_there_is_no_gpu_line(tmp_path: Path) -> None:
         (["{empty}"], "no run.json found under"),
         (
             ["{sweep}", "--compare", "bogus"],
-            "unknown knob 'bogus' for --compare; allowed: model, parallelism",
+            "argument --compare: 'bogus': not one of model, parallelism",
         ),
         (
             ["{sweep}", "--baseline", "{empty}/missing.json"],
-            "missing.json: no such file; pass a file written",
+            "missing.json': no such file. Fix: e.g. --baseline baseline.json (written by --save-baseline)",
         ),
-        (["{sweep}", "--baseline", "{empty}/garbage.json"], "garbage.json: not a baseline file"),
-        (["{sweep}", "--baseline", "{empty}"], ": a directory; pass a file written by --save-baseline"),
-        (["{sweep}", "--tolerance", "1.5"], "--tolerance 1.5: must be a fraction"),
+        (["{sweep}", "--baseline", "{empty}/garbage.json"], "garbage.json': not valid JSON"),
+        (["{sweep}", "--baseline", "{empty}"], "argument --baseline: '{empty}': a directory, not a file"),
+        (
+            ["{sweep}", "--tolerance", "1.5"],
+            "argument --tolerance: '1.5': out of range; allowed: from 0 and below 1",
+        ),
         (["{sweep}", "--nope"], "unrecognized arguments: --nope"),
-        (["{sweep}", "--top", "0"], "argument --top: '0' is not a row count; use a whole number 1 or more"),
-        (["{sweep}", "--top", "ten"], "argument --top: 'ten' is not a row count"),
-        (["{empty}/nowhere"], "PATH {empty}/nowhere: no such file or directory; pass run directories"),
-        (["{sweep}", "{empty}/nowhere"], "PATH {empty}/nowhere: no such file or directory"),
+        (["{sweep}", "--top", "0"], "argument --top: '0': out of range; allowed: 1 to 1000000"),
+        (["{sweep}", "--top", "ten"], "argument --top: 'ten': not a whole number"),
+        (
+            ["{empty}/nowhere"],
+            "argument PATH: '{empty}/nowhere': no such file or directory. Fix: e.g. multirun/DATE/TIME",
+        ),
+        (["{sweep}", "{empty}/nowhere"], "argument PATH: '{empty}/nowhere': no such file or directory"),
         (["{empty}/run*"], "PATH '{empty}/run*': the pattern matches nothing; pass run directories"),
-        (["{sweep}", "--out", "{empty}/garbage.json"], "garbage.json: not a directory; pass a directory"),
-        (["{sweep}", "--save-baseline", "{empty}"], "a directory; pass a file path, e.g. --save-baseline"),
+        (
+            ["{sweep}", "--out", "{empty}/garbage.json"],
+            "garbage.json': a file, not a directory. Fix: e.g. --out reports/today",
+        ),
+        (
+            ["{sweep}", "--save-baseline", "{empty}"],
+            "argument --save-baseline: '{empty}': a directory, not a file",
+        ),
     ],
 )
 def test_bad_input_is_one_line_exit_2(

@@ -35,7 +35,7 @@ def train(tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> subp
     base = {
         **os.environ,
         "PYTHONPATH": str(REPO),
-        "MOE_VLM_SITE_FILE": str(tmp_path / "no-site.yaml"),
+        "MOE_VLM_SITE_FILE": "none",
         **(env or {}),
     }
     dirs = [f"hydra.run.dir={tmp_path}/run", f"hydra.sweep.dir={tmp_path}/sweep"]

@@ -20,7 +20,7 @@ SECRET = "s3cr3t-token-value-42"
 
 
 def train(tmp_path: Path, *overrides: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "MOE_VLM_TEST_TOKEN": SECRET, "MOE_VLM_SITE_FILE": str(tmp_path / "no-site.yaml")}
+    env = {**os.environ, "MOE_VLM_TEST_TOKEN": SECRET, "MOE_VLM_SITE_FILE": "none"}
     return subprocess.run(
         [sys.executable, "train.py", "-m", f"hydra.sweep.dir={tmp_path / 'sweep'}", *overrides],
         cwd=REPO,

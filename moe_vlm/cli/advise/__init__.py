@@ -15,10 +15,12 @@ exit status 2.
 
 from __future__ import annotations
 
+import argparse
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from moe_vlm.base import inputs
 from moe_vlm.base.errors import EXIT_INVALID, BadInput
 from moe_vlm.base.files import RUN_JSON
 from moe_vlm.cli.advise.start import GOALS, _pipeline_split, before_any_run
@@ -79,12 +81,10 @@ def parse(argv: list[str]) -> Request:
         elif key == "sweep":
             if not value.strip():  # Path("") is the current directory
                 raise BadInput("sweep=: no path given. Fix: sweep=PATH to a sweep's output directory.")
-            sweep = Path(value).expanduser()
-            if not sweep.is_dir():
-                raise BadInput(
-                    f"sweep={value}: no such directory. Fix: sweep=PATH to a sweep's output directory "
-                    "(the multirun/... directory holding the points' run.json files)."
-                )
+            try:  # checked as every directory argument is (base/inputs.py)
+                sweep = inputs.ReadDir("sweep=multirun/DATE/TIME (the directory holding the points)")(value)
+            except argparse.ArgumentTypeError as exc:
+                raise BadInput(f"sweep={value[:80]}: {str(exc).split(': ', 1)[-1]}") from None
             if not any(sweep.rglob(RUN_JSON)):
                 raise BadInput(
                     f"sweep={value}: no {RUN_JSON} under it. Fix: point sweep= at a sweep that has run."

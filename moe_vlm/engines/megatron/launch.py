@@ -16,6 +16,7 @@ from moe_vlm.base.provenance import REPO_ROOT
 from moe_vlm.config.compose import quote_override_value
 from moe_vlm.config.spec import RunSpec
 from moe_vlm.data.bridge_processor import write_processor
+from moe_vlm.engines.megatron import trackers
 from moe_vlm.engines.megatron.config import BuiltConfig, build_config, check_overrides, place_in_run_dir
 from moe_vlm.engines.megatron.effective import EFFECTIVE_JSON, Effective, effective_config
 from moe_vlm.engines.megatron.recording import StepRecorder, counting_forward_step
@@ -26,6 +27,7 @@ from moe_vlm.knobs.telemetry_fields import RUN_DIR, in_run_dir
 from moe_vlm.perf.metrics import summarize
 from moe_vlm.predict.model import record_section
 from moe_vlm.record import profiling
+from moe_vlm.record.explog import TRACKER_SECTION
 from moe_vlm.record.records import RunRecord, read_steps
 from moe_vlm.runtime.dist_env import DistEnv, free_port
 from moe_vlm.runtime.failures import launch_info
@@ -143,6 +145,9 @@ def launch(spec: RunSpec, config: dict[str, Any], run_dir: Path) -> None:
         return
 
     from megatron.bridge.training.pretrain import pretrain
+    from megatron.bridge.training.state import GlobalState
+
+    trackers.guard(GlobalState, run_dir, spec.logger.backend.value)  # a tracker never costs the run
 
     built = build_config(spec, run_dir)
     if in_run_dir(BRIDGE_PROCESSOR_DIR) == getattr(built.cfg.dataset, "hf_processor_path", None):
@@ -199,6 +204,8 @@ def _write_run_json(
     prediction = record_section(spec, summary)  # predicted vs measured
     # The job's place (restarts, Slurm ids) goes in with the completion, as with a failure: a reader
     # that sees "completed" sees it too, before the launcher adds the task's host and times.
-    completed = RunRecord.completed(spec, config, summary, bridge=bridge, prediction=prediction)
+    tracked = trackers.failure(run_dir)
+    sections = {TRACKER_SECTION: tracked} if tracked is not None else {}
+    completed = RunRecord.completed(spec, config, summary, bridge=bridge, prediction=prediction, **sections)
     record = completed.with_launch(launch_info()).write(run_dir)
     print("\n".join(summary_lines(spec, record, run_dir)), flush=True)

@@ -42,6 +42,7 @@ from typing import Any
 
 from moe_vlm.base import noise
 from moe_vlm.base.files import write_atomic
+from moe_vlm.base.inputs import CACHE_DIR_ENV, ENV_PATHS, env_path
 from moe_vlm.base.safety import scrub
 from moe_vlm.config.spec import RunSpec
 from moe_vlm.engines.megatron.effective import Planned, plan_effective
@@ -49,7 +50,7 @@ from moe_vlm.engines.megatron.library_checks import Check, LibraryFinding, check
 from moe_vlm.engines.megatron.stack import Probe, probe, required
 from moe_vlm.knobs.bridge_recipe import family_recipes
 
-CACHE_ENV = "MOE_VLM_CACHE_DIR"
+CACHE_ENV = CACHE_DIR_ENV
 FORMAT = 1  # bumped when an entry's layout changes
 # The libraries a note names (every installed distribution is in the key).
 LIBRARIES = ("megatron-core", "megatron-bridge", "transformer-engine", "torch", "transformers")
@@ -77,9 +78,9 @@ _IMPORT = re.compile(
 
 
 def cache_dir() -> Path:
-    explicit = os.environ.get(CACHE_ENV)
-    if explicit:
-        return Path(explicit).expanduser()
+    explicit = env_path(CACHE_ENV, ENV_PATHS[CACHE_ENV])
+    if explicit is not None:
+        return explicit
     return Path(os.environ.get("XDG_CACHE_HOME") or "~/.cache").expanduser() / "moe_vlm"
 
 
