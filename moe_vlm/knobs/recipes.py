@@ -18,11 +18,9 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from moe_vlm.base import inputs
-from moe_vlm.config.compose import compose_config
 from moe_vlm.config.schema import CONF_DIR
 from moe_vlm.config.spec import RunSpec
 from moe_vlm.config.vendor import vendor_recipe
-from moe_vlm.perf.memory import estimate
 from moe_vlm.record.columns import identity_field
 
 RECIPE_DIR = CONF_DIR / "recipe"
@@ -47,7 +45,11 @@ def recipe_memory(spec: RunSpec) -> RecipeMemory | None:
 @functools.cache
 def _recipe_memory(name: str) -> RecipeMemory | None:
     # The recipe's own option, composed once per recipe and process: every point of a sweep on the
-    # same recipe shares it, and the rules that compare with it read this typed value.
+    # same recipe shares it, and the rules that compare with it read this typed value. Imported here:
+    # `moe-vlm recipes` lists recipes without Hydra's composer or the memory model.
+    from moe_vlm.config.compose import compose_config
+    from moe_vlm.perf.memory import estimate
+
     written = RunSpec.from_config(compose_config([f"recipe={name}"]))
     if not written.cluster.is_gpu_cluster or written.cluster.gpu_memory_gib <= 0:
         return None
