@@ -138,7 +138,7 @@ def run_readme(tmp_path: Path, env: dict[str, str]) -> None:
     env = {
         **env,
         "PYTHONPATH": str(REPO),  # this checkout's moe_vlm, whatever the venv's editable install names
-        "MOE_VLM_SITE_FILE": str(tmp_path / "no-site.yaml"),  # no site file: nothing routes to Slurm
+        "MOE_VLM_SITE_FILE": "none",  # no site file: nothing routes to Slurm
     }
     failures = []
     for command in readme_commands():

@@ -38,7 +38,7 @@ def test_every_recipe_plan_fits_one_screen_with_every_finding(name: str) -> None
 
 
 def dry_run(tmp_path: Path, *overrides: str, cache: Path | None = None) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": str(REPO), "MOE_VLM_SITE_FILE": str(tmp_path / "no-site.yaml")}
+    env = {**os.environ, "PYTHONPATH": str(REPO), "MOE_VLM_SITE_FILE": "none"}
     if cache is not None:
         env[CACHE_ENV] = str(cache)
     return subprocess.run(

@@ -32,7 +32,7 @@ def test_a_refused_point_exits_before_any_work(tmp_path: Path) -> None:
         text=True,
         timeout=300,
         env={
-            "MOE_VLM_SITE_FILE": str(tmp_path / "no-site.yaml"),
+            "MOE_VLM_SITE_FILE": "none",
             "PATH": "/usr/bin:/bin",
             "HOME": str(tmp_path),
         },
