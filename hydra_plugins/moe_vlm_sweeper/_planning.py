@@ -136,7 +136,10 @@ def check_library(planned: list[Point], *, enabled: bool, canary: bool) -> None:
         )
         return
     for point in todo:
-        found = library_findings(point.spec)
+        with noise.captured() as library_output:  # the stack's import warnings: not the sweep's news
+            found = library_findings(point.spec)
+        if library_output:
+            print(f"moe_vlm: {len(library_output)} line(s) of library output while checking, not shown")
         stack = [f for f in found if f.code == "LIB-STACK"]
         if stack:  # the same machine for every point: said once
             print(scrub_text(f"moe_vlm: warning: LIB-STACK: {stack[0].message}; {later}"), file=sys.stderr)
@@ -262,13 +265,14 @@ class Planner:
         search = search_of(self.search)
         settings = halving.settings_of(self.halving) if search is Search.halving else None
         planned = keep_predicted_top(self.plan(self.grid(arguments)), self.predict_keep)
-        check_library(
-            planned, enabled=self.library_checks, canary=bool(getattr(self.launcher, "uses_canary", False))
-        )
         check = getattr(self.launcher, "check", None)
         for point in planned:
             if check is not None:
                 check(self.job_overrides(point, sweep_dir))
+        # After the launcher's own checks (cheap, and a credential is refused before any library runs).
+        check_library(
+            planned, enabled=self.library_checks, canary=bool(getattr(self.launcher, "uses_canary", False))
+        )
         if settings is not None:
             settings = halving.schedule_of(planned, settings)  # refused here: nothing written yet
 
