@@ -36,7 +36,7 @@ SLURM_TOOLS = ("sbatch", "squeue", "srun", "sinfo", "scontrol", "sacct", "scance
 SLURM_CONF = "/tmp/moe_vlm_slurm/slurm.conf"
 PLAN_SCREEN = 40  # a plan fits on one screen (docs/configuration.md)
 SHOWCASE = (
-    ".venv/bin/python train.py parallelism=fsdp dispatcher=hybridep recompute=full cluster=gb200 "
+    ".venv/bin/python train.py parallelism=fsdp dispatcher=hybridep recompute=selective cluster=gb200 "
     "model=qwen3_vl_235b_a22b nodes=16 dry_run=true"
 )
 SLURM_DRY_RUN = (
