@@ -43,7 +43,7 @@ summary=()
 for dispatcher in alltoall allgather deepep hybridep; do
   dir="$out/$dispatcher"
   if ! "$PY" train.py "${common[@]}" "dispatcher=$dispatcher" dry_run=true "$@" >"$dir.plan.txt" 2>&1; then
-    reason=$(grep -m1 '^ERROR' "$dir.plan.txt" || tail -n1 "$dir.plan.txt")
+    reason=$(grep -m1 -E '^ *ERROR' "$dir.plan.txt" | sed 's/^ *//' || tail -n1 "$dir.plan.txt")
     summary+=("SKIP  $dispatcher: $reason")
     continue
   fi

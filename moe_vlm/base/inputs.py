@@ -68,7 +68,8 @@ class Kind:
         raise NotImplementedError
 
     def bad(self, text: str, why: str) -> NoReturn:
-        shown = text if len(text) <= 80 else text[:77] + "..."
+        # A long path keeps its end (the name that is wrong); a huge value does not fill the screen.
+        shown = text if len(text) <= 240 else text[:40] + "..." + text[-160:]
         raise argparse.ArgumentTypeError(f"{shown!r}: {why}. Fix: e.g. {self.example}")
 
     def __repr__(self) -> str:  # argparse names the type in some messages

@@ -67,7 +67,7 @@ def test_the_second_dry_run_command_reads_both_sections_from_the_cache(tmp_path:
     env = {
         **os.environ,
         plan_cache.CACHE_ENV: str(tmp_path / "cache"),
-        "MOE_VLM_SITE_FILE": str(tmp_path / "none"),
+        "MOE_VLM_SITE_FILE": "none",
     }
 
     def dry_run() -> subprocess.CompletedProcess[str]:

@@ -120,7 +120,8 @@ def test_file_round_trip_replaces_by_cluster_and_stack(tmp_path: Path):
     )
     assert not list(tmp_path.glob(".*tmp"))  # atomic: no temp file left
     (tmp_path / "bad.json").write_text("{not json")
-    assert cal.read_calibrations(tmp_path / "bad.json") == []
+    with pytest.raises(BadInput, match="not valid JSON"):  # a corrupt file is refused, not read as empty
+        cal.read_calibrations(tmp_path / "bad.json")
 
 
 def test_local_without_calibration_says_so_and_gpu_has_the_published_defaults():

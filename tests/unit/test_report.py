@@ -314,16 +314,16 @@ def test_bad_input_is_one_line_exit_2(
     [
         (
             ["--top", "0"],
-            "argument --top: '0' is not a row count; use a whole number 1 or more, e.g. --top 50",
+            "argument --top: '0': out of range; allowed: 1 to 1000000. Fix: e.g. --top 50",
         ),
-        (["--top", "-3"], "argument --top: '-3' is not a row count; use a whole number 1 or more"),
+        (["--top", "-3"], "argument --top: '-3': out of range; allowed: 1 to 1000000"),
         (
             ["{tmp}/gone"],
-            "PATH {tmp}/gone: no such file or directory; pass run directories, sweep directories",
+            "argument PATH: '{tmp}/gone': no such file or directory. Fix: e.g. multirun/DATE/TIME",
         ),
         (
             ["--baseline", "{tmp}/gone.json"],
-            "--baseline {tmp}/gone.json: no such file; pass a file written by",
+            "argument --baseline: '{tmp}/gone.json': no such file. Fix: e.g. --baseline baseline.json",
         ),
     ],
 )
