@@ -135,16 +135,19 @@ def check_library(planned: list[Point], *, enabled: bool, canary: bool) -> None:
             f"moe_vlm: hydra.sweeper.library_checks=false: the library's own checks did not run here; {later}"
         )
         return
-    for point in todo:
-        with noise.captured() as library_output:  # the stack's import warnings: not the sweep's news
+    # The stack's import warnings are not the sweep's news: counted once for the sweep, not shown.
+    stack: list[Finding] = []
+    with noise.captured() as library_output:
+        for point in todo:
             found = library_findings(point.spec)
-        if library_output:
-            print(f"moe_vlm: {len(library_output)} line(s) of library output while checking, not shown")
-        stack = [f for f in found if f.code == "LIB-STACK"]
-        if stack:  # the same machine for every point: said once
-            print(scrub_text(f"moe_vlm: warning: LIB-STACK: {stack[0].message}; {later}"), file=sys.stderr)
-            return
-        point.findings = [*point.findings, *found]
+            stack = [f for f in found if f.code == "LIB-STACK"]
+            if stack:  # the same machine for every point: said once
+                break
+            point.findings = [*point.findings, *found]
+    if library_output:
+        print(f"moe_vlm: {len(library_output)} line(s) of library output while checking, not shown")
+    if stack:
+        print(scrub_text(f"moe_vlm: warning: LIB-STACK: {stack[0].message}; {later}"), file=sys.stderr)
 
 
 DROPPED_NAMED = 20  # predict_keep names this many dropped points, then counts the rest
