@@ -104,3 +104,15 @@ def test_real_routing_says_the_imbalance_is_not_modelled_or_widens_the_band_for_
     low, _ = capped.band(capped.step_time_s) or (0.0, 0.0)
     assert low <= forced.step_time_s * (1 - DEFAULT_BAND) + 1e-9
     assert capped.sigma > DEFAULT_BAND and "assumed routing load" in "\n".join(capped.lines())
+
+
+def test_the_drop_and_pad_factor_is_what_megatrons_own_capacity_gives() -> None:
+    # moe_utils.py:256: capacity = ceil(tokens x top-k / experts x factor); token_dispatcher.py:511-519
+    # pads every expert to it, so the experts carry capacity x experts tokens against top-k x tokens.
+    moe_utils = pytest.importorskip("megatron.core.transformer.moe.moe_utils")
+    spec = make_spec(*GB200_30B, "router=drop_and_pad", "router.capacity_factor=1.5")
+    found = routing_load(spec)
+    assert found is not None and not found.assumed
+    tokens, top_k, experts = 4096, spec.model.moe_top_k, spec.model.num_experts
+    capacity = moe_utils.get_capacity(tokens * top_k, experts, spec.router.capacity_factor)
+    assert capacity * experts / (tokens * top_k) == pytest.approx(found.factor, rel=1e-3)
