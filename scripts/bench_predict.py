@@ -22,7 +22,9 @@ Families (--families): out of sample. Every published row of moe_vlm/predict/pub
 each whole family (model family, GPU generation, data kind, precision) left out of the fit in turn
 and predicted by the rest (moe_vlm/predict/published.py): the table of every row (predicted,
 published, error, inside the band) and each family's summary, in markdown
-(docs/step-time-prediction.md holds this output), then the defaults' fit on all covered rows.
+(docs/step-time-prediction.md holds this output), then the defaults' fit on all covered rows and
+the plan's band. Each row's band is measured by nested leave-out (moe_vlm/predict/band.py: the
+80 % conformal quantile of the errors the same procedure makes on the rows outside its family).
 Targets: mean absolute error <= 15 %, no row beyond 30 %, bands holding >= 80 % of rows.
 """
 
@@ -43,10 +45,21 @@ sys.path.insert(0, str(REPO))
 from moe_vlm.config.compose import compose_config  # noqa: E402
 from moe_vlm.config.spec import RunSpec  # noqa: E402
 from moe_vlm.perf.flops import step_flops  # noqa: E402
+from moe_vlm.predict.band import COVERAGE  # noqa: E402
 from moe_vlm.predict.calibration import Sample, calibrate, predicted_s  # noqa: E402
 from moe_vlm.predict.model import predict  # noqa: E402
 from moe_vlm.predict.probe import probe  # noqa: E402
-from moe_vlm.predict.published import GROUPINGS, default_fit, out_of_sample, published_rows, table  # noqa: E402
+from moe_vlm.predict.published import (  # noqa: E402
+    GROUPINGS,
+    RowResult,
+    coverage,
+    default_band,
+    default_fit,
+    out_of_sample,
+    published_rows,
+    summaries,
+    table,
+)
 from moe_vlm.predict.runs import RecordedRun, find_runs, recorded  # noqa: E402
 from moe_vlm.predict.terms import Term, loads  # noqa: E402
 from moe_vlm.predict.workload import expected_workload  # noqa: E402
@@ -265,15 +278,42 @@ def anchors() -> int:
     return 0
 
 
+def _measured(results: list[RowResult]) -> str:
+    held = [r for r in results if r.row.covered and r.measured_band]
+    return f"{sum(r.inside for r in held) / len(held):.0%} of {len(held)}" if held else "none"
+
+
 def families() -> int:
     rows = published_rows()
+    figures = []
     for grouping in GROUPINGS:
-        print("\n".join(table(grouping, out_of_sample(grouping, rows))))
+        results = out_of_sample(grouping, rows)
+        print("\n".join(table(grouping, results)))
         print()
+        figures.append((grouping, results))
     fit = default_fit(rows)
+    width, errors = default_band(rows)
     print(
         f"Defaults, fitted on all {fit.runs} covered rows: compute scale {fit.scales[Term.dense.value]:.4g} "
-        f"(a step at {1 / fit.scales[Term.dense.value]:.1%} of the peaks), leave-one-out rms {fit.band:.1%}."
+        f"(a step at {1 / fit.scales[Term.dense.value]:.1%} of the peaks); the plan's {COVERAGE:.0%} band "
+        f"+/-{width:.1%}, from {errors} out-of-sample errors (every covered row, its family left out, per grouping)."
+    )
+    print()
+    print("| left out by | family | rows | mean abs error | worst | band coverage |")
+    print("|---|---|---|---|---|---|")
+    for grouping, results in figures:
+        for s in summaries(grouping, results):
+            print(
+                f"| {grouping} | {s.family} | {s.rows} | {s.mean_abs_error:.1%} | {s.worst_error:+.1%} "
+                f"| {s.coverage:.0%} |"
+            )
+    print()
+    print(
+        f"Band coverage per leave-out (target >= {COVERAGE:.0%}): "
+        + ", ".join(f"{g} {coverage(results):.0%}" for g, results in figures)
+        + "; on the rows whose band was measured (the rest: the uncalibrated band, no family left to hold out): "
+        + ", ".join(f"{g} {_measured(results)}" for g, results in figures)
+        + "."
     )
     return 0
 

@@ -10,9 +10,9 @@ time), in two stages so that a handful of runs cannot overfit a dozen scales:
 2. one scale per term, ridged toward its stage-1 group scale (λ = RIDGE): a term the runs do not
    separate keeps its group's scale.
 
-The uncertainty is the leave-one-out spread: each run predicted by a fit on the others, the root
-mean square of the relative errors. Fewer than MIN_RUNS_FOR_SPREAD runs: no spread, the band is
-UNCALIBRATED_BAND.
+The uncertainty is the leave-one-out spread: each run predicted by a fit on the others. ``sigma``
+records their root mean square; the band a prediction prints is band.py's conformal quantile of
+the same errors (too few of them: UNCALIBRATED_BAND, said so).
 """
 
 from __future__ import annotations
@@ -38,13 +38,12 @@ from moe_vlm.base.inputs import (
     output_file,
 )
 from moe_vlm.config.schema import Engine
+from moe_vlm.predict.band import COVERAGE, UNCALIBRATED_BAND, conformal_width, describe, score_of_error
 from moe_vlm.predict.terms import COMM, COMPUTE, Term
 
 FILE_VERSION = 1
 RIDGE = 0.05
 MIN_RUNS_FOR_SPREAD = 3
-# No published or fitted spread: a wide band, said to be uncalibrated.
-UNCALIBRATED_BAND = 0.5
 
 GROUPS: dict[str, tuple[Term, ...]] = {
     "compute": COMPUTE,
@@ -88,6 +87,10 @@ class Calibration:
     # A probe's (moe_vlm/predict/probe.py): the probed kernels and collectives alone, so a whole
     # step takes longer by what it spends between them. It ranks points; it neither bands nor flags.
     lower_bound: bool = False
+    # The band's relative half-width where it was measured elsewhere (the GPU defaults: the
+    # published rows' family-left-out errors) and in words what on; None: from `residuals`.
+    width: float | None = None
+    width_basis: str = ""
 
     def scale(self, term: Term) -> float:
         if term.value not in self.scales and term is Term.gdn:
@@ -97,7 +100,24 @@ class Calibration:
 
     @property
     def band(self) -> float:
-        return self.sigma if self.sigma is not None else UNCALIBRATED_BAND
+        """The relative half-width of its COVERAGE band (band.py): measured out of sample, else
+        UNCALIBRATED_BAND."""
+        if self.width is not None:
+            return self.width
+        measured = conformal_width(score_of_error(e) for e in self.residuals.values())
+        return measured if measured is not None else UNCALIBRATED_BAND
+
+    @property
+    def band_text(self) -> str:
+        """What the band holds and what it was measured on, in the plan's words."""
+        if self.width is not None:
+            return describe(COVERAGE, self.width_basis)
+        if conformal_width(score_of_error(e) for e in self.residuals.values()) is not None:
+            return describe(COVERAGE, f"{len(self.residuals)} runs' leave-one-out errors")
+        return (
+            f"uncalibrated band +/-{UNCALIBRATED_BAND:.0%}: {len(self.residuals)} out-of-sample error(s), "
+            f"too few for a {COVERAGE:.0%} band"
+        )
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -113,6 +133,8 @@ class Calibration:
             source=str(raw.get("source", "")),
             residuals={str(k): float(v) for k, v in dict(raw.get("residuals") or {}).items()},
             lower_bound=bool(raw.get("lower_bound", False)),
+            width=None if raw.get("width") is None else float(raw["width"]),
+            width_basis=str(raw.get("width_basis", "")),
         )
 
 

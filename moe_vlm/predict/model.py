@@ -13,24 +13,29 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from moe_vlm.config.arch import Mixer, layer_kinds
+from moe_vlm.config.arch import Mixer, Mlp, layer_kinds
 from moe_vlm.config.schema import Precision
 from moe_vlm.config.spec import RunSpec
 from moe_vlm.perf.flops import Workload, step_flops
 from moe_vlm.perf.metrics import peak_of
-from moe_vlm.predict.calibration import UNCALIBRATED_BAND, Calibration, find, stack_of
-from moe_vlm.predict.terms import COMM, COMPUTE, Term, loads
+from moe_vlm.predict.band import COVERAGE, UNCALIBRATED_BAND
+from moe_vlm.predict.calibration import Calibration, find, stack_of
+from moe_vlm.predict.terms import COMM, COMPUTE, ROUTING_NOT_MODELLED, Term, ep_term, loads, routing_load
 from moe_vlm.predict.workload import expected_workload
 
 # Defaults for GPU clusters: published.default_fit() on the 11 published measured rows the model
 # covers (moe_vlm/predict/published_rows.json; `python scripts/bench_predict.py --families`): one
 # scale for all compute (1 / the share of the peaks a whole step reaches) and none for the
-# collectives or a per-step constant, which those rows do not separate from compute; sigma is that
-# fit's leave-one-out rms. tests/unit/test_predict_out_of_sample.py refits and compares.
+# collectives or a per-step constant, which those rows do not separate from compute.
+# tests/unit/test_predict_out_of_sample.py refits and compares.
 DEFAULT_COMPUTE_SCALE = 3.706  # 1 / 27.0% of the peaks
 DEFAULT_COMM_SCALE = 0.0
-DEFAULT_SIGMA = 0.115
 DEFAULT_SOURCE = "defaults fitted on 11 published rows (moe_vlm/predict/published_rows.json)"
+# The defaults' band (band.py): the 80 % conformal quantile of the 44 errors the 11 rows make when
+# their own family is left out of the fit, one per grouping (published.default_band). Its coverage
+# measured by nested leave-out is in docs/step-time-prediction.md.
+DEFAULT_BAND = 0.1784
+DEFAULT_BAND_BASIS = "44 out-of-sample errors on 11 published rows, each with its family left out of the fit"
 # Where no published row stands for the point, the band is what leaving a whole family out of the
 # fit cost on the rows that have one (scripts/bench_predict.py --families; the test recomputes):
 # a Gated DeltaNet hybrid (Qwen3.5: its one row, never fitted on, is -58 % to -63 %, so truth is up
@@ -80,7 +85,9 @@ class Prediction:
     """What the plan, run.json and the report say about a point's speed before it runs."""
 
     step_time_s: float | None  # None: no calibration applies (`note` says why)
-    sigma: float  # relative 1-sigma band of the step time
+    # The relative half-width of the step time's band (band.py: what it holds, measured out of
+    # sample; `band_basis` says on what). run.json keeps the key "sigma" for its readers.
+    sigma: float
     source: str  # which calibration, in words
     workload: str  # where the expected tokens and patches come from
     effective_tokens_per_s_per_gpu: float | None
@@ -90,9 +97,10 @@ class Prediction:
     note: str | None = None
     unit: str = "GPU"  # "rank" for CPU ranks
     lower_bound: bool = False  # from a probe's calibration: at least this long; no band, no flag
+    band_basis: str = ""  # the band in words: its coverage and what it was measured on
 
     def band(self, value: float | None, rate: bool = False) -> tuple[float, float] | None:
-        """(low, high) at 1 sigma; a rate moves opposite to the step time. None for a lower bound."""
+        """(low, high) of the band; a rate moves opposite to the step time. None for a lower bound."""
         if value is None or self.lower_bound:
             return None
         if rate:
@@ -105,6 +113,8 @@ class Prediction:
             "step_time_s": self.step_time_s,
             "step_time_band_s": None if band is None else list(band),  # JSON's shape, read back equal
             "sigma": None if self.lower_bound else self.sigma,
+            "band_coverage": None if self.lower_bound else COVERAGE,
+            "band_basis": None if self.lower_bound else self.band_basis,
             "lower_bound": self.lower_bound,
             "source": self.source,
             "workload": self.workload,
@@ -123,7 +133,7 @@ class Prediction:
                 else "(at least: a probe's lower bound, no band; it ranks points)"
             )
         low, high = self.band(value, rate) or (0.0, 0.0)
-        head = f"1 sigma {self.sigma:.0%}: " if not rate else ""
+        head = f"{COVERAGE:.0%} band +/-{self.sigma:.0%}: " if not rate else ""
         if self.sigma >= 1:  # an uncalibrated band: no lower end worth printing
             return f"(+/-{self.sigma:.0%}: uncalibrated, see below)"
         return f"({head}{low:{fmt}}-{high:{fmt}}{unit})"
@@ -149,12 +159,31 @@ class Prediction:
         else:
             out.append("MFU            none: the cluster declares no peak")
         out.append(f"calibration    {self.source}")
+        if not self.lower_bound and self.band_basis:
+            out.append(f"band           {self.band_basis}")
         out.append(f"workload       {self.workload}")
         shown = sorted((t for t in self.terms if t.seconds > 0), key=lambda t: -t.seconds)
         out += [f"  {t.term:<12} {t.seconds:10.4g} s  {t.why}" for t in shown]
         if self.note:
             out.append(self.note)
         return out
+
+
+def _routing(
+    spec: RunSpec, parts: tuple[TermTime, ...], step: float, band: float
+) -> tuple[str | None, float]:
+    """The routing line the plan prints next to the number, and the band: an assumed load widens
+    it by what the routed terms would lose at balanced load (the bound's other end)."""
+    if not any(kind.mlp is Mlp.moe for kind in layer_kinds(spec.model)):
+        return None, band
+    found = routing_load(spec)
+    if found is None:
+        return ROUTING_NOT_MODELLED, band
+    if not found.assumed or step <= 0:
+        return None, band
+    routed = sum(t.seconds for t in parts if t.term in (Term.experts.value, ep_term(spec).value))
+    widened = band + routed * (1 - 1 / found.factor) / step
+    return f"{found.why}: band widened to +/-{widened:.0%} (balanced load at the other end)", widened
 
 
 def has_defaults(spec: RunSpec) -> bool:
@@ -172,9 +201,11 @@ def calibration_for(spec: RunSpec, path: Path | None = None) -> Calibration | No
             cluster=spec.cluster.name,
             stack="any",
             scales={t.value: v for t, v in default_scales().items()},
-            sigma=DEFAULT_SIGMA,
+            sigma=None,
             runs=0,
             source=DEFAULT_SOURCE,
+            width=DEFAULT_BAND,
+            width_basis=DEFAULT_BAND_BASIS,
         )
     return None
 
@@ -220,15 +251,20 @@ def predict(
         if calibration.runs
         else calibration.source
     )
-    if calibration.sigma is None and not calibration.lower_bound:
-        source += f"; no spread measured: uncalibrated band {UNCALIBRATED_BAND:.0%}"
     unit = "GPU" if spec.cluster.is_gpu_cluster else "rank"
-    band, note = calibration.band, None
+    band, note, basis = calibration.band, None, calibration.band_text
     wide = uncalibrated(spec) if calibration.runs == 0 and not calibration.lower_bound else None
     if wide is not None:
         what, band = wide[0], max(wide[1], band)
         note = f"{what}: +/-{band:.0%}, from the published rows' out-of-sample error (docs/step-time-prediction.md)"
         source += f"; {what}: +/-{band:.0%}"
+        basis = f"{what}: +/-{band:.0%}, the worst out-of-sample error of its kind, not a measured {COVERAGE:.0%} band"
+    routing_note, routed_band = _routing(spec, parts, step, band)
+    if routing_note:
+        note = f"{note}\n{routing_note}" if note else routing_note
+    if routed_band != band:
+        band = routed_band
+        basis += f"; widened to +/-{band:.0%} for the assumed routing load"
     return Prediction(
         step,
         band,
@@ -241,10 +277,13 @@ def predict(
         note=note,
         unit=unit,
         lower_bound=calibration.lower_bound,
+        band_basis=basis,
     )
 
 
-FLAG_SIGMAS = 2.0  # a run this many sigmas slower than predicted is flagged (regression or fault)
+# A run slower than predicted by this many half-widths of its band (band.py; run.json's "sigmas",
+# the key's old name) is flagged (regression or fault).
+FLAG_SIGMAS = 2.0
 # Fewer steady steps than this and the error is recorded, never judged: one step (a short run, a
 # halving rung) can be a profiler, a GC pause or a compile, and its +28 % reads as "2.5 sigma"
 # while the median of a longer window sits inside the band.

@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from moe_vlm.predict.band import COVERAGE
 from moe_vlm.predict.model import FLAG_SIGMAS, MIN_JUDGED_STEPS
 
 COLUMNS = (
@@ -69,7 +70,8 @@ def section(rows: list[dict[str, Any]], top: int) -> list[str]:
         )
         + ".",
         "",
-        "| run | measured s p50 (p10-p90) | predicted s | 1 sigma | error | sigmas | flag |",
+        # "sigmas": the error in half-widths of the recorded band (band.py), the key's old name.
+        f"| run | measured s p50 (p10-p90) | predicted s | {COVERAGE:.0%} band | error | sigmas | flag |",
         "|---|---|---|---|---|---|---|",
     ]
     for r in known[:top]:
@@ -81,7 +83,7 @@ def section(rows: list[dict[str, Any]], top: int) -> list[str]:
         bound = sigma is None  # a probe's lower bound: no band, so no sigmas and no flag
         lines.append(
             f"| {r.get('run')} | {measured:.3f}{spread} | {r['predicted_step_s']:.3f} "
-            f"| {'lower bound' if bound else f'{sigma:.0%}'} | {r['prediction_error']:+.1%} "
+            f"| {'lower bound' if bound else f'+/-{sigma:.0%}'} | {r['prediction_error']:+.1%} "
             f"| {'-' if bound else f'{sigmas:+.1f}'} | {'FLAGGED' if r.get('prediction_flagged') else ''} |"
         )
     if len(known) > top:

@@ -12,6 +12,12 @@ links       per-GPU NVLink and NIC bandwidth, one direction (moe_vlm/predict/har
 optimizer   Adam's bytes over HBM bandwidth (memory-bound; CPU: nominal 10 GB/s).
 overhead    one second: the per-step constant (data wait, launches, the loop) only a fit knows.
 
+Routing: the routed experts' GEMMs and the EP exchange wait on the most loaded expert, so both
+scale by the max / mean tokens per expert (routing_load): 1 under forced balance, the capacity
+factor when every expert's input is padded to its capacity, that capacity as an assumed bound when
+tokens are dropped but not padded; under dropless real routing no citable load factor exists (every
+published row forces balance), so the load is taken as balanced and the plan says so.
+
 FLOPs are the project's hardware FLOPs (``moe_vlm.perf.flops``: padded tokens, padded vocabulary,
 frozen-aware, plus recompute's extra forward), split by operation class and divided evenly over
 the world (TP, PP, CP, EP and DP each split the work; imbalance is what calibration absorbs). The
@@ -71,6 +77,43 @@ EP_PASSES = 4
 # over 520 / 2.25 PF = 0.769. No published A/B for FP8 current scaling or NVFP4: absent here (1.0),
 # and the plan says those precisions are uncalibrated (predict/model.py).
 PRECISION_EFFICIENCY: dict[Precision, float] = {Precision.fp8mx: (800 / 4.5) / (520 / 2.25)}
+
+
+@dataclass(frozen=True)
+class RoutingLoad:
+    """The max / mean tokens per expert a step waits on, and where the figure comes from."""
+
+    factor: float
+    assumed: bool  # a bound taken as the load, not what the library makes it
+    why: str
+
+
+# Dropless real routing: the load is the data's, recorded nowhere before the run and published
+# for no row, so it is not modelled (the plan says so next to the number).
+ROUTING_NOT_MODELLED = "routing imbalance not modelled: real-routing predictions assume balanced load"
+
+
+def routing_load(spec: RunSpec) -> RoutingLoad | None:
+    """The routing load the expert and EP terms scale by; None: real dropless routing (not modelled)."""
+    router = spec.router
+    if router.force_load_balancing:
+        # MCore router.py:856-858: random logits whatever the tokens; every expert equally loaded.
+        return RoutingLoad(1.0, False, "forced balance (random router logits: every expert equally loaded)")
+    capacity = router.capacity_factor
+    if capacity is None or capacity <= 0:
+        return None
+    if router.pad_to_capacity:
+        # token_dispatcher.py:511-519: every expert gets capacity = ceil(tokens x top-k / experts x
+        # factor) (moe_utils.py:256) tokens, padded: the GEMMs and the exchange carry factor x the mean.
+        return RoutingLoad(
+            capacity, False, f"drop-and-pad: every expert padded to {capacity:g} x its balanced share"
+        )
+    # Dropped above capacity, not padded: the fullest expert holds at most capacity x the mean.
+    return RoutingLoad(
+        capacity,
+        True,
+        f"assumed routing load: at most {capacity:g} x the balanced share per expert (the capacity bound)",
+    )
 
 
 class Term(StrEnum):
@@ -245,6 +288,9 @@ def loads(spec: RunSpec, workload: Workload) -> list[Load]:
 
     bubble = bubble_factor(spec)
     peaks = _compute_peaks(spec)
+    routing = routing_load(spec)
+    load = routing.factor if routing is not None else 1.0
+    load_note = f" x routing load {load:g}" if load != 1.0 else ""
     bubble_note = f" x bubble {bubble:.3f}" if bubble > 1 else ""
     for term, flops in hardware_flops_by_class(spec, workload).items():
         if flops <= 0:
@@ -255,8 +301,13 @@ def loads(spec: RunSpec, workload: Workload) -> list[Load]:
             rate += (
                 f" ({spec.precision.format.value} peak x {PRECISION_EFFICIENCY[spec.precision.format]:.3f})"
             )
+        routed = load if term is Term.experts else 1.0
         out.append(
-            Load(term, flops / world / peak * bubble, f"{flops / world:.3g} FLOP/GPU at {rate}{bubble_note}")
+            Load(
+                term,
+                flops / world / peak * bubble * routed,
+                f"{flops / world:.3g} FLOP/GPU at {rate}{bubble_note}{load_note if routed != 1.0 else ''}",
+            )
         )
 
     nvlink = links.nvlink_bytes_per_s if links else NOMINAL_CPU_LINK
@@ -278,9 +329,9 @@ def loads(spec: RunSpec, workload: Workload) -> list[Load]:
         out.append(
             Load(
                 ep_term(spec),
-                seconds * (1 - hidden),
+                seconds * (1 - hidden) * load,
                 f"{per_gpu / 1e9:.3g} GB/GPU ({passes} passes, top-{model.moe_top_k}, {where}); "
-                f"{hidden:.2%} hidden{' (EP overlap)' if overlap else ''}",
+                f"{hidden:.2%} hidden{' (EP overlap)' if overlap else ''}{load_note}",
             )
         )
 

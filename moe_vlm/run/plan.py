@@ -475,6 +475,9 @@ def _prediction_summary(found: Prediction | str) -> list[str]:
         f"predicted      step {found.step_time_s:.4g} s {found.range_text(found.step_time_s, '.4g', ' s')}"
         + ("" if tokens is None else f", {tokens:,.0f} effective tokens/s/{found.unit}"),
         f"               {mfu}; {found.source}",
+        # What the number does not model or how far it is trusted (routing, an uncalibrated
+        # family), next to it: the whole plan's prediction section has the rest.
+        *(f"               {line}" for line in (found.note or "").splitlines()),
     ]
 
 

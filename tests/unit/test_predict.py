@@ -17,7 +17,7 @@ from moe_vlm.perf.flops import step_flops
 from moe_vlm.perf.metrics import by_step, steady_window, workload_of
 from moe_vlm.predict import calibration as cal
 from moe_vlm.predict.model import (
-    DEFAULT_SIGMA,
+    DEFAULT_BAND,
     FLAG_SIGMAS,
     MIN_JUDGED_STEPS,
     measured_window,
@@ -128,7 +128,7 @@ def test_local_without_calibration_says_so_and_gpu_has_the_published_defaults():
     found = predict(make_spec())
     assert found.step_time_s is None and "moe-vlm calibrate" in (found.note or "")
     gpu = predict(make_spec(*GB200))
-    assert gpu.step_time_s and gpu.step_time_s > 0 and gpu.sigma == pytest.approx(DEFAULT_SIGMA)
+    assert gpu.step_time_s and gpu.step_time_s > 0 and gpu.sigma == pytest.approx(DEFAULT_BAND)
     assert gpu.mfu is not None and "GB200 dense BF16" in (gpu.peak_name or "")
     assert "published rows" in gpu.source
 
