@@ -161,8 +161,9 @@ def _tracker_scheme(spec: RunSpec) -> Iterator[Violation]:
         f"logger.tracking_uri resolves to {store.uri}{given}, whose scheme the installed MLflow "
         f"{store.version} does not know (its tracking stores: "
         f"{', '.join(repr(s) for s in store.schemes)}), so the tracker would fail on opening.",
-        "use one of those schemes (an http(s) tracking server), or pip install mlflow (the full "
-        "package brings SQLAlchemy for sqlite:// and the other databases).",
+        "set logger.tracking_uri=http(s)://<your tracking server> (or file:///<dir>/mlruns with "
+        "MLFLOW_ALLOW_FILE_STORE=true), or pip install mlflow (the full package brings SQLAlchemy for "
+        "sqlite:// and the other databases).",
     )
 
 
