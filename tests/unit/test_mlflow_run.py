@@ -38,7 +38,9 @@ def train(tmp_path: Path, *args: str, env: dict[str, str]) -> subprocess.Complet
 
 
 @pytest.mark.slow
-def test_a_writable_store_holds_the_runs_params_and_every_step(tmp_path: Path) -> None:
+def test_a_writable_store_holds_the_runs_params_and_every_step(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from mlflow.tracking import MlflowClient
 
     uri = f"file://{tmp_path}/mlruns"
@@ -53,14 +55,11 @@ def test_a_writable_store_holds_the_runs_params_and_every_step(tmp_path: Path) -
     record = json.loads((tmp_path / "run" / RUN_JSON).read_text())
     assert record[explog.TRACKER_SECTION] == {"backend": "mlflow", "status": "logged"}
 
-    os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")  # the reader opens the same FileStore
-    try:
-        client = MlflowClient(uri)
-        experiment = client.get_experiment_by_name("moe_vlm_test")
-        assert experiment is not None
-        (run,) = client.search_runs([experiment.experiment_id])
-    finally:
-        os.environ.pop("MLFLOW_ALLOW_FILE_STORE", None)
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # the reader opens the same FileStore
+    client = MlflowClient(uri)
+    experiment = client.get_experiment_by_name("moe_vlm_test")
+    assert experiment is not None
+    (run,) = client.search_runs([experiment.experiment_id])
     assert run.info.run_name == "e2e" and run.info.status == "FINISHED"
     assert len(run.data.params) > 50 and run.data.params["config.logger.backend"] == "mlflow"
     for name in ("train/loss", "perf/step_time_s", "perf/real_tokens_per_s_per_gpu", "memory/peak_gib"):
