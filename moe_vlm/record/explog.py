@@ -21,6 +21,8 @@ import json
 import os
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -86,6 +88,72 @@ def unwritable_store(store: Path) -> str | None:
     if not os.access(existing, os.W_OK | os.X_OK):
         return f"{existing} is not writable"
     return None
+
+
+@dataclass(frozen=True)
+class MlflowStore:
+    """What the installed MLflow makes of a tracking URI, asked of MLflow itself (`mlflow_store`)."""
+
+    version: str
+    uri: str  # as the run will resolve it (the knob, else MLFLOW_TRACKING_URI, else MLflow's default), scrubbed
+    schemes: tuple[str, ...]  # every scheme its tracking-store registry knows
+    known: bool  # the URI's scheme is one of them
+    file_store_refused: bool  # a FileStore, which this version refuses without MLFLOW_ALLOW_FILE_STORE=true
+
+
+@cache
+def _mlflow_tracking() -> Any:
+    # Lazy: `import mlflow` takes seconds (pandas, FastAPI); only a plan with logger=mlflow pays it.
+    import mlflow.tracking._tracking_service.utils as tracking
+
+    return tracking
+
+
+def mlflow_import_error() -> str | None:
+    """Why `import mlflow` fails here (None: it imports; also None when it is not installed, which
+    `missing_package` says)."""
+    if importlib.util.find_spec("mlflow") is None:
+        return None
+    try:
+        _mlflow_tracking()
+    except Exception as exc:  # a broken install raises anything, not only ImportError
+        return " ".join(f"{type(exc).__name__}: {exc}".split())[:REASON_CHARS]
+    return None
+
+
+def mlflow_store(tracking_uri: str | None) -> MlflowStore | None:
+    """The installed MLflow's verdict on a tracking URI (None: MLflow does not import here).
+
+    The scheme is looked up in MLflow's own tracking-store registry
+    (mlflow/tracking/_tracking_service/utils.py:236-256: file and no scheme, databricks, http(s),
+    the SQL engines only where SQLAlchemy imports, and plug-ins' entry points) through its
+    get_store_builder (mlflow/tracking/registry.py:62-86), which builds nothing. A FileStore is
+    refused on construction unless MLFLOW_ALLOW_FILE_STORE is true (mlflow/store/tracking/
+    file_store.py:253-264, MLflow 3.x); a version without that variable does not refuse.
+    """
+    if importlib.util.find_spec("mlflow") is None or mlflow_import_error() is not None:
+        return None
+    tracking = _mlflow_tracking()
+    from mlflow import environment_variables as env
+    from mlflow.exceptions import MlflowException
+    from mlflow.version import VERSION
+
+    # MLflow's resolution order (utils.py:162-174) without its process-wide set_tracking_uri
+    # value, which a plan never sets and the run's own process starts without.
+    uri = tracking_uri or env.MLFLOW_TRACKING_URI.get() or tracking._get_default_tracking_uri()
+    registry = tracking._tracking_store_registry
+    try:
+        builder = registry.get_store_builder(uri)
+    except MlflowException:  # UnsupportedModelRegistryStoreURIException, or a malformed database URI
+        builder = None
+    allow = getattr(env, "MLFLOW_ALLOW_FILE_STORE", None)
+    return MlflowStore(
+        version=VERSION,
+        uri=scrub_text(uri),
+        schemes=tuple(sorted(registry._registry)),
+        known=builder is not None,
+        file_store_refused=builder is tracking._get_file_store and allow is not None and not allow.get(),
+    )
 
 
 def step_metrics(records: list[StepRecord]) -> dict[str, float]:

@@ -96,14 +96,26 @@ def _steady_left(spec: RunSpec) -> Iterator[Violation]:
 
 @rule("T006", Level.error, "the torch engine's tracker is installed")
 def _tracker_installed(spec: RunSpec) -> Iterator[Violation]:
+    # On engine=megatron the stack probe imports Bridge's tracker module (engines/megatron/stack.py
+    # MLFLOW, WANDB), in the plan and on every node before distributed init.
     backend = spec.logger.backend
-    missing = explog.missing_package(backend) if spec.engine is Engine.torch else None
+    if spec.engine is not Engine.torch:
+        return
+    missing = explog.missing_package(backend)
     if missing:
         yield Violation(
             ("logger",),
             f"logger={backend.value}: the {missing} package does not import in this environment, so "
             "the torch engine could not log to it.",
             f"pip install {missing}, or logger=tensorboard|none.",
+        )
+    broken = explog.mlflow_import_error() if backend is ExperimentLogger.mlflow else None
+    if broken:
+        yield Violation(
+            ("logger",),
+            f"logger=mlflow: `import mlflow` fails in this environment ({broken}), so the torch engine "
+            "could not log to it.",
+            "reinstall it (pip install --force-reinstall mlflow-skinny), or logger=tensorboard|none.",
         )
 
 
@@ -124,3 +136,49 @@ def _tracker_store(spec: RunSpec) -> Iterator[Violation]:
             f"({why}), so the tracker would fail on opening.",
             "point it at a directory you can write (file:///lustre/<you>/mlruns) or an http(s) tracking server.",
         )
+
+
+def _mlflow_store(spec: RunSpec) -> explog.MlflowStore | None:
+    # Imported only for logger=mlflow (seconds); None where MLflow does not import (T006 or the
+    # Megatron engine's stack probe says so).
+    if spec.logger.backend is not ExperimentLogger.mlflow:
+        return None
+    return explog.mlflow_store(spec.logger.tracking_uri)
+
+
+@rule("T008", Level.error, "the installed MLflow knows the tracking URI's scheme")
+def _tracker_scheme(spec: RunSpec) -> Iterator[Violation]:
+    # Asked of MLflow's own tracking-store registry (record/explog.mlflow_store): an unknown scheme
+    # raises on the first call the run makes (mlflow/tracking/registry.py:80-86), the SQL ones
+    # included where SQLAlchemy is absent (mlflow-skinny; mlflow/tracking/_tracking_service/
+    # utils.py:251-253), which is MLflow 3's default store, sqlite:///mlflow.db.
+    store = _mlflow_store(spec)
+    if store is None or store.known:
+        return
+    given = "" if spec.logger.tracking_uri else " (logger.tracking_uri=null: MLflow's default)"
+    yield Violation(
+        ("logger.tracking_uri",),
+        f"logger.tracking_uri resolves to {store.uri}{given}, whose scheme the installed MLflow "
+        f"{store.version} does not know (its tracking stores: "
+        f"{', '.join(repr(s) for s in store.schemes)}), so the tracker would fail on opening.",
+        "set logger.tracking_uri=http(s)://<your tracking server> (or file:///<dir>/mlruns with "
+        "MLFLOW_ALLOW_FILE_STORE=true), or pip install mlflow (the full package brings SQLAlchemy for "
+        "sqlite:// and the other databases).",
+    )
+
+
+@rule("T009", Level.error, "the installed MLflow opens a local file store")
+def _tracker_file_store(spec: RunSpec) -> Iterator[Violation]:
+    # MLflow 3.x refuses its FileStore on construction unless MLFLOW_ALLOW_FILE_STORE is true
+    # (mlflow/store/tracking/file_store.py:253-264; the variable: mlflow/environment_variables.py:2040).
+    # Read where the plan runs: a sweep's job inherits the submitting shell's environment.
+    store = _mlflow_store(spec)
+    if store is None or not store.file_store_refused:
+        return
+    yield Violation(
+        ("logger.tracking_uri",),
+        f"logger.tracking_uri resolves to the local file store {store.uri}, which the installed MLflow "
+        f"{store.version} refuses unless MLFLOW_ALLOW_FILE_STORE=true, so the tracker would fail on opening.",
+        "export MLFLOW_ALLOW_FILE_STORE=true, or use a database store (logger.tracking_uri=sqlite:///"
+        "<dir>/mlflow.db, with the full mlflow package) or an http(s) tracking server.",
+    )

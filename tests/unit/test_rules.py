@@ -293,12 +293,23 @@ CASES: dict[str, tuple[list[str], list[str]]] = {
         [*MEG, "profiling=torch", "profiling.steps=[7]"],
     ),
     "T005": (["profiling=torch", "train_iters=3"], ["profiling=torch", "train_iters=4"]),
-    # mlflow is not in the venv (T006's own test checks the import it relies on).
-    "T006": (["logger=mlflow"], ["logger=tensorboard"]),
+    # wandb is not in the venv (T006's own test checks the import it relies on); mlflow-skinny is (dev extra).
+    "T006": (["logger=wandb"], ["logger=tensorboard"]),
     # A store under a regular file can never be created; one under a writable directory can.
     "T007": (
         ["logger=mlflow", f"logger.tracking_uri=file://{REPO}/pyproject.toml/mlruns"],
         ["logger=mlflow", "logger.tracking_uri=file:///tmp/moe_vlm_t007/mlruns"],
+    ),
+    # Asked of the installed MLflow's registry: no tracking store for s3 (an artifact store only).
+    "T008": (
+        ["logger=mlflow", "logger.tracking_uri=s3://bucket/mlruns"],
+        ["logger=mlflow", "logger.tracking_uri=http://mlflow:5000"],
+    ),
+    # MLflow 3 refuses a file store without MLFLOW_ALLOW_FILE_STORE=true (tests/unit/test_tracker_checks.py
+    # sets and clears it).
+    "T009": (
+        ["logger=mlflow", "logger.tracking_uri=file:///tmp/moe_vlm_t009/mlruns"],
+        ["logger=mlflow", "logger.tracking_uri=http://mlflow:5000"],
     ),
 }
 
