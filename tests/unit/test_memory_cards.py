@@ -45,3 +45,12 @@ def test_padded_bridge_mock_stays_padded() -> None:
     found = estimate(spec)
     # The padded card row: what Bridge's Qwen3.5 perf recipes feed (MBS rows x 4096) does not fit at MBS 16.
     assert not found.fits
+
+
+@pytest.mark.parametrize("card", CARDS)
+def test_a_card_that_packs_says_why(card: str) -> None:
+    # The card rows do not say how samples became rows: packing is an assumption, with its reason.
+    spec = make_spec(f"card={card}")
+    if spec.data.packing.value != "none":
+        why = spec.card.assumed.get("data.packing", "")
+        assert "in_batch.py" in why and "vlm_step" in why, why
