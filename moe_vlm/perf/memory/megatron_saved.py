@@ -43,14 +43,7 @@ def megatron_layer_saved(model: ModelConfig, index: int, etp: int) -> list[Saved
             Saved("softmax log-sum-exp", FP32 * att.heads, "tp", "dgrad", "core_attn"),
         ]
     else:
-        gdn = gdn_shape(model)
-        kd, vd, nv = gdn.key, gdn.value, gdn.value_heads
-        saved += [
-            Saved("GDN projections (qkv, z, b, a)", BF16 * (2 * kd + 2 * vd + 2 * nv), "tp", "dgrad"),
-            Saved("GDN conv output", BF16 * (2 * kd + vd), "tp", "dgrad"),
-            Saved("GDN core output + gated norm input", BF16 * 2 * vd, "tp", "dgrad", "gdn_norm_out"),
-            Saved("GDN out_proj input", BF16 * vd, "tp", "wgrad", "gdn_norm_out"),
-        ]
+        saved += gdn_saved(model)
     saved += [
         Saved("pre_mlp_layernorm input", BF16 * h, "sp", "dgrad"),
         Saved("pre_mlp_layernorm rsigma", FP32, "sp", "dgrad"),
@@ -81,6 +74,36 @@ def megatron_layer_saved(model: ModelConfig, index: int, etp: int) -> list[Saved
             Saved("shared expert SwiGLU output", BF16 * fs, "tp", "wgrad", "shared_experts"),
         ]
     return saved
+
+
+def gdn_saved(model: ModelConfig) -> list[Saved]:
+    """A Gated DeltaNet mixer on the FLA path (megatron/core/ssm/gated_delta_net/gdn.py:129-272,
+    common.py:370-445; FLA 0.4.2 kernels), per token, from each op's save_for_backward. The in_proj
+    output itself is not kept: every part of it the later ops save is a contiguous copy. No chunked
+    recurrent state is kept: FLA recomputes h in backward from what it saved (chunk.py:261)."""
+    gdn = gdn_shape(model)
+    kd, vd, nv = gdn.key, gdn.value, gdn.value_heads
+    key_heads = model.linear_num_key_heads
+    # The kernel sees q and k repeated to the value heads (common.py:418-421), each head of key_head_dim.
+    qk_wide = nv * model.linear_key_head_dim
+    return [
+        # fla causal_conv1d saves its input, made contiguous by input_guard (fla modules/conv/triton/ops.py:364).
+        Saved("GDN conv input (q, k, v channels)", BF16 * (2 * kd + vd), "tp", "dgrad"),
+        # g in fp32 from softplus(alpha.float() + dt_bias); beta = sigmoid(beta), which the kernel saves too.
+        Saved("GDN alpha (fp32 softplus input) + beta", FP32 * nv + BF16 * nv, "tp", "dgrad"),
+        # l2norm(query_key) saves its output and the per-head rstd (fla modules/l2norm.py:249; common.py:411).
+        Saved("GDN q/k L2-norm output + rstd", BF16 * 2 * kd + FP32 * 2 * key_heads, "tp", "dgrad"),
+        # chunk_gated_delta_rule saves q, k, v, g, beta, A (fla ops/gated_delta_rule/chunk.py:261).
+        Saved("GDN kernel q, k (value-head width), v", BF16 * (2 * qk_wide + vd), "tp", "dgrad"),
+        # A: the WY matrix, 64 (the chunk) per head per token, solved in k's dtype (chunk.py:39-52); g: its
+        # fp32 chunk cumsum (chunk.py:38).
+        Saved("GDN kernel A (WY, chunk 64) + g cumsum", BF16 * 64 * nv + FP32 * nv, "tp", "dgrad"),
+        # The gated norm's inputs: a gdn_norm_out checkpoint keeps them too (its args, core/tensor_parallel/
+        # random.py:704), dropping what the norm computed (gdn.py:255-276).
+        Saved("GDN core output + gate z (gated-norm inputs)", BF16 * 2 * vd, "tp", "dgrad"),
+        Saved("GDN RMSNorm output (the gate's multiplicand)", BF16 * vd, "tp", "dgrad", "gdn_norm_out"),
+        Saved("GDN out_proj input", BF16 * vd, "tp", "wgrad", "gdn_norm_out"),
+    ]
 
 
 def _kept(entry: Saved, weights_train: bool, input_grad: bool, selective: set[str]) -> bool:

@@ -6,6 +6,8 @@ more, so its size follows the data. The estimate then sizes activations on a hig
 the data source's tokens (and ViT patches) per micro-batch, PERCENTILE, stated in every term:
 
 - mock: image-free text of uniform seq_length/2 .. seq_length tokens (data/mock.py);
+- bridge_mock: Bridge's mock as mock_vlm_sft.py draws it for this packing mode (data/bridge_mock.py:
+  its 1,000 base examples' real tokens, 10-99 answer words when packed, one 784-patch image each);
 - synthetic: the data group's distribution (image count, long side, aspect ratio, text length:
   data/synthetic.py), each image through the Qwen-VL resize (images.patches_for_image), each sample
   capped at seq_length as the encoder caps it (text cut, images kept);
@@ -39,6 +41,7 @@ from PIL import Image
 from moe_vlm.config.schema import DataKind, Packing
 from moe_vlm.config.spec import RunSpec
 from moe_vlm.data.bins import first_fit_decreasing, padded_length
+from moe_vlm.data.bridge_mock import bridge_mock
 from moe_vlm.data.energon import IMAGE_PARTS, iter_samples, read_meta
 from moe_vlm.perf.memory.images import patches_for_image
 
@@ -189,6 +192,18 @@ def _sample_sizes(spec: RunSpec) -> tuple[list[tuple[int, int]], str]:
     if data.kind is DataKind.mock:
         sizes = [(rng.randint(seq // 2, seq), 0) for _ in range(DRAWS)]
         return sizes, f"mock: uniform {seq // 2}-{seq} text tokens per sample"
+    if data.kind is DataKind.bridge_mock:
+        # Bridge's own draws (replayed in data/bridge_mock.py), not the real-data fallback: packed, a
+        # micro-batch of MBS samples is ~MBS x 267 tokens, where the padded bound says MBS x seq_length.
+        mock = bridge_mock(data.packing)
+        width, height = mock.image_size
+        patches = patches_for_image(spec, height, width)
+        sizes = [(min(mock.real_tokens(i), seq), patches) for i in range(mock.base_examples)]
+        low, high = min(t for t, _ in sizes), max(t for t, _ in sizes)
+        return sizes, (
+            f"bridge_mock: Bridge's {mock.base_examples} base examples, {low}-{high} real tokens and "
+            f"{patches} patches per sample (answers of {mock.answer_words[0]}-{mock.answer_words[1] - 1} words)"
+        )
     if data.kind is DataKind.synthetic:
         ratios = list(data.aspect_ratios) or [1.0]
         sizes = []
