@@ -249,8 +249,8 @@ def main(argv: list[str]) -> int:
         commands: dict[str, tuple[list[str], str]] = {
             "empty Hydra app": ([str(app)], "empty"),
             "train.py --help": ([str(TRAIN), "--help"], "== Config groups"),
-            "CPU dry run": ([str(TRAIN), "dry_run=true"], "== moe_vlm plan =="),
-            "GPU-point dry run, cached": ([str(TRAIN), *GPU_POINT], "== moe_vlm plan =="),
+            "CPU dry run": ([str(TRAIN), "dry_run=true"], "== moe_vlm plan"),
+            "GPU-point dry run, cached": ([str(TRAIN), *GPU_POINT], "== moe_vlm plan"),
         }
         cases: dict[tuple[str, str], tuple[list[str], str, bool]] = {
             (baseline, ""): ([clean, str(app)], "empty", False)
@@ -259,7 +259,7 @@ def main(argv: list[str]) -> int:
             for env_name, python in pythons.items():
                 cases[(name, env_name)] = ([python, *command], expect, True)
         print(f"load average before: {load()}", flush=True)
-        first = run([sys.executable, str(TRAIN), *GPU_POINT], cache, "== moe_vlm plan ==", True)
+        first = run([sys.executable, str(TRAIN), *GPU_POINT], cache, "== moe_vlm plan", True)
         for command, expect, project in cases.values():  # warm-up: bytecode, the OS's file cache
             run(command, cache, expect, project)
         results: dict[tuple[str, str], list[Timing]] = {}
