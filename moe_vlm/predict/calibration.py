@@ -24,9 +24,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
-
-import numpy as np
+from typing import TYPE_CHECKING, Any
 
 from moe_vlm.base.errors import BadInput
 from moe_vlm.base.files import write_json_atomic
@@ -40,6 +38,9 @@ from moe_vlm.base.inputs import (
 from moe_vlm.config.schema import Engine
 from moe_vlm.predict.band import COVERAGE, UNCALIBRATED_BAND, conformal_width, describe, score_of_error
 from moe_vlm.predict.terms import COMM, COMPUTE, Term
+
+if TYPE_CHECKING:
+    import numpy as np
 
 FILE_VERSION = 1
 RIDGE = 0.05
@@ -148,6 +149,9 @@ class Sample:
 
 
 def _solve(rows: list[list[float]], targets: list[float]) -> np.ndarray:
+    # Here, not at the top: only a fit solves; every plan reads a calibration, and numpy's import
+    # (0.1-0.2 s) was a tenth of a CPU dry run's start-up (issue 33).
+    import numpy as np
     from scipy.optimize import nnls  # heavy, and absent from a bare GPU image: only a fit needs it
 
     solution, _ = nnls(np.array(rows, dtype=float), np.array(targets, dtype=float))

@@ -36,8 +36,6 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
-from PIL import Image
-
 from moe_vlm.config.schema import DataKind, Packing
 from moe_vlm.config.spec import RunSpec
 from moe_vlm.data.bins import first_fit_decreasing, padded_length
@@ -250,6 +248,10 @@ def _real_shapes(path: str, samples: int) -> tuple[tuple[int, int, int], ...]:
     """(height, width, caption bytes) of the first `samples` samples (image headers only)."""
     if not path:
         return ()
+    # Here, not at the top: only a real dataset's images are opened, and Pillow's import was
+    # part of every plan's start-up (issue 33).
+    from PIL import Image
+
     shapes: list[tuple[int, int, int]] = []
     try:
         for sample in iter_samples(read_meta(Path(path).expanduser())):
