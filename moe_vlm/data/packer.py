@@ -31,6 +31,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 from moe_vlm.config.schema import Packing
 from moe_vlm.data.batch import Batch
@@ -44,6 +45,14 @@ class PackerState:
 
     drawn: int  # samples taken from the stream so far
     pending: tuple[tuple[int, ...], ...]  # rows packed but not yet emitted, as stream positions
+
+    def to_json(self) -> dict[str, Any]:
+        """As a checkpoint stores it (JSON has lists, not tuples)."""
+        return {"drawn": self.drawn, "pending": [list(row) for row in self.pending]}
+
+    @classmethod
+    def from_json(cls, saved: dict[str, Any]) -> PackerState:
+        return cls(int(saved["drawn"]), tuple(tuple(int(p) for p in row) for row in saved["pending"]))
 
 
 class Packer:
@@ -110,8 +119,12 @@ class Packer:
 def packed_batches(
     packer: Packer, skips: SkipCounter, mbs: int, pad_token_id: int, data_kind: str
 ) -> Iterator[Batch]:
-    """Micro-batches of `mbs` packed rows; `skips` counts what the stream dropped on the way."""
-    skipped_before = 0
+    """Micro-batches of `mbs` packed rows; `skips` counts what the stream dropped on the way.
+
+    What `skips` counted before the first micro-batch was asked for, a resumed packer's replay,
+    was recorded by the run that drew it: each batch counts only what was skipped while building it.
+    """
+    skipped_before = skips.total
     while True:
         try:
             rows = [next(packer) for _ in range(mbs)]
