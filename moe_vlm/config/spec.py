@@ -225,10 +225,12 @@ class RunSpec(RunKnobs):
     def packed_row_length(self) -> int:
         """data.packing=buffer: the positions of one packed row, seq_length rounded up to a multiple of
         the collate padding multiple (each packed sample's CP/SP split) and of the precision's token
-        multiple (a row's tokens feed TE's quantized GEMMs, config/precision.py token_multiple)."""
-        multiple = math.lcm(
-            self.collate_padding_multiple, precision_profile(self.precision.format).token_multiple
-        )
+        multiple per rank: TE checks a GEMM's LOCAL input (transformer_engine/pytorch/module/
+        linear.py:472, before SP's all-gather), one CP x (TP under SP) share of the row
+        (perf/rank_shapes.py), so the row is token_multiple x CP x TP_sp long, whatever the MBS."""
+        sp_tp = self.layout.tp if self.sequence_parallel else 1
+        per_rank = precision_profile(self.precision.format).token_multiple
+        multiple = math.lcm(self.collate_padding_multiple, per_rank * self.layout.cp * sp_tp)
         return -(-self.seq_length // multiple) * multiple
 
     @property

@@ -31,12 +31,12 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
-import torch
-
-from moe_vlm.data.batch import IGNORE_INDEX, Batch, BatchStats
+from moe_vlm.config.schema import Packing
+from moe_vlm.data.batch import Batch
 from moe_vlm.data.bins import first_fit_decreasing, padded_length
-from moe_vlm.data.sequence import EncodedSample, SkipCounter
+from moe_vlm.data.sequence import EncodedSample, SkipCounter, build_batch
 
 
 @dataclass(frozen=True)
@@ -45,6 +45,14 @@ class PackerState:
 
     drawn: int  # samples taken from the stream so far
     pending: tuple[tuple[int, ...], ...]  # rows packed but not yet emitted, as stream positions
+
+    def to_json(self) -> dict[str, Any]:
+        """As a checkpoint stores it (JSON has lists, not tuples)."""
+        return {"drawn": self.drawn, "pending": [list(row) for row in self.pending]}
+
+    @classmethod
+    def from_json(cls, saved: dict[str, Any]) -> PackerState:
+        return cls(int(saved["drawn"]), tuple(tuple(int(p) for p in row) for row in saved["pending"]))
 
 
 class Packer:
@@ -111,8 +119,12 @@ class Packer:
 def packed_batches(
     packer: Packer, skips: SkipCounter, mbs: int, pad_token_id: int, data_kind: str
 ) -> Iterator[Batch]:
-    """Micro-batches of `mbs` packed rows; `skips` counts what the stream dropped on the way."""
-    skipped_before = 0
+    """Micro-batches of `mbs` packed rows; `skips` counts what the stream dropped on the way.
+
+    What `skips` counted before the first micro-batch was asked for, a resumed packer's replay,
+    was recorded by the run that drew it: each batch counts only what was skipped while building it.
+    """
+    skipped_before = skips.total
     while True:
         try:
             rows = [next(packer) for _ in range(mbs)]
@@ -128,66 +140,4 @@ def assemble_rows(
     rows: list[list[EncodedSample]], row_length: int, multiple: int, pad_token_id: int, data_kind: str
 ) -> Batch:
     """len(rows) rows of row_length positions, each holding its samples at padded offsets (THD)."""
-    mbs = len(rows)
-    input_ids = torch.full((mbs, row_length), pad_token_id, dtype=torch.long)
-    labels = torch.full((mbs, row_length), IGNORE_INDEX, dtype=torch.long)
-    attention_mask = torch.zeros((mbs, row_length), dtype=torch.long)
-    mm_token_type_ids = torch.zeros((mbs, row_length), dtype=torch.int32)
-    cu_seqlens, cu_padded = [0], [0]
-    pixel_values: list[torch.Tensor] = []
-    grids: list[torch.Tensor] = []
-    samples = [sample for row in rows for sample in row]
-    for r, row in enumerate(rows):
-        offset = 0
-        for position, sample in enumerate(row):
-            end = offset + sample.length
-            input_ids[r, offset:end] = sample.input_ids
-            labels[r, offset:end] = sample.labels
-            labels[r, offset] = IGNORE_INDEX  # nothing before it in its own sample predicts it
-            mm_token_type_ids[r, offset:end] = sample.mm_token_type_ids
-            attention_mask[r, offset:end] = 1
-            offset = (
-                row_length if position == len(row) - 1 else offset + padded_length(sample.length, multiple)
-            )
-            if offset > row_length:
-                raise ValueError(f"row {r}: its samples need more than {row_length} positions")
-            cu_seqlens.append(cu_seqlens[-1] + sample.length)
-            cu_padded.append(r * row_length + offset)
-            if sample.pixel_values is not None and sample.image_grid_thw is not None:
-                pixel_values.append(sample.pixel_values)
-                grids.append(sample.image_grid_thw)
-    grid = torch.cat(grids) if grids else None
-    patches = [] if grid is None else [int(n) for n in grid.prod(dim=-1).tolist()]
-    images = sum(sample.images for sample in samples)
-    stats = BatchStats(
-        sequences=mbs,
-        padded_tokens=mbs * row_length,
-        real_tokens=int(attention_mask.sum()),
-        text_tokens=sum(sample.text_tokens for sample in samples) + 2 * images,
-        image_tokens=int((mm_token_type_ids == 1).sum()),
-        loss_tokens=int((labels[:, 1:] != IGNORE_INDEX).sum()),
-        images=images,
-        vision_patches=sum(patches),
-        # causal attention inside each sample only: the sum of the samples' squares
-        sum_seq_len_squared=sum(sample.length**2 for sample in samples),
-        sum_patches_squared=sum(n * n for n in patches),
-        samples=len(samples),
-        vision_marker_tokens=2 * images,
-        truncated_text_tokens=sum(sample.truncated_text_tokens for sample in samples),
-    )
-    return Batch(
-        input_ids=input_ids,
-        attention_mask=attention_mask,
-        labels=labels,
-        mm_token_type_ids=mm_token_type_ids,
-        pixel_values=torch.cat(pixel_values) if pixel_values else None,
-        image_grid_thw=grid,
-        stats=stats,
-        data_kind=data_kind,
-        sample_keys=[sample.key for sample in samples],
-        images_per_sample=[sample.images for sample in samples],
-        image_original_hw=[hw for sample in samples for hw in sample.original_hw],
-        image_resized_hw=[hw for sample in samples for hw in sample.resized_hw],
-        cu_seqlens=torch.tensor(cu_seqlens, dtype=torch.int32),
-        cu_seqlens_padded=torch.tensor(cu_padded, dtype=torch.int32),
-    )
+    return build_batch(rows, row_length, multiple, Packing.buffer, pad_token_id, data_kind)

@@ -33,6 +33,7 @@ import torch
 
 from moe_vlm.config.schema import Packing
 from moe_vlm.data.batch import IGNORE_INDEX, Batch, BatchStats
+from moe_vlm.data.bins import padded_length
 from moe_vlm.data.errors import NoUsableSamples
 from moe_vlm.data.tokenizer import ByteTokenizer
 from moe_vlm.data.vision import ImagePreprocessor
@@ -219,86 +220,96 @@ def batches(
 def assemble_packed(samples: list[EncodedSample], pad_token_id: int, data_kind: str) -> Batch:
     """The micro-batch in one unpadded row: [1, sum of lengths], with cu_seqlens at the boundaries."""
     length = sum(sample.length for sample in samples)
-    batch = assemble([samples], length, pad_token_id, data_kind)
-    bounds = [0]
-    for sample in samples:
-        bounds.append(bounds[-1] + sample.length)
-    batch.cu_seqlens = torch.tensor(bounds, dtype=torch.int32)
-    batch.stats.sum_seq_len_squared = sum(sample.length**2 for sample in samples)
-    return batch
+    return build_batch([samples], length, 1, Packing.in_batch, pad_token_id, data_kind)
 
 
 def assemble(rows: list[list[EncodedSample]], seq: int, pad_token_id: int, data_kind: str) -> Batch:
-    """One batch of len(rows) rows x seq positions; each row holds one sample, or (assemble_packed)
-    a micro-batch's samples one after another."""
+    """One batch of len(rows) rows x seq positions, each row one sample padded to seq."""
+    return build_batch(rows, seq, 1, Packing.none, pad_token_id, data_kind)
+
+
+def build_batch(
+    rows: list[list[EncodedSample]],
+    row_length: int,
+    multiple: int,
+    packing: Packing,
+    pad_token_id: int,
+    data_kind: str,
+) -> Batch:
+    """THE batch builder of every layout: len(rows) rows of row_length positions.
+
+    A row's samples lie one after another, each from the padded end of the one before it
+    (padded_length(length, multiple)), the last one's padding running to the row's end. Each
+    sample's first label is IGNORE_INDEX: nothing before it in its own sample predicts it (the
+    label at a row's position 0 is never read anyway: both engines shift labels left).
+
+    `packing` names the layout, and so which boundaries the batch carries: none (one sample per
+    row) none; in_batch (one row of the micro-batch back to back, multiple 1) cu_seqlens; buffer
+    (data/packer.py) cu_seqlens of the real tokens and cu_seqlens_padded of the padded starts, over
+    the rows laid end to end (THD).
+    """
     mbs = len(rows)
-    input_ids = torch.full((mbs, seq), pad_token_id, dtype=torch.long)
-    labels = torch.full((mbs, seq), IGNORE_INDEX, dtype=torch.long)
-    attention_mask = torch.zeros((mbs, seq), dtype=torch.long)
-    mm_token_type_ids = torch.zeros((mbs, seq), dtype=torch.int32)
-    pixel_values: list[torch.Tensor] = []
-    grids: list[torch.Tensor] = []
-    keys: list[str] = []
-    images_per_sample: list[int] = []
-    original_hw: list[tuple[int, int]] = []
-    resized_hw: list[tuple[int, int]] = []
-    sum_seq_len_squared = 0
-    text_tokens = 0
-    truncated = 0
-    images = 0
+    input_ids = torch.full((mbs, row_length), pad_token_id, dtype=torch.long)
+    labels = torch.full((mbs, row_length), IGNORE_INDEX, dtype=torch.long)
+    attention_mask = torch.zeros((mbs, row_length), dtype=torch.long)
+    mm_token_type_ids = torch.zeros((mbs, row_length), dtype=torch.int32)
+    cu_seqlens, cu_padded = [0], [0]
+    samples = [sample for row in rows for sample in row]
     for r, row in enumerate(rows):
         offset = 0
         for position, sample in enumerate(row):
             end = offset + sample.length
+            last = position == len(row) - 1
+            following = row_length if last else offset + padded_length(sample.length, multiple)
+            if max(end, following) > row_length:
+                raise ValueError(f"row {r}: its samples need more than {row_length} positions")
             input_ids[r, offset:end] = sample.input_ids
             labels[r, offset:end] = sample.labels
-            if position > 0:
-                labels[r, offset] = IGNORE_INDEX  # its first token is not predicted from the previous sample
+            labels[r, offset] = IGNORE_INDEX
             mm_token_type_ids[r, offset:end] = sample.mm_token_type_ids
             attention_mask[r, offset:end] = 1
-            offset = end
-            keys.append(sample.key)
-            images_per_sample.append(sample.images)
-            text_tokens += sample.text_tokens
-            truncated += sample.truncated_text_tokens
-            images += sample.images
-            original_hw += sample.original_hw
-            resized_hw += sample.resized_hw
-            if sample.pixel_values is not None and sample.image_grid_thw is not None:
-                pixel_values.append(sample.pixel_values)
-                grids.append(sample.image_grid_thw)
-        sum_seq_len_squared += offset**2
-    grid = torch.cat(grids) if grids else None
+            offset = following
+            cu_seqlens.append(cu_seqlens[-1] + sample.length)
+            cu_padded.append(r * row_length + offset)
+    visual = [
+        (s.pixel_values, s.image_grid_thw)
+        for s in samples
+        if s.pixel_values is not None and s.image_grid_thw is not None
+    ]
+    grid = torch.cat([g for _, g in visual]) if visual else None
     patches = [] if grid is None else [int(n) for n in grid.prod(dim=-1).tolist()]
-    image_tokens = int((mm_token_type_ids == 1).sum())
+    images = sum(sample.images for sample in samples)
     markers = 2 * images
     stats = BatchStats(
         sequences=mbs,
-        padded_tokens=mbs * seq,
+        padded_tokens=mbs * row_length,
         real_tokens=int(attention_mask.sum()),
-        text_tokens=text_tokens + markers,
-        image_tokens=image_tokens,
+        text_tokens=sum(sample.text_tokens for sample in samples) + markers,
+        image_tokens=int((mm_token_type_ids == 1).sum()),
         # The label of a row's first position is never predicted (next-token loss shifts by one).
         loss_tokens=int((labels[:, 1:] != IGNORE_INDEX).sum()),
         images=images,
         vision_patches=sum(patches),
-        sum_seq_len_squared=sum_seq_len_squared,
+        # causal attention inside each sample only: the sum of the samples' squares
+        sum_seq_len_squared=sum(sample.length**2 for sample in samples),
         sum_patches_squared=sum(n * n for n in patches),
-        samples=len(keys),
+        samples=len(samples),
         vision_marker_tokens=markers,
-        truncated_text_tokens=truncated,
+        truncated_text_tokens=sum(sample.truncated_text_tokens for sample in samples),
     )
     return Batch(
         input_ids=input_ids,
         attention_mask=attention_mask,
         labels=labels,
         mm_token_type_ids=mm_token_type_ids,
-        pixel_values=torch.cat(pixel_values) if pixel_values else None,
+        pixel_values=torch.cat([p for p, _ in visual]) if visual else None,
         image_grid_thw=grid,
         stats=stats,
         data_kind=data_kind,
-        sample_keys=keys,
-        images_per_sample=images_per_sample,
-        image_original_hw=original_hw,
-        image_resized_hw=resized_hw,
+        sample_keys=[sample.key for sample in samples],
+        images_per_sample=[sample.images for sample in samples],
+        image_original_hw=[hw for sample in samples for hw in sample.original_hw],
+        image_resized_hw=[hw for sample in samples for hw in sample.resized_hw],
+        cu_seqlens=None if packing is Packing.none else torch.tensor(cu_seqlens, dtype=torch.int32),
+        cu_seqlens_padded=torch.tensor(cu_padded, dtype=torch.int32) if packing is Packing.buffer else None,
     )
