@@ -203,3 +203,17 @@ def test_vlm_step_takes_the_rows_and_qwen3_vl_restarts_mrope_at_each_sample(
     # A lost boundary (samples 0 and 1 as one sequence) is seen: sample 1's positions run on.
     merged = {key: torch.cat([packed[key][:1], packed[key][2:]]) for key in _BOUNDS if key in packed}
     assert rope_mismatches(batch, spec, get_packed_seq_params({**packed, **merged})) == [1]
+
+
+def test_the_shape_check_sees_buffer_packed_rows() -> None:
+    """The S rules' evidence (engines/megatron/shape_check.py) is the engine's own packed micro-batch:
+    MBS rows end to end as one THD row, not MBS padded rows of seq_length."""
+    from moe_vlm.engines.megatron.shape_check import micro_batch_rows, shape_evidence
+
+    spec = make_spec(*BUFFER)
+    rows, packed, source = micro_batch_rows(spec)
+    assert rows == (spec.mbs * spec.packed_row_length,) and packed and "buffer-packed" in source
+    evidence = shape_evidence(spec)
+    assert evidence.shapes is not None and evidence.shapes.rows == rows and evidence.shapes.packed
+    with pytest.raises(LookupError, match="A021"):
+        micro_batch_rows(make_spec(*BASE, "data=real", "data.path=/nonexistent", "data.packing=buffer"))
