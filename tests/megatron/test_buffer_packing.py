@@ -217,3 +217,28 @@ def test_the_shape_check_sees_buffer_packed_rows() -> None:
     assert evidence.shapes is not None and evidence.shapes.rows == rows and evidence.shapes.packed
     with pytest.raises(LookupError, match="A021"):
         micro_batch_rows(make_spec(*BASE, "data=real", "data.path=/nonexistent", "data.packing=buffer"))
+
+
+def test_bridge_mock_packs_by_buffer_on_the_engines_dataset(
+    recipes: RecipeCache, engine_environment: Any
+) -> None:
+    """Bridge's mock has no packer: with buffer packing the table puts the engine's dataset at
+    cfg.dataset drawing that workload (kind bridge_mock), packed as the torch engine packs it."""
+    from moe_vlm.engines.megatron.config import check_overrides
+
+    spec, cfg = runtime_updated(
+        recipes,
+        engine_environment,
+        *BASE,
+        "data=bridge_mock",
+        "mbs=1",
+        "data.packing=buffer",
+        "data.packing_buffer=16",
+    )
+    assert check_overrides(cfg, spec) == []
+    assert type(cfg.dataset).__name__ == "MoeVlmDatasetConfig" and cfg.dataset.kind == "bridge_mock"
+    batch = next(iter(bridge_loader(train_dataset(cfg.dataset, 64 * spec.gbs), spec, 0)))
+    ours = next(build_batches(spec, 0, spec.layout.dp))
+    assert torch.equal(batch["input_ids"][0], ours.input_ids.reshape(-1))
+    assert torch.equal(batch["cu_seqlens_q"], ours.cu_seqlens) and len(ours.sample_keys) > 1
+    assert all(key.startswith("bridge_mock/") for key in ours.sample_keys)
