@@ -407,6 +407,7 @@ BRIDGE_CONTEXT: dict[str, tuple[str, ...]] = {
     **{leaf: BRIDGE_HYBRIDEP for leaf in FIELD_MAP_GROUP_READS["dispatcher"][2:]},
     **{f"data.{name}": _REAL for name in ("min_pixels", "max_pixels")},
     "data.path": ("data=real",),
+    "data.packing_buffer": ("data.packing=buffer",),
     **{f"model.vision_{name}": _REAL for name in ("patch_size", "spatial_merge_size", "temporal_patch_size")},
     "model.hf_model_id": _REAL,
     **{

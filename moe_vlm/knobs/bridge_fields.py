@@ -169,8 +169,13 @@ VLM_STEP = "megatron.bridge.training.vlm_step:forward_step"
 
 
 def forward_step_path(spec: RunSpec) -> str:
-    """`module:function` of the forward step a run with these options hands to pretrain."""
-    return VLM_STEP if spec.data.packing is Packing.in_batch else QWEN3_VL_STEP
+    """`module:function` of the forward step a run with these options hands to pretrain (buffer
+    packing hands a THD row too: engines/megatron/data.py buffer_bridge_batch)."""
+    return VLM_STEP if _thd_collate(spec) else QWEN3_VL_STEP
+
+
+def _thd_collate(spec: RunSpec) -> bool:
+    return spec.data.packing in (Packing.in_batch, Packing.buffer)
 
 
 SEEDED_DATASET = "MoeVlmDatasetConfig"
@@ -202,11 +207,15 @@ def _dataset_kind(spec: RunSpec) -> str:
 
 
 def _seeded(spec: RunSpec) -> bool:
-    return spec.data.kind in (DataKind.mock, DataKind.synthetic)
+    # bridge_mock with buffer packing: Bridge's mock has no packer, so the engine's own dataset draws
+    # that workload (data/bridge_mock.py), packed by the torch engine's Packer.
+    return spec.data.kind in (DataKind.mock, DataKind.synthetic) or (
+        spec.data.kind is DataKind.bridge_mock and spec.data.packing is Packing.buffer
+    )
 
 
 def _bridge_mock(spec: RunSpec) -> bool:
-    return spec.data.kind is DataKind.bridge_mock
+    return spec.data.kind is DataKind.bridge_mock and spec.data.packing is not Packing.buffer
 
 
 def _if_seeded(value: Callable[[RunSpec], Any]) -> Callable[[RunSpec], Any]:
@@ -543,8 +552,9 @@ FIELD_MAP: tuple[FieldMap, ...] = (
     FieldMap(
         "data.packing",
         "model.variable_seq_lengths",
-        lambda s: s.data.packing is Packing.in_batch,
-        "packed micro-batches vary in length (Qwen3-VL CUDA graphs require fixed lengths; G010, A010)",
+        _thd_collate,
+        "packed micro-batches vary in length (Qwen3-VL CUDA graphs require fixed lengths; G010, A010); "
+        "buffer: one [1, MBS x row] THD row, not the [seq_length, MBS] PP hands on",
     ),
     # Batch, sequence, schedule.
     FieldMap("mbs", "train.micro_batch_size", lambda s: s.mbs),
@@ -639,6 +649,13 @@ FIELD_MAP: tuple[FieldMap, ...] = (
         lambda s: s.data.packing is Packing.in_batch,
         "in_batch: the collate packs the micro-batch into one THD row (Bridge's build_mcore_thd_sequence_"
         "batch_from_rows, data/packing/in_batch.py:89-215), run by vlm_step",
+    ),
+    FieldMap(
+        "data.packing_buffer",
+        "dataset.packing_buffer",
+        _if_seeded(lambda s: s.data.packing_buffer if s.data.packing is Packing.buffer else 0),
+        "buffer: each DP rank's Packer holds this many samples; one dataset item is one packed row "
+        "(engines/megatron/data.py PackedRows)",
     ),
     FieldMap(
         "data.packing",

@@ -33,7 +33,6 @@ from moe_vlm.config.schema import (
     CudaGraphImpl,
     Engine,
     OuterSharding,
-    Packing,
     ParallelismFamily,
     Precision,
     ShardingStrategy,
@@ -339,10 +338,10 @@ MEGATRON: Mapping[str, Support] = {
     },
     "data.packing": Honoured(
         "in_batch: Bridge's collate-time THD packing (data/packing/in_batch.py) with vlm_step; none: padded "
-        "rows; buffer: refused (rule A021)",
-        (Packing.none, Packing.in_batch),
+        "rows; buffer: the torch engine's Packer, one packed row per dataset item, handed to vlm_step as "
+        "THD (engines/megatron/data.py PackedRows; data=real refused, rule A021)",
     ),
-    "data.packing_buffer": Inert("data.packing", "buffer packing is refused on this engine (rule A021)"),
+    "data.packing_buffer": Honoured("bridge_fields.FIELD_MAP's row dataset.packing_buffer (PackedRows)"),
 }
 
 SUPPORT: Mapping[Engine, Mapping[str, Support]] = {Engine.torch: TORCH, Engine.megatron: MEGATRON}

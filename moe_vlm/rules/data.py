@@ -291,18 +291,26 @@ def _packing_buffer_size(spec: RunSpec) -> Iterator[Violation]:
         )
 
 
-@rule("A021", Level.error, "buffer packing runs on the torch engine only (for now)")
+@rule("A021", Level.error, "buffer packing on the Megatron engine: mock, synthetic and bridge_mock data only")
 def _packing_buffer_megatron(spec: RunSpec) -> Iterator[Violation]:
-    # The packer's rows (data/packer.py) hold several samples each at any MBS; Bridge's THD path is
-    # built per micro-batch by build_mcore_thd_sequence_batch_from_rows (data/packing/in_batch.py:
-    # 89-215), and our collate (engines/megatron/data.py) does not yet hand it a packer's rows nor
-    # checkpoint the packer's buffer, so the Megatron engine would silently train something else.
-    if spec.engine == Engine.megatron and spec.data.packing is Packing.buffer:
+    # mock / synthetic / bridge_mock: the engine's own dataset packs with the torch engine's Packer
+    # (engines/megatron/data.py PackedRows). data=real goes through Bridge's Energon path, whose
+    # Qwen-VL task encoder (models/qwen_vl/data/energon.py:175, QwenVLTaskEncoder) defines neither
+    # select_samples_to_pack nor pack_selected_samples: Energon refuses packing_buffer_size without
+    # them (megatron/energon/task_encoder/base.py:578-583), and the project has no task encoder of
+    # its own on that path yet (bridge_fields: dataset.task_encoder is Bridge's config class).
+    if (
+        spec.engine == Engine.megatron
+        and spec.data.packing is Packing.buffer
+        and spec.data.kind is DataKind.real
+    ):
         yield Violation(
-            ("data.packing", "engine"),
-            "data.packing=buffer is not wired into the Megatron engine's collate yet (the packer feeds "
-            "the torch engine only).",
-            "use engine=torch with data.packing=buffer, or data.packing=in_batch (mbs >= 2) on engine=megatron.",
+            ("data.packing", "data", "engine"),
+            "data.packing=buffer with data=real on engine=megatron: Bridge's Qwen-VL Energon task encoder has "
+            "no packing methods (select_samples_to_pack, pack_selected_samples), which Energon requires for a "
+            "packing buffer.",
+            "use data.packing=in_batch (mbs >= 2) for data=real on engine=megatron, or engine=torch, or "
+            "data=synthetic / bridge_mock with data.packing=buffer.",
         )
 
 

@@ -2,8 +2,9 @@
 
 `shape_evidence(spec)` builds the first micro-batch of a point through the dataset and the collate
 the Megatron engine runs (moe_vlm/engines/megatron/data.py: the seeded mock / synthetic source,
-padded rows, or Bridge's in-batch packer build_mcore_thd_sequence_batch_from_rows with the multiple
-ConfigContainer.validate hands it, training/config.py:1213-1220, 1239), derives each rank's GEMM
+padded rows, Bridge's in-batch packer build_mcore_thd_sequence_batch_from_rows with the multiple
+ConfigContainer.validate hands it, training/config.py:1213-1220, 1239, or with data.packing=buffer the
+packer's rows, PackedRows), derives each rank's GEMM
 operands (moe_vlm/perf/rank_shapes.py) and runs TE's checks on them:
 
 - assert_dim_for_fp8_exec (transformer_engine/pytorch/utils.py:704-714), which every quantized TE
@@ -34,6 +35,8 @@ _SEEDED = (DataKind.mock, DataKind.synthetic)
 def micro_batch_rows(spec: RunSpec) -> tuple[tuple[int, ...], bool, str]:
     """The first micro-batch's row lengths (token positions, padding included), built for real where
     its shape depends on the data: in-batch packing, on the engine's own collate path."""
+    if spec.data.packing is Packing.buffer:
+        return _buffer_rows(spec)
     packed = spec.data.packing is Packing.in_batch
     if not packed:
         # Every padded collate (ours, data/sequence.py; Bridge's Qwen-VL collate and its mock, which
@@ -56,6 +59,27 @@ def micro_batch_rows(spec: RunSpec) -> tuple[tuple[int, ...], bool, str]:
         (length,),
         True,
         f"data={spec.data.kind.value}, Bridge's in-batch packer, samples 0..{spec.mbs - 1}",
+    )
+
+
+def _buffer_rows(spec: RunSpec) -> tuple[tuple[int, ...], bool, str]:
+    """data.packing=buffer: the first micro-batch of DP rank 0 as the engine's PackedRows and its
+    collate build it, MBS packed rows laid end to end in one THD row."""
+    if spec.data.kind not in (*_SEEDED, DataKind.bridge_mock):
+        raise LookupError(
+            f"data={spec.data.kind.value} with data.packing=buffer: the Megatron engine packs by buffer "
+            "data=mock, synthetic or bridge_mock only (rule A021)"
+        )
+    from moe_vlm.engines.megatron.data import PackedRows, dataset_config  # imports megatron.bridge
+
+    dataset = PackedRows(dataset_config(spec), spec.mbs)
+    batch = dataset.collate_fn([dataset[index] for index in range(spec.mbs)])
+    samples = int(batch["cu_seqlens_q"].numel()) - 1
+    return (
+        (int(batch["input_ids"].shape[1]),),
+        True,
+        f"data={spec.data.kind.value}, buffer-packed: {spec.mbs} row(s) of {spec.packed_row_length} "
+        f"holding {samples} samples",
     )
 
 
