@@ -31,6 +31,7 @@ from moe_vlm.config.schema import (
     ModelConfig,
     OffloadConfig,
     OverlapConfig,
+    Packing,
     ParallelismConfig,
     ParallelismFamily,
     PrecisionConfig,
@@ -220,6 +221,13 @@ class RunSpec(RunKnobs):
         cp, tp = self.layout.cp, self.layout.tp
         cp_multiple = 2 * cp if cp > 1 else 1
         return math.lcm(cp_multiple, cp * tp if self.sequence_parallel else 1)
+
+    @property
+    def packed_micro_batches(self) -> bool:
+        """A micro-batch reaches the model as one THD row of packed samples (data.packing=in_batch or
+        buffer): on the Megatron engine that is Bridge's vlm_step with variable_seq_lengths
+        (knobs/bridge_fields.py), which the rules that refuse variable lengths read (A010, G010)."""
+        return self.data.packing is not Packing.none
 
     @property
     def packed_row_length(self) -> int:

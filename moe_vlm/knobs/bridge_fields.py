@@ -175,7 +175,7 @@ def forward_step_path(spec: RunSpec) -> str:
 
 
 def _thd_collate(spec: RunSpec) -> bool:
-    return spec.data.packing in (Packing.in_batch, Packing.buffer)
+    return spec.packed_micro_batches
 
 
 SEEDED_DATASET = "MoeVlmDatasetConfig"

@@ -150,16 +150,16 @@ def _largest_sample_fits(spec: RunSpec) -> Iterator[Violation]:
         )
 
 
-@rule("A008", Level.warning, "Megatron in-batch packing runs vlm_step, not the Qwen3-VL step")
+@rule("A008", Level.warning, "Megatron packing runs vlm_step, not the Qwen3-VL step")
 def _packing_changes_the_step(spec: RunSpec) -> Iterator[Violation]:
     # qwen3_vl_step refuses a batch the collate packed (models/qwen_vl/qwen3_vl_step.py:61-65) and
     # its own packing gives every padded row one segment (:192-197), saving nothing; Bridge's generic
     # vlm_step consumes collate-time packing (training/vlm_step.py:129-131, 262-297). So packing
     # also changes the forward step (bridge_fields.forward_step_path): say so beside the figure.
-    if spec.engine == Engine.megatron and spec.data.packing is Packing.in_batch:
+    if spec.engine == Engine.megatron and spec.packed_micro_batches:
         yield Violation(
             ("data.packing",),
-            "data.packing=in_batch runs Bridge's vlm_step.forward_step (qwen3_vl_step refuses collate-time "
+            f"data.packing={spec.data.packing.value} runs Bridge's vlm_step.forward_step (qwen3_vl_step refuses collate-time "
             "packing, models/qwen_vl/qwen3_vl_step.py:61-65): a packed vs padded comparison also compares "
             "the two forward steps.",
             "compare at equal effective tokens; keep data.packing=none to stay on the Qwen3-VL step.",
@@ -169,30 +169,32 @@ def _packing_changes_the_step(spec: RunSpec) -> Iterator[Violation]:
 @rule("A010", Level.error, "the allgather dispatcher does not take variable sequence lengths (MLM)")
 def _packing_allgather(spec: RunSpec) -> Iterator[Violation]:
     # Megatron Core refuses variable_seq_lengths with the allgather dispatcher (core/transformer/
-    # transformer_config.py:2644-2649), which in-batch packing sets (our table; Bridge itself sets it
-    # with PP > 1 only AFTER that check, bridge/models/transformer_config.py:183-189, so nothing
-    # stops it there): every packed micro-batch has its own length.
+    # transformer_config.py:2644-2649), which both packings set (our table, bridge_fields.py
+    # model.variable_seq_lengths; Bridge itself sets it with PP > 1 only AFTER that check,
+    # bridge/models/transformer_config.py:183-189, so nothing stops it there): an in-batch packed
+    # micro-batch has its own length, a buffer-packed one is one [1, MBS x row] THD row.
     if (
         spec.engine == Engine.megatron
-        and spec.data.packing is Packing.in_batch
+        and spec.packed_micro_batches
         and spec.dispatcher.token_dispatcher is TokenDispatcher.allgather
     ):
         yield Violation(
             ("data.packing", "dispatcher"),
-            "data.packing=in_batch gives every micro-batch its own length, and Megatron Core's allgather "
+            f"data.packing={spec.data.packing.value} runs with variable sequence lengths (a packed micro-batch is one THD row), and Megatron Core's allgather "
             "dispatcher does not support variable sequence lengths (transformer_config.py:2644-2649).",
             "use dispatcher=alltoall (or deepep/hybridep), or data.packing=none.",
         )
 
 
-@rule("A011", Level.warning, "in-batch packing pads each sample to the CP/SP multiple")
+@rule("A011", Level.warning, "packing pads each sample to the CP/SP multiple")
 def _packing_alignment(spec: RunSpec) -> Iterator[Violation]:
     # Bridge hands the packer the collate padding multiple, lcm(2 x CP, CP x TP with SP)
     # (training/config.py:1213-1220, 1236-1239), and the packing collate pads EVERY sample to it
     # (data/packing/in_batch.py:172-175, 196-205): the padding packing removed comes back, up to
     # multiple - 1 positions per sample.
+    # Buffer packing pads each sample to the same multiple (engines/megatron/data.py sample_multiple).
     multiple = spec.collate_padding_multiple
-    if spec.engine == Engine.megatron and spec.data.packing is Packing.in_batch and multiple > 1:
+    if spec.engine == Engine.megatron and spec.packed_micro_batches and multiple > 1:
         yield Violation(
             ("data.packing", "cp", "tp"),
             f"with cp={spec.layout.cp}, tp={spec.layout.tp}, sequence parallel={spec.sequence_parallel}, "
@@ -245,7 +247,7 @@ def _packing_quantized(spec: RunSpec) -> Iterator[Violation]:
 @rule(
     "A013",
     Level.error,
-    "in-batch packing with TE userbuffer TP overlap: buffers are seq_length x MBS (MB, TE)",
+    "packing with TE userbuffer TP overlap: buffers are seq_length x MBS (MB, TE)",
 )
 def _packing_userbuffers(spec: RunSpec) -> Iterator[Violation]:
     # Bridge allocates TE's userbuffers once, for (seq_length x MBS / CP) x hidden tokens
@@ -254,16 +256,28 @@ def _packing_userbuffers(spec: RunSpec) -> Iterator[Violation]:
     # buffer', input_size * _tp_size == ubuf_size, common/comm_gemm_overlap/comm_gemm_overlap.cpp,
     # reached from module/base.py:652, 668, 706). A packed row holds its samples' own tokens, fewer unless
     # every sample fills seq_length.
-    if spec.engine != Engine.megatron or spec.data.packing is not Packing.in_batch or not tp_overlap_on(spec):
+    # A buffer-packed micro-batch is always MBS x packed_row_length tokens: it fills the buffers
+    # exactly when the row is seq_length long, and overflows them when the precision's or the split's
+    # multiple rounds the row up (RunSpec.packed_row_length).
+    if spec.engine != Engine.megatron or not tp_overlap_on(spec):
+        return
+    packing = spec.data.packing
+    if packing is Packing.none or (packing is Packing.buffer and spec.packed_row_length == spec.seq_length):
         return
     why = "overlap.tp_comm=true" if spec.overlap.tp_comm else "the recipe's TP overlap (overlap.tp_comm=null)"
+    row = (
+        "a packed row is shorter"
+        if packing is Packing.in_batch
+        else f"a buffer-packed row is {spec.packed_row_length} positions (seq_length rounded up to the precision's "
+        "and the split's multiple)"
+    )
     yield Violation(
         ("data.packing", "overlap.tp_comm", "tp"),
-        f"data.packing=in_batch with {why} at TP={spec.layout.tp}: Bridge sizes TE's userbuffers for "
+        f"data.packing={packing.value} with {why} at TP={spec.layout.tp}: Bridge sizes TE's userbuffers for "
         f"seq_length x MBS = {spec.seq_length} x {spec.mbs} tokens (training/initialize.py:355-358), and TE "
         "asserts every all-gather input fills them exactly ('Tried to copy an invalid tensor into a local chunk "
-        "of a Userbuffers buffer', from transformer_engine/pytorch/module/base.py:652): a packed row is shorter.",
-        "add overlap.tp_comm=false (or overlap=none) with data.packing=in_batch, or data.packing=none.",
+        f"of a Userbuffers buffer', from transformer_engine/pytorch/module/base.py:652): {row}.",
+        f"add overlap.tp_comm=false (or overlap=none) with data.packing={packing.value}, or data.packing=none.",
     )
 
 

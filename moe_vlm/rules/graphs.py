@@ -8,7 +8,6 @@ from moe_vlm.config.arch import profile
 from moe_vlm.config.schema import (
     CudaGraphImpl,
     Engine,
-    Packing,
     RecomputeGranularity,
     TokenDispatcher,
 )
@@ -141,12 +140,12 @@ def _graph_attn_mrope(spec: RunSpec) -> Iterator[Violation]:
         )
 
 
-@rule("G010", Level.error, "CUDA graphs need fixed sequence lengths (Qwen3-VL, in-batch packing)")
+@rule("G010", Level.error, "CUDA graphs need fixed sequence lengths (Qwen3-VL, packing)")
 def _graph_variable_lengths(spec: RunSpec) -> Iterator[Violation]:
-    # In-batch packing sets variable_seq_lengths (our table; Bridge with PP > 1, models/
+    # Both packings set variable_seq_lengths (our table, bridge_fields.py; Bridge with PP > 1, models/
     # transformer_config.py:188-189) and Qwen3VLModel asserts it off under language-model graphs
     # (models/qwen_vl/modelling_qwen3_vl/model.py:388-392).
-    if _uses_graphs(spec) and spec.data.packing is Packing.in_batch:
+    if _uses_graphs(spec) and spec.packed_micro_batches:
         yield Violation(
             ("data.packing", "cuda_graph"),
             "packed (variable-length) micro-batches disallow CUDA graphs: Qwen3VLModel requires "

@@ -340,6 +340,30 @@ def test_rule_quiet(code: str) -> None:
     assert code not in codes(*quiet), f"{code} fired for {quiet}"
 
 
+# Buffer packing hands Megatron one [1, MBS x row] THD row with variable_seq_lengths on
+# (knobs/bridge_fields.py), so the rules that refuse variable lengths judge it as in-batch packing.
+BUFFER = [*MEG, "engine=megatron", "data.packing=buffer"]
+BUFFER_CASES = {
+    "A008": ([*BUFFER], ["data.packing=buffer"]),
+    "A010": ([*BUFFER, "dispatcher=allgather"], [*BUFFER, "dispatcher=alltoall"]),
+    "G010": ([*BUFFER, TE], [*MEG, TE]),
+    "A011": ([*BUFFER, "parallelism=3d", "tp=2"], [*BUFFER, "parallelism=3d"]),
+    # FP8 at TP 2 under SP rounds a 4,104-position row up to 4,112 (8 x TP per rank), past the
+    # userbuffers' seq_length x MBS; at 4,096 the row is seq_length long and fills them exactly.
+    "A013": (
+        [*BUFFER, "parallelism=3d", "tp=2", "ep=4", "precision=fp8cs", "seq_length=4104"],
+        [*BUFFER, "parallelism=3d", "tp=2", "ep=4", "precision=fp8cs"],
+    ),
+}
+
+
+@pytest.mark.parametrize("code", sorted(BUFFER_CASES))
+def test_buffer_packing_is_judged_by_the_variable_length_rules(code: str) -> None:
+    fires, quiet = BUFFER_CASES[code]
+    assert code in codes(*fires), f"{code} did not fire for {fires}"
+    assert code not in codes(*quiet), f"{code} fired for {quiet}"
+
+
 def test_packing_pads_to_cp_times_tp_under_sequence_parallelism() -> None:
     """Bridge's SP multiple is CP x TP (training/config.py:1219; tests/megatron/test_packing.py runs it):
     CP 2 x TP 4 pads each packed sample to 8, not lcm(2 x CP, TP) = 4."""
