@@ -148,7 +148,8 @@ def _field_names(cls: type) -> frozenset[str]:
 
 def _has_field(node: Any, name: str) -> bool:
     if dataclasses.is_dataclass(node):
-        return name in _field_names(type(node))
+        kind: type = type(node)
+        return name in _field_names(kind)
     return hasattr(node, name)
 
 
