@@ -17,9 +17,9 @@ both reported. Ratios are median wall time over the one-point median of the same
 distinct points) with the library's own checks on every point the rules let through, against the
 same sweep with `hydra.sweeper.library_checks=false`, interleaved in the same run, with a plan
 cache of its own ($MOE_VLM_CACHE_DIR in a temporary directory): first one sweep with the checks on
-an empty cache (every distinct point checked once: the stack imported, a ConfigContainer built per
-point), reported on its own line, then the repeats, which read the checks from that cache. The
-ratio is checks-on over checks-off (target: at most 1.5x).
+an empty cache (every distinct point checked once: the stack imported, the recipe built once and a
+copy of it per point), reported on its own line, then the repeats, which read the checks from that cache. The
+ratios are checks-on over checks-off, wall and CPU (target: at most 1.5x, cached and cold).
 """
 
 from __future__ import annotations
@@ -183,26 +183,39 @@ def library(repeat: int) -> int:
                     results[case.name].append(run_once(case, Path(tmp), cache))
     print(f"load average after:  {load()}")
     base = statistics.median(t.wall_s for t in results[LIBRARY_OFF.name])
+    base_cpu = statistics.median(t.cpu_s for t in results[LIBRARY_OFF.name])
     print()
-    print("| command | wall median s | wall min s | CPU median s | x checks off |")
-    print("|---|---:|---:|---:|---:|")
+    print(
+        "| command | wall median s | wall min s | CPU median s | x checks off (wall) | x checks off (CPU) |"
+    )
+    print("|---|---:|---:|---:|---:|---:|")
     for name, timings in results.items():
         median = statistics.median(t.wall_s for t in timings)
         cpu = statistics.median(t.cpu_s for t in timings)
         shown = f"{name}, from the plan cache" if name == LIBRARY_ON.name else name
         print(
-            f"| {shown} | {median:.2f} | {min(t.wall_s for t in timings):.2f} | {cpu:.2f} | {median / base:.2f} |"
+            f"| {shown} | {median:.2f} | {min(t.wall_s for t in timings):.2f} | {cpu:.2f} | {median / base:.2f} | "
+            f"{cpu / base_cpu:.2f} |"
         )
     print(
         f"| {LIBRARY_ON.name}, empty cache (once; {entries} distinct points checked) | {cold.wall_s:.2f} | "
-        f"{cold.wall_s:.2f} | {cold.cpu_s:.2f} | {cold.wall_s / base:.2f} |"
+        f"{cold.wall_s:.2f} | {cold.cpu_s:.2f} | {cold.wall_s / base:.2f} | {cold.cpu_s / base_cpu:.2f} |"
     )
     ratio = statistics.median(t.wall_s for t in results[LIBRARY_ON.name]) / base
-    verdict = "met" if ratio <= LIBRARY_GOAL else "NOT met"
-    print(
-        f"\ngoal (with the checks at most {LIBRARY_GOAL}x without, cached): {verdict} ({ratio:.2f}x); "
-        f"a first sweep of new points pays {cold.wall_s / base:.1f}x (the empty-cache line)"
-    )
+    # On a shared machine the wall ratio moves with the load; the CPU ratio is what the checks cost.
+    for what, wall, cpu in (
+        (
+            "from the plan cache",
+            ratio,
+            statistics.median(t.cpu_s for t in results[LIBRARY_ON.name]) / base_cpu,
+        ),
+        ("empty cache", cold.wall_s / base, cold.cpu_s / base_cpu),
+    ):
+        verdict = "met" if wall <= LIBRARY_GOAL else "NOT met"
+        print(
+            f"goal (with the checks at most {LIBRARY_GOAL}x without), {what}: {verdict} ({wall:.2f}x wall, "
+            f"{cpu:.2f}x CPU)"
+        )
     return 0
 
 

@@ -78,6 +78,7 @@ def test_the_plan_says_when_the_checks_could_not_run(monkeypatch: pytest.MonkeyP
     from moe_vlm.engines.megatron import library_checks
 
     monkeypatch.setattr(library_checks, "stack_problem", lambda: "no Megatron here")
+    monkeypatch.setattr(library_checks, "_STACK_IMPORTED", [])  # as in a process that never imported it
     found = library_findings(make_spec(*GB200))
     assert [(f.code, f.is_error) for f in found] == [("LIB-STACK", False)]
     assert "did not run" in found[0].message and "no Megatron here" in found[0].message

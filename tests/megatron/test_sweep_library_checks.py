@@ -51,6 +51,7 @@ def test_without_the_stack_one_warning_for_the_sweep_and_nothing_cached(
 
     monkeypatch.setenv(CACHE_ENV, str(tmp_path))
     monkeypatch.setattr(library_checks, "stack_problem", lambda: "no Megatron here")
+    monkeypatch.setattr(library_checks, "_STACK_IMPORTED", [])  # as in a process that never imported it
     planned = [_point(0, "mbs=1"), _point(1, "mbs=2")]
     before = [list(p.findings) for p in planned]
     check_library(planned, enabled=True, canary=True)

@@ -4,10 +4,14 @@ table (moe_vlm/knobs/bridge_fields.py) applied and read back. Runs on CPU (tests
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 import enum
+import functools
 import importlib
 import importlib.metadata
+import json
+import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,7 +19,7 @@ from typing import Any
 
 from moe_vlm.base.errors import EngineUnavailable
 from moe_vlm.config.spec import RunSpec
-from moe_vlm.engines.hf_config import hf_model_dir
+from moe_vlm.engines.hf_config import hf_model_dir, is_local_checkpoint
 from moe_vlm.engines.megatron.stack import PINNED, versions
 from moe_vlm.knobs.bridge_fields import (
     BRIDGE_MOCK_DATASET,
@@ -91,6 +95,43 @@ def build_config(spec: RunSpec, workdir: Path, recipe: Recipe | None = None) -> 
     return BuiltConfig(cfg, recipe, hf_dir, requested, applied)
 
 
+# The recipe's ConfigContainer per (recipe, model), built once per process by config_from_base.
+_BASES: dict[str, Any] = {}
+
+
+def _base_key(recipe: Recipe, spec: RunSpec) -> str:
+    """What a recipe function's output depends on: the function (it takes no arguments) and the HF
+    config AutoBridge reads, which hf_model_dir writes from spec.model alone; a local checkpoint's
+    config.json is named by its path and the time it was written."""
+    model: dict[str, Any] = dataclasses.asdict(spec.model)
+    if is_local_checkpoint(spec.model):
+        model["config.json written ns"] = (
+            (Path(spec.model.hf_model_id).expanduser() / "config.json").stat().st_mtime_ns
+        )
+    return json.dumps([recipe.module, recipe.function, model], sort_keys=True, default=str)
+
+
+def config_from_base(spec: RunSpec, recipe: Recipe | None = None) -> Any:
+    """build_config's ConfigContainer, field for field (tests/megatron/test_config_from_base.py
+    compares every field on the fuzzer's points), at a fraction of the cost: the recipe function
+    (most of it converting the HF config through AutoBridge, about 0.1 s) runs once per
+    (recipe, model) in this process, and each point applies THE table to a deep copy of it
+    (milliseconds). For the sweep's library checks, which read the configuration and nothing on disk:
+    the HF config directory the base was built from is gone when this returns."""
+    recipe = recipe or select_recipe(spec)
+    if recipe is None:
+        raise EngineUnavailable(
+            f"model={spec.model.name} (arch {spec.model.arch}) has no Megatron Bridge recipe."
+        )
+    key = _base_key(recipe, spec)
+    if key not in _BASES:
+        with tempfile.TemporaryDirectory() as scratch, offline_hf(hf_model_dir(spec.model, Path(scratch))):
+            _BASES[key] = recipe_function(recipe)()
+    cfg = copy.deepcopy(_BASES[key])
+    apply_overrides(cfg, spec)
+    return cfg
+
+
 def _parent_and_name(cfg: Any, path: str) -> tuple[Any, str]:
     *parents, name = path.split(".")
     node = cfg
@@ -99,9 +140,16 @@ def _parent_and_name(cfg: Any, path: str) -> tuple[Any, str]:
     return node, name
 
 
+@functools.cache
+def _field_names(cls: type) -> frozenset[str]:
+    # Per class, not per call: a sweep's library checks set about a hundred fields per point.
+    return frozenset(f.name for f in dataclasses.fields(cls))
+
+
 def _has_field(node: Any, name: str) -> bool:
     if dataclasses.is_dataclass(node):
-        return name in {f.name for f in dataclasses.fields(node)}
+        kind: type = type(node)
+        return name in _field_names(kind)
     return hasattr(node, name)
 
 

@@ -280,8 +280,13 @@ def rank_environment(spec: RunSpec, env_names: set[str], planned: bool) -> Itera
     finally:
         torch.cuda.get_device_properties = query
         torch.cuda.get_device_capability = capability_query
-        os.environ.clear()
-        os.environ.update(saved)
+        # Only what changed is put back: clearing and refilling the whole environment costs a
+        # putenv per variable, twice per point of a sweep's library checks.
+        for name in [name for name in os.environ if name not in saved]:
+            del os.environ[name]
+        for name, value in saved.items():
+            if os.environ.get(name) != value:
+                os.environ[name] = value
 
 
 class _Notes(logging.Handler):
@@ -325,22 +330,24 @@ class Update:
         return None if self.exception is None else f"{type(self.exception).__name__}: {self.exception}"
 
 
-def runtime_update(cfg: Any, spec: RunSpec, *, planned: bool) -> Update:
+def runtime_update(cfg: Any, spec: RunSpec, *, planned: bool, in_place: bool = False) -> Update:
     """``runtime_config_update`` on a copy of `cfg`, as one rank of the job (planned: here, see
     `rank_environment`); a refusal is returned, not raised (moe_vlm/engines/megatron/library_checks.py
-    reads it too)."""
+    reads it too). in_place: on `cfg` itself, for a caller that owns it and reads only the
+    exception of a refused update (the config is then left part-updated): one deep copy less."""
     from megatron.bridge.training.config import runtime_config_update
 
-    updated = copy.deepcopy(cfg)
-    names = set(cfg.env_vars)
+    updated = cfg if in_place else copy.deepcopy(cfg)
+    recipe_env = {name: str(value) for name, value in cfg.env_vars.items()}
     error = None
-    with rank_environment(spec, names, planned), _captured() as notes:
+    with rank_environment(spec, set(recipe_env), planned), _captured() as notes:
         try:
             runtime_config_update(updated)
         except Exception as exc:  # the library's own check: reported, not raised, in a plan
             error = exc
-            updated = copy.deepcopy(cfg)
-        env = {name: os.environ.get(name, str(cfg.env_vars[name])) for name in names}
+            if not in_place:
+                updated = copy.deepcopy(cfg)
+        env = {name: os.environ.get(name, value) for name, value in recipe_env.items()}
     return Update(updated, error, notes, env)
 
 

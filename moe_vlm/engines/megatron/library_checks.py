@@ -26,7 +26,8 @@ applied to the recipe, moe_vlm/engines/megatron/config.py), and report what it r
   ``validate_args``) on the arguments that name the same fields (ARGS_FROM_CONFIG maps them).
   Bridge does not run it; where it refuses what Bridge accepts, rules/library.py ports the check.
 
-`check_point(spec)` builds the configuration (seconds) and runs them all; `check_config` runs them
+`check_point(spec)` builds the configuration (the recipe once per process, then a copy per point)
+and runs them all; `check_config` runs them
 on a configuration already built (tests/megatron/test_fuzz_combinations.py reuses recipes).
 Without the Megatron stack: one LIB-STACK warning saying the checks did not run, never silence.
 """
@@ -37,16 +38,14 @@ import argparse
 import contextlib
 import dataclasses
 import io
-import tempfile
 import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from enum import StrEnum
-from pathlib import Path
 from typing import Any
 
 from moe_vlm.config.spec import RunSpec
-from moe_vlm.engines.megatron.config import build_config
+from moe_vlm.engines.megatron.config import config_from_base
 from moe_vlm.engines.megatron.effective import rank_environment, runtime_update
 from moe_vlm.engines.megatron.stack import stack_problem, where_raised
 
@@ -384,10 +383,13 @@ CHECKS: tuple[tuple[Check, Callable[[Any, RunSpec], None]], ...] = (
 )
 
 
-def check_config(cfg: Any, spec: RunSpec, *, planned: bool = True) -> list[LibraryFinding]:
-    """Every library check on `cfg` (THE table applied; not modified). Bridge's runtime update first:
+def check_config(
+    cfg: Any, spec: RunSpec, *, planned: bool = True, owned: bool = False
+) -> list[LibraryFinding]:
+    """Every library check on `cfg` (THE table applied; not modified unless `owned`: the caller's
+    own copy, which Bridge's runtime update then changes in place). Bridge's runtime update first:
     the others judge the configuration it leaves, so they run only when it accepts."""
-    update = runtime_update(cfg, spec, planned=planned)
+    update = runtime_update(cfg, spec, planned=planned, in_place=owned)
     if isinstance(update.exception, ImportError):  # a package this run imports is not installed here
         return [_exception(Check.stack, update.exception)]
     if update.exception is not None:
@@ -406,12 +408,18 @@ def check_config(cfg: Any, spec: RunSpec, *, planned: bool = True) -> list[Libra
     return findings
 
 
+# stack_problem() once it said None: the stack imported in this process and stays imported.
+_STACK_IMPORTED: list[bool] = []
+
+
 def check_point(spec: RunSpec) -> list[LibraryFinding]:
-    """Build this point's configuration offline in a scratch directory and run every check
-    (seconds); one LIB-STACK finding when the stack does not import here."""
-    problem = stack_problem()
-    if problem is not None:
-        return [LibraryFinding(Check.stack, f"the library checks did not run: {problem}")]
-    with tempfile.TemporaryDirectory() as scratch, _quiet():
-        built = build_config(spec, Path(scratch))
-    return check_config(built.cfg, spec)
+    """Build this point's configuration offline (the recipe once per process, config_from_base)
+    and run every check; one LIB-STACK finding when the stack does not import here."""
+    if not _STACK_IMPORTED:
+        problem = stack_problem()
+        if problem is not None:
+            return [LibraryFinding(Check.stack, f"the library checks did not run: {problem}")]
+        _STACK_IMPORTED.append(True)
+    with _quiet():
+        cfg = config_from_base(spec)
+    return check_config(cfg, spec, owned=True)
