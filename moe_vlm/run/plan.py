@@ -17,6 +17,7 @@ from moe_vlm.engines.megatron.library_checks import Check
 from moe_vlm.engines.megatron.plan_cache import library_checks, stack_probe
 from moe_vlm.engines.megatron.plan_cache import planned_effective as cached
 from moe_vlm.engines.megatron.shape_check import shape_evidence
+from moe_vlm.engines.megatron.stack import LIBRARY
 from moe_vlm.knobs.bridge_fields import RESOLVED_FIELDS, bridge_overrides, forward_step_path
 from moe_vlm.knobs.bridge_recipe import select_recipe
 from moe_vlm.knobs.cards import plan_lines as card_lines
@@ -140,9 +141,22 @@ def stack_lines(spec: RunSpec, probed: tuple[list[Probe], Entry] | None = None) 
     return [*lines, verdict, entry.note()]
 
 
+def library_missing(spec: RunSpec) -> str | None:
+    """Why the library the configuration is built with (Megatron Core, TE, Bridge) does not import
+    here, from the plan cache's stack probe; None when it imports. A build without it raises only
+    after importing transformers and torch (tens of seconds on a login node) and is never cached, so
+    every plan there would pay them again."""
+    probes, _entry = probed_stack(spec)
+    missing = [p for p in probes if p.module in LIBRARY and not p.ok]
+    return f"{missing[0].module.label}: {missing[0].error}" if missing else None
+
+
 def planned_effective(spec: RunSpec) -> tuple[Planned, Entry] | str:
     """This point's effective configuration on its recipe family (seconds the first time, from the
     plan cache after) and where it came from, or why it was not built."""
+    missing = library_missing(spec)
+    if missing is not None:
+        return f"the Megatron stack does not import here ({missing})"
     try:
         return cached(spec)
     except Exception as exc:  # no stack here, or a recipe this Bridge lacks: the plan says so and goes on

@@ -62,9 +62,9 @@ def test_hydra_plugin_discovery_imports_nothing_heavy_and_finds_our_plugins() ->
     } <= set(found["plugins"])
 
 
-def _imported_by(*argv: str) -> set[str]:
+def _imported_by(*argv: str, env_extra: dict[str, str] | None = None) -> set[str]:
     """The top-level packages a `python train.py ...` command imported (-X importtime's report)."""
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | (env_extra or {})
     done = subprocess.run(
         [sys.executable, "-X", "importtime", str(REPO / "train.py"), *argv],
         cwd=REPO,
@@ -89,3 +89,22 @@ def test_train_help_imports_nothing_heavy() -> None:
 
 def test_a_cpu_dry_run_imports_nothing_heavy(tmp_path: Path) -> None:
     assert _imported_by("dry_run=true", f"hydra.run.dir={tmp_path}") & {*HEAVY, *PLAN_HEAVY} == set()
+
+
+def test_a_cached_gpu_point_on_a_machine_without_megatron_imports_nothing_heavy(tmp_path: Path) -> None:
+    """A login node without the Megatron stack: the stack probe is cached like any plan section, and
+    the effective configuration is not attempted (it would import transformers and torch first, fail,
+    and, never cached, cost every plan tens of seconds). Megatron and TE are made unimportable by
+    packages that raise as a missing one does, ahead of the venv on the path."""
+    block = tmp_path / "block"
+    for name in ("megatron", "transformer_engine"):
+        (block / name).mkdir(parents=True)
+        (block / name / "__init__.py").write_text(
+            f"raise ModuleNotFoundError(\"No module named '{name}'\", name={name!r})\n"
+        )
+    env = {"PYTHONPATH": str(block), "MOE_VLM_CACHE_DIR": str(tmp_path / "cache")}
+    point = ("cluster=gb200", "model=qwen3_vl_30b_a3b", "dry_run=true")
+    _imported_by(*point, f"hydra.run.dir={tmp_path / 'first'}", env_extra=env)
+    again = _imported_by(*point, f"hydra.run.dir={tmp_path / 'again'}", env_extra=env)
+    assert again & {"torch", "transformers", "megatron", "transformer_engine"} == set()
+    assert "the Megatron stack does not import here" in (tmp_path / "again" / "plan.txt").read_text()
