@@ -437,7 +437,7 @@ class LoggerConfig:
     project: str = "moe_vlm"  # W&B project / MLflow experiment
     run_name: str | None = None  # W&B / MLflow run name; null = model, cluster and layout (explog.run_name)
     entity: str | None = None  # W&B entity (team); null = the API key's default
-    # MLflow tracking server; null = mlflow's own choice (MLFLOW_TRACKING_URI, else ./mlruns)
+    # MLflow tracking server; null = mlflow's own choice (MLFLOW_TRACKING_URI, else its default store)
     tracking_uri: str | None = None
 
 
