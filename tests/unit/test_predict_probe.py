@@ -4,6 +4,7 @@ that runs it: real GEMMs, a real copy and real gloo collectives on ranks started
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -11,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from moe_vlm.engines import run_summary
-from moe_vlm.launch.canary import PROBE_PREFIX, main
+from moe_vlm.launch.canary import PROBE_PREFIX
 from moe_vlm.predict import calibration as cal
 from moe_vlm.predict.collectives import Collective, CollectiveRate, cases
 from moe_vlm.predict.model import FLAG_SIGMAS, predict, record_section
@@ -124,13 +125,26 @@ def test_the_cli_probe_stores_where_no_defaults_apply_and_only_prints_on_gpu_clu
     assert not out.exists()
 
 
+def _canary_probe(file: Path) -> str:
+    """The canary with --probe as the job runs it: its own process (the probe forks its ranks; a test
+    process that imported Transformer Engine earlier loses its captured stdout to that fork)."""
+    done = subprocess.run(
+        [sys.executable, "-m", "moe_vlm.launch.canary", "--probe", *TINY],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env={**os.environ, cal.CALIBRATION_ENV: str(file)},
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout
+
+
 def test_the_canary_probes_and_stores_a_first_calibration_but_never_over_a_fit_on_runs(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path,
 ) -> None:
     file = tmp_path / "cal.json"
-    monkeypatch.setenv(cal.CALIBRATION_ENV, str(file))
-    assert main(["--probe", *TINY]) == 0
-    out = capsys.readouterr().out
+    out = _canary_probe(file)
     probed = [line for line in out.splitlines() if line.startswith(PROBE_PREFIX)]
     assert [line.removeprefix(PROBE_PREFIX).split(":")[0] for line in probed[:2]] == [
         " GEMMs at the model's shapes (cpu, fp32)",
@@ -142,6 +156,5 @@ def test_the_canary_probes_and_stores_a_first_calibration_but_never_over_a_fit_o
     assert stored.lower_bound and stored.scale(Term.fsdp) > 0 and stored.scale(Term.experts) > 0
     fitted = cal.Calibration(stored.cluster, stored.stack, stored.scales, 0.05, 6, "fitted on runs")
     cal.store([fitted], file)
-    assert main(["--probe", *TINY]) == 0
-    assert "probe not stored: a calibration fitted on 6 run(s) exists" in capsys.readouterr().out
+    assert "probe not stored: a calibration fitted on 6 run(s) exists" in _canary_probe(file)
     assert cal.read_calibrations(file) == [fitted]
