@@ -61,8 +61,18 @@ def test_a_packed_row_from_bridges_packer_fails_tes_assert_as_a012_says() -> Non
     assert found.shapes is not None and found.checked == len(found.shapes.operands)
 
 
-def test_packing_with_data_bridge_cannot_be_built_and_says_so() -> None:
-    spec = make_spec(*BASE, "mbs=2", "data=bridge_mock", "data.packing=in_batch")
+def test_bridge_mocks_packed_rows_are_built_from_its_replayed_draw() -> None:
+    """Bridge's MockVLMSFTDataset needs its HF processor; the shape check packs the replay of its draw
+    (data/bridge_mock.py) with Bridge's in-batch packer instead: the card row that packs 16 mock
+    samples per micro-batch gets one row of about 16 x 267 positions, not S000."""
+    spec = make_spec(*BASE, "mbs=16", "data=bridge_mock", "data.packing=in_batch")
+    rows, packed, source = micro_batch_rows(spec)
+    assert packed and len(rows) == 1 and 16 * 222 <= rows[0] <= 16 * 311 and "replayed" in source
+    assert [f.code for f in shape_check(spec)] == []
+
+
+def test_packing_with_real_data_cannot_be_built_and_says_so() -> None:
+    spec = make_spec(*BASE, "mbs=2", "data=real", "data.path=/nonexistent", "data.packing=in_batch")
     assert [f.code for f in shape_check(spec)] == ["S000"]
 
 

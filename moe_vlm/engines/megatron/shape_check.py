@@ -42,10 +42,10 @@ def micro_batch_rows(spec: RunSpec) -> tuple[tuple[int, ...], bool, str]:
         # Every padded collate (ours, data/sequence.py; Bridge's Qwen-VL collate and its mock, which
         # pad to seq_length) gives MBS rows of seq_length whatever the samples: nothing to build.
         return (spec.seq_length,) * spec.mbs, False, f"data={spec.data.kind.value}, padded to seq_length"
-    if spec.data.kind not in _SEEDED:
+    if spec.data.kind not in (*_SEEDED, DataKind.bridge_mock):
         raise LookupError(
             f"data={spec.data.kind.value} with data.packing=in_batch: the shape check builds packed rows from "
-            "data=mock or data=synthetic only"
+            "data=mock, synthetic or bridge_mock only"
         )
     from moe_vlm.engines.megatron.data import SeededSamples, dataset_config  # imports megatron.bridge
 
@@ -55,10 +55,15 @@ def micro_batch_rows(spec: RunSpec) -> tuple[tuple[int, ...], bool, str]:
     dataset = SeededSamples(config, spec.mbs)
     batch = dataset.collate_fn([dataset[index] for index in range(spec.mbs)])
     length = int(batch["input_ids"].shape[1])
+    # bridge_mock: Bridge's MockVLMSFTDataset needs its HF processor; its draw is replayed instead
+    # (data/bridge_mock.py, the lengths tests/megatron/test_bridge_mock.py checks against the class).
+    replayed = (
+        " (Bridge's mock replayed, data/bridge_mock.py)" if spec.data.kind is DataKind.bridge_mock else ""
+    )
     return (
         (length,),
         True,
-        f"data={spec.data.kind.value}, Bridge's in-batch packer, samples 0..{spec.mbs - 1}",
+        f"data={spec.data.kind.value}{replayed}, Bridge's in-batch packer, samples 0..{spec.mbs - 1}",
     )
 
 
