@@ -38,7 +38,8 @@ slurm_log=$(mktemp -t moe_vlm_slurm_tests.XXXXXX)
 .venv/bin/python -m pytest -m "slurm and not quiet" -p no:xdist "$@" >"$slurm_log" 2>&1 &
 slurm_pid=$!
 set +e
-.venv/bin/python -m pytest -m "not slurm and not quiet" -n "$workers" --dist loadfile "$@"
+# The slowest tests are listed, so CI time can be watched where it goes.
+.venv/bin/python -m pytest -m "not slurm and not quiet" -n "$workers" --dist loadfile --durations=30 "$@"
 rest=$?
 wait "$slurm_pid"
 slurm=$?

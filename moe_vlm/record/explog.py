@@ -135,24 +135,32 @@ def mlflow_store(tracking_uri: str | None) -> MlflowStore | None:
         return None
     tracking = _mlflow_tracking()
     from mlflow import environment_variables as env
-    from mlflow.exceptions import MlflowException
-    from mlflow.version import VERSION
 
     # MLflow's resolution order (utils.py:162-174) without its process-wide set_tracking_uri
     # value, which a plan never sets and the run's own process starts without.
     uri = tracking_uri or env.MLFLOW_TRACKING_URI.get() or tracking._get_default_tracking_uri()
+    allow = getattr(env, "MLFLOW_ALLOW_FILE_STORE", None)
+    # Rules T008 and T009 both ask, for every point: one registry lookup per URI and setting.
+    return _mlflow_store(uri, allow.get() if allow is not None else None)
+
+
+@cache
+def _mlflow_store(uri: str, allow_file_store: bool | None) -> MlflowStore:
+    tracking = _mlflow_tracking()
+    from mlflow.exceptions import MlflowException
+    from mlflow.version import VERSION
+
     registry = tracking._tracking_store_registry
     try:
         builder = registry.get_store_builder(uri)
     except MlflowException:  # UnsupportedModelRegistryStoreURIException, or a malformed database URI
         builder = None
-    allow = getattr(env, "MLFLOW_ALLOW_FILE_STORE", None)
     return MlflowStore(
         version=VERSION,
         uri=scrub_text(uri),
         schemes=tuple(sorted(registry._registry)),
         known=builder is not None,
-        file_store_refused=builder is tracking._get_file_store and allow is not None and not allow.get(),
+        file_store_refused=builder is tracking._get_file_store and allow_file_store is False,
     )
 
 

@@ -11,6 +11,7 @@ import json
 import shutil
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -19,14 +20,21 @@ from tests.megatron.conftest import RecipeCache, needs_stack
 from tests.megatron.test_config_container import BASE, built
 
 
-@needs_stack
-def test_a_tracker_that_cannot_open_is_recorded_not_fatal(
-    recipes: RecipeCache, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+@pytest.fixture
+def global_state(monkeypatch: pytest.MonkeyPatch) -> Any:
+    """Bridge's GlobalState class, its tracker properties restored after the test (guard swaps them)."""
     from megatron.bridge.training.state import GlobalState
 
-    for name in trackers.PROPERTIES:  # the class is restored after the test
+    for name in trackers.PROPERTIES:
         monkeypatch.setattr(GlobalState, name, getattr(GlobalState, name))
+    return GlobalState
+
+
+@needs_stack
+def test_a_tracker_that_cannot_open_is_recorded_not_fatal(
+    recipes: RecipeCache, tmp_path: Path, global_state: Any
+) -> None:
+    GlobalState = global_state
     _, cfg = built(recipes, *BASE, "logger=tensorboard")
     taken = tmp_path / "tensorboard"
     taken.write_text("not a directory")
@@ -49,15 +57,13 @@ def test_a_tracker_that_cannot_open_is_recorded_not_fatal(
 
 @needs_stack
 def test_a_tracker_that_fails_after_opening_is_recorded_not_fatal(
-    recipes: RecipeCache, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    recipes: RecipeCache, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, global_state: Any
 ) -> None:
     import mlflow
-    from megatron.bridge.training.state import GlobalState
     from mlflow.tracking import MlflowClient
     from mlflow.tracking._tracking_service import utils as tracking
 
-    for name in trackers.PROPERTIES:
-        monkeypatch.setattr(GlobalState, name, getattr(GlobalState, name))
+    GlobalState = global_state
     # Bridge's property sets MLflow's process-wide URI (and MLFLOW_TRACKING_URI) and chains a
     # sys.excepthook: all three are restored after the test.
     monkeypatch.setattr(tracking, "_tracking_uri", None)
@@ -107,14 +113,12 @@ def test_a_tracker_that_fails_after_opening_is_recorded_not_fatal(
 
 @needs_stack
 def test_an_opened_writer_still_reads_as_a_summary_writer(
-    recipes: RecipeCache, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    recipes: RecipeCache, tmp_path: Path, global_state: Any
 ) -> None:
     # Megatron Core's timers write only to an isinstance(writer, SummaryWriter) (core/timers.py:482).
-    from megatron.bridge.training.state import GlobalState
     from torch.utils.tensorboard.writer import SummaryWriter
 
-    for name in trackers.PROPERTIES:
-        monkeypatch.setattr(GlobalState, name, getattr(GlobalState, name))
+    GlobalState = global_state
     _, cfg = built(recipes, *BASE, "logger=tensorboard")
     cfg.logger.tensorboard_dir = str(tmp_path / "tensorboard")
     trackers.guard(GlobalState, tmp_path, "tensorboard")
