@@ -37,6 +37,15 @@ class LayerParams:
     # what FP8/FP4 keeps quantized. Norms, the router and the GDN convolution stay BF16; every
     # routed-expert weight is a GEMM weight.
     dense_gemm: int
+    # Of `dense`, what every tensor-parallel rank holds whole: the layer norms, q/k norms, the GDN
+    # output norm, the router and the shared-expert gate carry no tensor_model_parallel attribute in
+    # Megatron Core (megatron/core/transformer/moe/router.py, torch_norm.py; the GDN's A_log, dt_bias
+    # and conv1d are split: ssm/gated_delta_net/common.py:233-253). tests/megatron/test_param_counts.py
+    # counts them on the library's own layers.
+    replicated: int = 0
+
+    def dense_per_rank(self, tp: int) -> float:
+        return (self.dense - self.replicated) / tp + self.replicated
 
 
 @dataclass(frozen=True)
@@ -76,6 +85,13 @@ def _gated_deltanet_params(model: ModelConfig) -> int:
     )
 
 
+def _mixer_replicated(model: ModelConfig, index: int) -> int:
+    """q/k norms over head_dim (full attention) or the gated RMSNorm over the value head dim (GDN)."""
+    if is_full_attention(model, index):
+        return attention_shape(model).norm_weights
+    return gdn_shape(model).value_head_dim
+
+
 def _mixer_gemm_weights(model: ModelConfig, index: int) -> int:
     if is_full_attention(model, index):
         return attention_shape(model).projection_weights
@@ -88,15 +104,19 @@ def layer_params(model: ModelConfig, index: int) -> LayerParams:
     mixer = _attention_params(model) if is_full_attention(model, index) else _gated_deltanet_params(model)
     mixer_gemm = _mixer_gemm_weights(model, index)
     norms = 2 * h
+    replicated = norms + _mixer_replicated(model, index)
     if is_dense(model, index):
         mlp = dense_mlp_weights(model)
-        return LayerParams(dense=mixer + norms + mlp, experts=0, dense_gemm=mixer_gemm + mlp)
+        return LayerParams(
+            dense=mixer + norms + mlp, experts=0, dense_gemm=mixer_gemm + mlp, replicated=replicated
+        )
     moe = moe_shape(model)
     shared_gate = h if model.num_shared_experts else 0
     return LayerParams(
         dense=mixer + norms + moe.router_weights + moe.shared_weights + shared_gate,
         experts=moe.experts * moe.expert_weights,
         dense_gemm=mixer_gemm + moe.shared_weights,
+        replicated=replicated + moe.router_weights + shared_gate,
     )
 
 
