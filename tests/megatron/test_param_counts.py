@@ -1,6 +1,7 @@
 """Our parameter counts against Megatron Core's own layers, built on the meta device (no memory).
 
-Bridge's providers build Transformer Engine modules, and TE refuses to construct without CUDA
+The vision tower is Bridge's own Qwen3VLVisionModel (see vision_model below). Bridge's providers
+build Transformer Engine modules, and TE refuses to construct without CUDA
 (transformer_engine/pytorch/module/base.py:896 "TransformerEngine needs CUDA.", reached from
 TEDotProductAttention in both the ViT, bridge qwen_vl/modelling_qwen3_vl/model.py:305, and the
 decoder: the hybrid's full-attention spec is always TE, core/models/gpt/
@@ -59,16 +60,23 @@ class Counted:
     def dense(self) -> int:
         return self.split + self.replicated
 
+    def __add__(self, other: Counted) -> Counted:
+        return Counted(
+            self.split + other.split, self.replicated + other.replicated, self.experts + other.experts
+        )
+
     def per_rank(self, tp: int, ep_etp: int) -> float:
         return self.split / tp + self.replicated + self.experts / ep_etp
 
 
-def count(module: Any) -> Counted:
+def count(module: Any, skip: frozenset[int] | set[int] = frozenset()) -> Counted:
     from megatron.core.transformer.moe.moe_layer import MoELayer
 
     experts = {id(p) for m in module.modules() if isinstance(m, MoELayer) for p in m.experts.parameters()}
     split = replicated = routed = 0
     for p in module.parameters():
+        if id(p) in skip:
+            continue
         if id(p) in experts:
             routed += p.numel()
         elif getattr(p, "tensor_model_parallel", False):
@@ -87,6 +95,8 @@ class Library:
     embedding: Counted
     output_layer: Counted
     final_norm: Counted
+    vision: Counted  # Bridge's Qwen3VLVisionModel: patch and position embeddings, ViT blocks
+    projector: Counted  # its patch merger and deepstack mergers
 
 
 @functools.cache
@@ -153,13 +163,51 @@ def library(name: str) -> Library:
                 position_embedding_type="rope",
             )
     config.num_layers, config.linear_attention_freq = full_layers, full_pattern
+    vision = vision_model(config)
+    mergers = [vision.merger, *getattr(vision.decoder, "deepstack_merger_list", [])]
+    merger_params = {id(p) for m in mergers for p in m.parameters()}
     return Library(
         config=config,
         layers={i: count(layer) for i, layer in enumerate(model.decoder.layers)},
         embedding=count(model.embedding),
         output_layer=count(model.output_layer),
         final_norm=count(model.decoder.final_layernorm),
+        vision=count(vision, skip=merger_params),
+        projector=sum((count(m) for m in mergers), Counted(0, 0, 0)),
     )
+
+
+def vision_model(config: Any) -> Any:
+    """Bridge's own ViT (qwen_vl/modelling_qwen3_vl/vision_model.py) with the config Bridge derives for
+    it (transformer_config.py get_vision_model_config), built as Qwen3VLModel builds it
+    (model.py:305-326) but with Megatron Core's local ViT layer (vit_layer_specs.py
+    get_vit_layer_with_local_spec) and local linears in the mergers in place of TE's."""
+    import torch
+    from megatron.bridge.models.qwen_vl.modelling_qwen3_vl.attention import Qwen3VLSelfAttention
+    from megatron.bridge.models.qwen_vl.modelling_qwen3_vl.transformer_config import get_vision_model_config
+    from megatron.bridge.models.qwen_vl.modelling_qwen3_vl.utils import PatchMergerSubmodules
+    from megatron.bridge.models.qwen_vl.modelling_qwen3_vl.vision_model import Qwen3VLVisionModel
+    from megatron.core.models.backends import LocalSpecProvider
+    from megatron.core.models.vision.vit_layer_specs import get_vit_layer_with_local_spec
+    from megatron.core.process_groups_config import ProcessGroupCollection
+    from megatron.core.tensor_parallel import ColumnParallelLinear, RowParallelLinear
+
+    with model_parallel_rank():
+        vision = get_vision_model_config(config.vision_config, megatron_config=config)
+        vision.pipeline_model_parallel_size, vision.first_pipeline_num_layers = 1, None
+        vision.gradient_accumulation_fusion = vision.persist_layer_norm = False
+        vision.use_cpu_initialization, vision.perform_initialization = True, False
+        layer = get_vit_layer_with_local_spec()
+        layer.submodules.self_attention.module = Qwen3VLSelfAttention
+        merger = PatchMergerSubmodules(
+            patch_norm=LocalSpecProvider().layer_norm(rms_norm=False),
+            linear_fc1=ColumnParallelLinear,
+            linear_fc2=RowParallelLinear,
+        )
+        with torch.device("meta"):
+            return Qwen3VLVisionModel(
+                vision, layer, merger, pg_collection=ProcessGroupCollection.use_mpu_process_groups()
+            )
 
 
 @pytest.mark.parametrize("name", MODELS)
@@ -190,13 +238,24 @@ def test_each_layer_kind_counts_what_megatron_core_builds(name: str) -> None:
     assert ours.final_norm == lib.final_norm.replicated
 
 
+@pytest.mark.parametrize("name", MODELS)
+def test_vision_tower_and_mergers_count_what_bridge_builds(name: str) -> None:
+    ours, lib = param_counts(make_spec(f"model={name}").model), library(name)
+    assert (ours.vision, ours.vision_replicated) == (lib.vision.dense, lib.vision.replicated)
+    assert (ours.projector, ours.projector_replicated) == (lib.projector.dense, lib.projector.replicated)
+    REPORT.append(
+        f"{name} vision tower + mergers: ours {ours.vision + ours.projector:,} = Bridge "
+        f"{lib.vision.dense + lib.projector.dense:,}"
+    )
+
+
 def library_rank(name: str, spec: Any) -> float:
     """The library's parameters on the first stage's rank: its layers by kind, the ends."""
     lib, model = library(name), spec.model
     tp, ep_etp = max(spec.layout.tp, 1), max(spec.layout.ep, 1) * max(spec.layout.etp, 1)
     kinds = {is_full_attention(model, i): built for i, built in lib.layers.items()}
     total = sum(kinds[is_full_attention(model, i)].per_rank(tp, ep_etp) for i in spec.stage_layer_indices(0))
-    total += lib.embedding.per_rank(tp, ep_etp)
+    total += sum(part.per_rank(tp, ep_etp) for part in (lib.embedding, lib.vision, lib.projector))
     if max(spec.layout.pp, 1) == 1:
         total += lib.output_layer.per_rank(tp, ep_etp) + lib.final_norm.per_rank(tp, ep_etp)
     return total
@@ -219,8 +278,7 @@ def test_parameters_per_rank_match_the_library(name: str, overrides: tuple[str, 
     estimate = megatron_stage(spec, 0, image_budget(spec), counts)
     (term,) = (t for t in estimate.terms if t.name == "parameters")
     ours = term.bytes / 2
-    vision = (counts.vision + counts.projector) / max(spec.layout.tp, 1)  # not built here: see the docstring
-    library_count = library_rank(name, spec) + vision
+    library_count = library_rank(name, spec)
     error = ours / library_count - 1
     REPORT.append(
         f"{name} per rank ({' '.join(overrides)}): ours {ours / 1e9:.4f}B, Megatron Core "

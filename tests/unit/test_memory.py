@@ -61,6 +61,11 @@ VISION, PROJECTOR = 415_891_440, 122_739_968
 # marks none of them tensor_model_parallel: tests/megatron/test_param_counts.py).
 REPLICATED_LAYER = 2 * 2048 + 2 * 128 + 128 * 2048  # 266,496
 SPLIT_LAYER = DENSE_LAYER - REPLICATED_LAYER
+# Of VISION + PROJECTOR, held whole likewise: patch embedding 3x2x16^2x1152 + 1152, position
+# embedding 2304x1152, per block 2 LayerNorms + 2 row-parallel biases (6 x 1152); mergers' norms and
+# fc2 biases (2x1152 + 2048, 3 x (2x4608 + 2048)).
+REPLICATED_VISION = 4_611_456 + 38_144
+SPLIT_FIRST = 24 * SPLIT_LAYER + EMBEDDING + VISION + PROJECTOR - REPLICATED_VISION
 
 
 def stage_terms(overrides: list[str], stage: int) -> dict[str, float]:
@@ -100,15 +105,15 @@ def test_3d_parameters_gradients_optimizer_first_stage() -> None:
     terms = stage_terms(THREE_D, 0)
     # First stage: 24 layers + embedding + vision + projector, dense / TP2 (but for the replicated
     # norms and router); experts / (EP4 x ETP1).
-    dense = (24 * SPLIT_LAYER + EMBEDDING + VISION + PROJECTOR) / 2 + 24 * REPLICATED_LAYER  # 657,786,488
+    dense = SPLIT_FIRST / 2 + 24 * REPLICATED_LAYER + REPLICATED_VISION  # 660,111,288
     experts = 24 * EXPERT_LAYER / 4  # 3,623,878,656
-    assert terms["parameters"] == 2 * (dense + experts)  # bf16: 8,563,330,288 B
+    assert terms["parameters"] == 2 * (dense + experts)  # bf16: 8,567,979,888 B
     # Main grads in the parameters' bf16: the perf recipes' grad_reduce_in_fp32=false (param_and_grad_buffer.py:917).
-    assert terms["gradients"] == 2 * (dense + experts)  # 8,563,330,288 B
+    assert terms["gradients"] == 2 * (dense + experts)  # 8,567,979,888 B
     fp32 = stage_terms([*THREE_D, "overlap.grad_reduce_in_fp32=true"], 0)
-    assert fp32["gradients"] == 4 * (dense + experts)  # fp32 main grads: 17,126,660,576 B
+    assert fp32["gradients"] == 4 * (dense + experts)  # fp32 main grads: 17,135,959,776 B
     # Distributed optimizer: 12 B/param over DP x CP = 4 (dense) and expert DP = 2 (experts).
-    assert terms["optimizer_state"] == 12 * (dense / 4 + experts / 2)  # 23,716,631,400 B
+    assert terms["optimizer_state"] == 12 * (dense / 4 + experts / 2)  # 23,723,605,800 B
 
 
 def test_3d_last_stage_holds_the_output_layer_and_logits() -> None:
@@ -174,12 +179,12 @@ def test_frozen_modules_hold_no_gradients_or_optimizer_state() -> None:
     base = stage_terms(THREE_D, 0)
     frozen = stage_terms([*THREE_D, "vision_freeze=vision_projector"], 0)
     assert frozen["parameters"] == base["parameters"]  # frozen weights are still there
-    assert base["gradients"] - frozen["gradients"] == 2 * (VISION + PROJECTOR) / 2  # bf16 main grads
-    assert base["optimizer_state"] - frozen["optimizer_state"] == pytest.approx(
-        12 * (VISION + PROJECTOR) / 2 / 4
-    )
+    # The vision side on a TP2 rank: its split part halved, its replicated part whole.
+    vision_rank = (VISION + PROJECTOR - REPLICATED_VISION) / 2 + REPLICATED_VISION
+    assert base["gradients"] - frozen["gradients"] == 2 * vision_rank  # bf16 main grads
+    assert base["optimizer_state"] - frozen["optimizer_state"] == pytest.approx(12 * vision_rank / 4)
     frozen_lm = stage_terms([*THREE_D, "vision_freeze.language=true"], 0)
-    assert frozen_lm["gradients"] == 2 * (VISION + PROJECTOR) / 2  # only the vision side trains
+    assert frozen_lm["gradients"] == 2 * vision_rank  # only the vision side trains
     # Mock data: no images reach the trainable vision side, so the frozen decoder keeps nothing.
     assert frozen_lm["decoder_activations"] == 0
 
@@ -434,7 +439,7 @@ def test_quantized_gemm_weights_replace_their_bf16_share(
     overrides = [*THREE_D, f"cluster={cluster}"]
     bf16, quantized = stage_terms(overrides, 0), stage_terms([*overrides, f"precision={precision}"], 0)
     # First stage of THREE_D: 24 layers; dense parts / TP2, experts / (EP4 x ETP1).
-    dense = (24 * SPLIT_LAYER + EMBEDDING + VISION + PROJECTOR) / 2 + 24 * REPLICATED_LAYER
+    dense = SPLIT_FIRST / 2 + 24 * REPLICATED_LAYER + REPLICATED_VISION
     gemm, experts = 24 * ATTENTION_GEMM / 2, 24 * EXPERT_LAYER / 4
     assert bf16["parameters"] == 2 * (dense + experts) and "quantized_weights" not in bf16
     assert quantized["parameters"] == 2 * (dense - gemm)  # vision, embedding, norms, router: bf16

@@ -255,13 +255,13 @@ def rank_params(stage: Stage) -> RankParams:
     language = sum(counts.layers[i].dense_per_rank(tp) for i in stage.layers)
     language += counts.embedding / tp if stage.first else 0
     language += (counts.lm_head / tp + counts.final_norm) if stage.last else 0
-    # The vision tower and mergers are counted split whole over TP: their replicated norms, patch and
-    # position embeddings are ~5M parameters (0.1 % of a rank at TP 8).
+    vision = (counts.vision - counts.vision_replicated) / tp + counts.vision_replicated
+    projector = (counts.projector - counts.projector_replicated) / tp + counts.projector_replicated
     return RankParams(
         language=language,
         experts=sum(counts.layers[i].experts for i in stage.layers) / stage.ep_etp,
-        vision=counts.vision / tp if stage.first else 0.0,
-        projector=counts.projector / tp if stage.first else 0.0,
+        vision=vision if stage.first else 0.0,
+        projector=projector if stage.first else 0.0,
     )
 
 

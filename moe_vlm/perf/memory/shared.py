@@ -58,6 +58,10 @@ class ParamCounts:
     layers: tuple[LayerParams, ...]
     vision: int  # patch embedding, position embedding, ViT blocks
     projector: int  # patch merger + deepstack mergers
+    # Of vision / projector, what each TP rank holds whole: the patch and position embeddings, the
+    # LayerNorms and the row-parallel (output) biases (no tensor_model_parallel mark in Megatron Core).
+    vision_replicated: int = 0
+    projector_replicated: int = 0
 
     @property
     def language(self) -> int:
@@ -125,10 +129,12 @@ def param_counts(model: ModelConfig) -> ParamCounts:
     patch_in = IMAGE_CHANNELS * model.vision_temporal_patch_size * model.vision_patch_size**2
     # matmuls + 2 LayerNorms (weight, bias) + qkv, proj, fc1 and fc2 biases
     block = vit_block_matmul_weights(model) + 4 * vh + 3 * vh + vh + model.vision_intermediate_size + vh
-    vision = patch_in * vh + vh + model.vision_num_position_embeddings * vh + model.vision_depth * block
+    embeddings = patch_in * vh + vh + model.vision_num_position_embeddings * vh
+    vision = embeddings + model.vision_depth * block
     merged = vh * model.vision_spatial_merge_size**2
     merger_mlp = merger_matmul_weights(model) + merged + model.projector_out_size  # + fc biases
-    projector = (2 * vh + merger_mlp) + len(model.vision_deepstack_layers) * (2 * merged + merger_mlp)
+    deepstack = len(model.vision_deepstack_layers)
+    projector = (2 * vh + merger_mlp) + deepstack * (2 * merged + merger_mlp)
     return ParamCounts(
         embedding=model.vocab_size * h,
         lm_head=0 if model.tie_word_embeddings else model.vocab_size * h,
@@ -136,6 +142,10 @@ def param_counts(model: ModelConfig) -> ParamCounts:
         layers=tuple(layer_params(model, i) for i in range(model.num_layers)),
         vision=vision,
         projector=projector,
+        # 2 LayerNorms (weight, bias) + the projection's and fc2's biases per block.
+        vision_replicated=embeddings + model.vision_depth * 6 * vh,
+        projector_replicated=(2 * vh + model.projector_out_size)
+        + deepstack * (2 * merged + model.projector_out_size),
     )
 
 
