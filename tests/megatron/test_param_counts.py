@@ -38,7 +38,7 @@ from moe_vlm.perf.memory.images import image_budget
 from moe_vlm.perf.memory.megatron import megatron_stage
 from moe_vlm.perf.memory.shared import param_counts
 from tests.conftest import make_spec
-from tests.megatron.conftest import REPORT, RecipeCache, model_parallel_rank, needs_stack
+from tests.megatron.conftest import REPORT, RecipeCache, model_parallel_rank, needs_stack, runtime_updated
 
 pytestmark = needs_stack
 
@@ -285,3 +285,30 @@ def test_parameters_per_rank_match_the_library(name: str, overrides: tuple[str, 
         f"{library_count / 1e9:.4f}B ({error:+.3%})"
     )
     assert abs(error) <= RANK_TOLERANCE, f"{error:+.3%}"
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ("card=qwen3_vl_3d_gb200",),
+        ("model=qwen35_vl_35b_a3b", "parallelism=3d", "ep=8"),
+        ("model=qwen35_vl_35b_a3b", "parallelism=3d", "ep=8", "overlap.grad_reduce_in_fp32=true"),
+    ],
+)
+def test_state_bytes_per_parameter_are_the_engines_configs(
+    recipes: RecipeCache, engine_environment: Any, overrides: tuple[str, ...]
+) -> None:
+    """12 B of optimizer state and the main-gradient width per parameter, from the ConfigContainer the
+    engine builds after Bridge's runtime update (which carries mixed_precision's grad_reduce_in_fp32
+    to ddp): the distributed optimizer keeps main weights, exp_avg and exp_avg_sq in its config's
+    dtypes (megatron/core/optimizer/optimizer_config.py:197-206), the grad buffer in fp32 only with
+    grad_reduce_in_fp32 (distributed/param_and_grad_buffer.py:917)."""
+    from moe_vlm.perf.memory.estimate import ADAM_STATE_BYTES
+    from moe_vlm.perf.memory.megatron import grad_bytes
+
+    spec, cfg = runtime_updated(recipes, engine_environment, *overrides)
+    opt = cfg.optimizer
+    assert opt.optimizer == "adam" and opt.use_distributed_optimizer
+    state = [opt.main_params_dtype, opt.exp_avg_dtype, opt.exp_avg_sq_dtype]
+    assert sum(dtype.itemsize for dtype in state) == ADAM_STATE_BYTES
+    assert grad_bytes(spec)[0] == (4 if cfg.ddp.grad_reduce_in_fp32 else 2)
