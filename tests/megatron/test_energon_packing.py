@@ -123,9 +123,16 @@ def test_energon_packs_as_the_torch_engine_packer(recipes: RecipeCache, photos: 
     rows = [b["__keys__"] for b in islice(energon_stream(photos[0], batch_size=1, task_encoder=encoder,
                                                          packing_buffer_size=BUFFER), 6)]  # fmt: skip
     # The same stream, encoded by the same encoder, packed by the torch engine's Packer.
-    stream = (encoder.encode_sample(s).sample for s in energon_stream(photos[0], batch_size=None))
-    packer = Packer(stream, spec.packed_row_length, BUFFER, spec.collate_padding_multiple)
+    encoded = [
+        encoder.encode_sample(s).sample for s in islice(energon_stream(photos[0], batch_size=None), 21)
+    ]
+    packer = Packer(iter(encoded), spec.packed_row_length, BUFFER, spec.collate_padding_multiple)
     assert [[s.key for s in next(packer)] for _ in rows] == rows
+    # Each sample's image tokens are the ones its image grid expands to (what the stats count).
+    merge = spec.model.vision_spatial_merge_size**2
+    for sample in encoded:
+        assert sample.image_grid_thw is not None
+        assert int(sample.mm_token_type_ids.sum()) == int(sample.image_grid_thw.prod(-1).sum()) // merge > 0
 
 
 def test_vlm_step_takes_the_energon_packed_batch_as_thd(
@@ -153,3 +160,46 @@ def test_vlm_step_takes_the_energon_packed_batch_as_thd(
 def test_real_buffer_packing_plans_valid_on_megatron(photos: tuple[Path, Path]) -> None:
     spec = make_spec(*real(photos, "mbs=1", "data.packing=buffer", "data.num_workers=1"))
     assert [v.code for v in validate(spec) if v.level.value == "error"] == []
+
+
+def test_bridge_builds_the_packed_loader_from_the_validated_config(
+    recipes: RecipeCache, engine_environment: Any, photos: tuple[Path, Path]
+) -> None:
+    """Bridge's own pre-flight takes the provider, and its own dispatch builds the loader from it."""
+    from megatron.bridge.data.utils import get_dataset_provider
+
+    from tests.megatron.conftest import runtime_updated
+
+    packed = real(
+        photos, "mbs=1", "data.packing=buffer", f"data.packing_buffer={BUFFER}", "data.num_workers=0"
+    )
+    spec, cfg = runtime_updated(recipes, engine_environment, *packed)
+    train, valid, test = get_dataset_provider(cfg.dataset)([4, 0, 0], cfg.dataset, None, None)
+    assert valid is None and test is None
+    batch = next(train)
+    assert batch["input_ids"].shape == (1, spec.mbs * spec.packed_row_length)
+    assert int(batch["cu_seqlens_q_padded"][-1]) == batch["input_ids"].shape[1] and batch["__keys__"]
+
+
+def test_a_sample_over_seq_length_has_its_text_cut_and_counted(
+    recipes: RecipeCache, photos: tuple[Path, Path]
+) -> None:
+    """The one over-length policy (data/sequence.py): text cut to seq_length, images kept, counted."""
+    from megatron.bridge.data.builders.energon import build_energon_task_encoder
+
+    spec, cfg = built(recipes, *real(photos, "mbs=1", "data.packing=buffer"))
+    encoder = cfg.dataset.encoder()
+    _, plain = built(recipes, *real(photos))
+    unpacked = copy.deepcopy(plain.dataset)
+    unpacked.pad_to_multiple_of, unpacked.pad_to_max_length = 1, False
+    unpacked.seq_length = 4 * SEQ  # Bridge's collate cuts at its seq_length too: the whole sample here
+    reference = build_energon_task_encoder(unpacked)
+    cut = 0
+    for raw in islice(energon_stream(photos[0], batch_size=None), 21):
+        ours = encoder.encode_sample(raw).sample
+        whole = reference.batch([reference.encode_sample(raw)]).input_ids[0]
+        assert ours.length == min(whole.numel(), spec.seq_length)
+        assert torch.equal(ours.input_ids, whole[: ours.length])
+        assert ours.truncated_text_tokens == whole.numel() - ours.length
+        cut += ours.truncated_text_tokens > 0
+    assert cut >= 1  # the retina photograph's 1,098 tokens pass seq_length=1024

@@ -79,6 +79,9 @@ class PackingQwenVLTaskEncoder(QwenVLTaskEncoder):
         self.row_length = row_length
         self.sample_multiple = sample_multiple
         self.pad_token_id = pad_token_id
+        # The id the processor expands per image, not Bridge's self.image_token_id: that one is looked
+        # up as "<image>" (energon.py:79-93), which Qwen's tokenizer does not hold.
+        self.image_pad_token_id = int(self.image_processor.image_token_id)
         # samples this worker's encoder dropped since its last batch: that batch counts them
         self.skipped = 0
 
@@ -104,7 +107,7 @@ class PackingQwenVLTaskEncoder(QwenVLTaskEncoder):
         visual = one["visual_inputs"]
         pixel_values = getattr(visual, "pixel_values", None)
         grid = getattr(visual, "image_grid_thw", None)
-        image = input_ids == self.image_token_id
+        image = input_ids == self.image_pad_token_id
         images = 0 if grid is None else int(grid.shape[0])
         cut = max(0, int(input_ids.numel()) - self.seq_length)
         if cut:
