@@ -57,6 +57,15 @@ THREE_D = [
 #     (merger MLP = 4608^2 + 4608 + 4608x2048 + 2048 = 30,677,504)
 DENSE_LAYER, EXPERT_LAYER, EMBEDDING = 19_140_864, 603_979_776, 311_164_928
 VISION, PROJECTOR = 415_891_440, 122_739_968
+# Of DENSE_LAYER, what each TP rank holds whole: norms 2h, q/k norms 2d, router e x h (Megatron Core
+# marks none of them tensor_model_parallel: tests/megatron/test_param_counts.py).
+REPLICATED_LAYER = 2 * 2048 + 2 * 128 + 128 * 2048  # 266,496
+SPLIT_LAYER = DENSE_LAYER - REPLICATED_LAYER
+# Of VISION + PROJECTOR, held whole likewise: patch embedding 3x2x16^2x1152 + 1152, position
+# embedding 2304x1152, per block 2 LayerNorms + 2 row-parallel biases (6 x 1152); mergers' norms and
+# fc2 biases (2x1152 + 2048, 3 x (2x4608 + 2048)).
+REPLICATED_VISION = 4_611_456 + 38_144
+SPLIT_FIRST = 24 * SPLIT_LAYER + EMBEDDING + VISION + PROJECTOR - REPLICATED_VISION
 
 
 def stage_terms(overrides: list[str], stage: int) -> dict[str, float]:
@@ -94,21 +103,22 @@ def test_hand_counted_30b_parts() -> None:
 
 def test_3d_parameters_gradients_optimizer_first_stage() -> None:
     terms = stage_terms(THREE_D, 0)
-    # First stage: 24 layers + embedding + vision + projector, dense / TP2; experts / (EP4 x ETP1).
-    dense = (24 * DENSE_LAYER + EMBEDDING + VISION + PROJECTOR) / 2  # 654,588,536
+    # First stage: 24 layers + embedding + vision + projector, dense / TP2 (but for the replicated
+    # norms and router); experts / (EP4 x ETP1).
+    dense = SPLIT_FIRST / 2 + 24 * REPLICATED_LAYER + REPLICATED_VISION  # 660,111,288
     experts = 24 * EXPERT_LAYER / 4  # 3,623,878,656
-    assert terms["parameters"] == 2 * (dense + experts)  # bf16: 8,556,934,384 B
+    assert terms["parameters"] == 2 * (dense + experts)  # bf16: 8,567,979,888 B
     # Main grads in the parameters' bf16: the perf recipes' grad_reduce_in_fp32=false (param_and_grad_buffer.py:917).
-    assert terms["gradients"] == 2 * (dense + experts)  # 8,556,934,384 B
+    assert terms["gradients"] == 2 * (dense + experts)  # 8,567,979,888 B
     fp32 = stage_terms([*THREE_D, "overlap.grad_reduce_in_fp32=true"], 0)
-    assert fp32["gradients"] == 4 * (dense + experts)  # fp32 main grads: 17,113,868,768 B
+    assert fp32["gradients"] == 4 * (dense + experts)  # fp32 main grads: 17,135,959,776 B
     # Distributed optimizer: 12 B/param over DP x CP = 4 (dense) and expert DP = 2 (experts).
-    assert terms["optimizer_state"] == 12 * (dense / 4 + experts / 2)  # 23,707,037,544 B
+    assert terms["optimizer_state"] == 12 * (dense / 4 + experts / 2)  # 23,723,605,800 B
 
 
 def test_3d_last_stage_holds_the_output_layer_and_logits() -> None:
     terms = stage_terms(THREE_D, 1)
-    dense = (24 * DENSE_LAYER + EMBEDDING + 2048) / 2  # lm_head + final norm
+    dense = (24 * SPLIT_LAYER + EMBEDDING) / 2 + 24 * REPLICATED_LAYER + 2048  # lm_head; final norm whole
     assert terms["parameters"] == 2 * (dense + 24 * EXPERT_LAYER / 4)
     # The perf recipes' TE cross entropy: 4096 tokens x 151936 vocab / TP2 x (2 B bf16 logits + the
     # 2 B bf16 copy it keeps) = 1,244,659,712 B; Megatron's own keeps an fp32 softmax (2 + 4 B).
@@ -169,12 +179,12 @@ def test_frozen_modules_hold_no_gradients_or_optimizer_state() -> None:
     base = stage_terms(THREE_D, 0)
     frozen = stage_terms([*THREE_D, "vision_freeze=vision_projector"], 0)
     assert frozen["parameters"] == base["parameters"]  # frozen weights are still there
-    assert base["gradients"] - frozen["gradients"] == 2 * (VISION + PROJECTOR) / 2  # bf16 main grads
-    assert base["optimizer_state"] - frozen["optimizer_state"] == pytest.approx(
-        12 * (VISION + PROJECTOR) / 2 / 4
-    )
+    # The vision side on a TP2 rank: its split part halved, its replicated part whole.
+    vision_rank = (VISION + PROJECTOR - REPLICATED_VISION) / 2 + REPLICATED_VISION
+    assert base["gradients"] - frozen["gradients"] == 2 * vision_rank  # bf16 main grads
+    assert base["optimizer_state"] - frozen["optimizer_state"] == pytest.approx(12 * vision_rank / 4)
     frozen_lm = stage_terms([*THREE_D, "vision_freeze.language=true"], 0)
-    assert frozen_lm["gradients"] == 2 * (VISION + PROJECTOR) / 2  # only the vision side trains
+    assert frozen_lm["gradients"] == 2 * vision_rank  # only the vision side trains
     # Mock data: no images reach the trainable vision side, so the frozen decoder keeps nothing.
     assert frozen_lm["decoder_activations"] == 0
 
@@ -429,7 +439,7 @@ def test_quantized_gemm_weights_replace_their_bf16_share(
     overrides = [*THREE_D, f"cluster={cluster}"]
     bf16, quantized = stage_terms(overrides, 0), stage_terms([*overrides, f"precision={precision}"], 0)
     # First stage of THREE_D: 24 layers; dense parts / TP2, experts / (EP4 x ETP1).
-    dense = (24 * DENSE_LAYER + EMBEDDING + VISION + PROJECTOR) / 2
+    dense = SPLIT_FIRST / 2 + 24 * REPLICATED_LAYER + REPLICATED_VISION
     gemm, experts = 24 * ATTENTION_GEMM / 2, 24 * EXPERT_LAYER / 4
     assert bf16["parameters"] == 2 * (dense + experts) and "quantized_weights" not in bf16
     assert quantized["parameters"] == 2 * (dense - gemm)  # vision, embedding, norms, router: bf16

@@ -9,20 +9,19 @@ from moe_vlm.perf.memory import estimate, fits_after, memory_variants
 from moe_vlm.rules import validate
 from tests.conftest import make_spec
 from tests.unit.test_memory import (
-    DENSE_LAYER,
-    EMBEDDING,
     EXPERT_LAYER,
-    PROJECTOR,
+    REPLICATED_LAYER,
+    REPLICATED_VISION,
+    SPLIT_FIRST,
     THREE_D,
-    VISION,
     stage_terms,
 )
 
 # THREE_D's first stage: 24 layers + embedding + vision + projector, dense / TP2; experts / (EP4 x ETP1);
 # the distributed optimizer shards over DP x CP = 4 (dense) and expert DP = 2 (experts).
-DENSE = (24 * DENSE_LAYER + EMBEDDING + VISION + PROJECTOR) / 2  # 654,588,536
+DENSE = SPLIT_FIRST / 2 + 24 * REPLICATED_LAYER + REPLICATED_VISION  # 660,111,288
 EXPERTS = 24 * EXPERT_LAYER / 4  # 3,623,878,656
-OPTIMIZER_PARAMS = DENSE / 4 + EXPERTS / 2  # 1,975,586,462 per GPU
+OPTIMIZER_PARAMS = DENSE / 4 + EXPERTS / 2  # 1,976,967,150 per GPU
 # One B200 node, 30B, 3D TP2 PP1 (sequence parallel): a decoder layer keeps 92,036 B per token.
 ONE_NODE_TP2 = ["cluster=b200", "model=qwen3_vl_30b_a3b", "parallelism=3d", "tp=2", "data=mock"]
 LAYER_BYTES = 4096 * 92_036  # 376,979,456 B per layer per micro-batch
@@ -30,7 +29,7 @@ LAYER_BYTES = 4096 * 92_036  # 376,979,456 B per layer per micro-batch
 
 def test_gradients_follow_grad_reduce_in_fp32_on_3d_only() -> None:
     # Megatron DDP: bf16 main grads unless grad_reduce_in_fp32 (param_and_grad_buffer.py:917).
-    assert stage_terms(THREE_D, 0)["gradients"] == 2 * (DENSE + EXPERTS)  # 8,556,934,384 B
+    assert stage_terms(THREE_D, 0)["gradients"] == 2 * (DENSE + EXPERTS)  # 8,567,979,888 B
     assert stage_terms([*THREE_D, "overlap.grad_reduce_in_fp32=true"], 0)["gradients"] == 4 * (
         DENSE + EXPERTS
     )
@@ -44,9 +43,9 @@ def test_gradients_follow_grad_reduce_in_fp32_on_3d_only() -> None:
 @pytest.mark.parametrize("fraction", [1.0, 0.5])
 def test_optimizer_offload_moves_the_adam_moments(fraction: float) -> None:
     terms = stage_terms([*THREE_D, f"offload.optimizer_fraction={fraction}"], 0)
-    assert terms["optimizer_state"] == 12 * OPTIMIZER_PARAMS  # 23,707,037,544 B, as without offload
+    assert terms["optimizer_state"] == 12 * OPTIMIZER_PARAMS  # 23,723,605,800 B, as without offload
     # HybridDeviceOptimizer: Adam m, v (8 B/param) of `fraction` of the shard in host memory; the fp32
-    # main weights stay on the GPU. 1.0: -15,804,691,696 B; 0.5: -7,902,345,848 B.
+    # main weights stay on the GPU. 1.0: -15,815,737,200 B; 0.5: -7,907,868,600 B.
     assert terms["optimizer_offload"] == pytest.approx(-fraction * 8 * OPTIMIZER_PARAMS)
     assert "optimizer_offload" not in stage_terms(THREE_D, 0)
 

@@ -234,18 +234,44 @@ def quantized_weights(stage: Stage, dense_gemm: float, experts: float) -> Term |
     )
 
 
+@dataclass(frozen=True)
+class RankParams:
+    """Parameters one GPU of this stage holds before any DP sharding: the dense parts split over TP
+    (what Megatron Core replicates counted whole: LayerParams.replicated, the final norm), the routed
+    experts over EP x ETP."""
+
+    language: float  # decoder layers' dense part, embedding, output layer, final norm
+    experts: float
+    vision: float
+    projector: float
+
+    @property
+    def dense(self) -> float:
+        return self.language + self.vision + self.projector
+
+
+def rank_params(stage: Stage) -> RankParams:
+    counts, tp = stage.counts, stage.tp
+    language = sum(counts.layers[i].dense_per_rank(tp) for i in stage.layers)
+    language += counts.embedding / tp if stage.first else 0
+    language += (counts.lm_head / tp + counts.final_norm) if stage.last else 0
+    vision = (counts.vision - counts.vision_replicated) / tp + counts.vision_replicated
+    projector = (counts.projector - counts.projector_replicated) / tp + counts.projector_replicated
+    return RankParams(
+        language=language,
+        experts=sum(counts.layers[i].experts for i in stage.layers) / stage.ep_etp,
+        vision=vision if stage.first else 0.0,
+        projector=projector if stage.first else 0.0,
+    )
+
+
 def params_terms(stage: Stage) -> list[Term]:
     """parameters (bf16; FP8/FP4 GEMM weights in quantized_weights), gradients (fp32 main grads) and
     optimizer_state (fp32 main + Adam m, v)."""
     counts, training, tp, ep_etp = stage.counts, stage.training, stage.tp, stage.ep_etp
-    first, last = stage.first, stage.last
-    lang_dense = sum(counts.layers[i].dense for i in stage.layers) + (counts.embedding if first else 0)
-    lang_dense += (counts.lm_head + counts.final_norm) if last else 0
-    lang_experts = sum(counts.layers[i].experts for i in stage.layers)
-    vision_params = counts.vision if first else 0
-    projector_params = counts.projector if first else 0
-    dense = (lang_dense + vision_params + projector_params) / tp
-    experts = lang_experts / ep_etp
+    on_rank = rank_params(stage)
+    lang_dense, vision_params, projector_params = on_rank.language, on_rank.vision, on_rank.projector
+    dense, experts = on_rank.dense, on_rank.experts
     quantizing = quantized(stage.spec.precision.format)
     dense_gemm = sum(counts.layers[i].dense_gemm for i in stage.layers) / tp if quantizing else 0.0
     bf16_experts = 0.0 if quantizing else experts
@@ -253,7 +279,7 @@ def params_terms(stage: Stage) -> list[Term]:
         (lang_dense if training.language else 0)
         + (vision_params if training.vision else 0)
         + (projector_params if training.projector else 0)
-    ) / tp
+    )
     trainable_experts = experts if training.language else 0.0
     shard = sharding(stage.spec)
     quantized_term = quantized_weights(stage, dense_gemm, experts)
@@ -336,8 +362,8 @@ def fsdp_buffers(stage: Stage) -> Term | None:
     # (params, gathered bytes) per unit: FP8/FP4 units gather their GEMM weights quantized.
     units = [
         (
-            counts.layers[i].dense / tp + counts.layers[i].experts / stage.ep_etp,
-            BF16 * (counts.layers[i].dense - counts.layers[i].dense_gemm) / tp
+            counts.layers[i].dense_per_rank(tp) + counts.layers[i].experts / stage.ep_etp,
+            BF16 * (counts.layers[i].dense_per_rank(tp) - counts.layers[i].dense_gemm / tp)
             + gemm_bytes * (counts.layers[i].dense_gemm / tp + counts.layers[i].experts / stage.ep_etp),
         )
         for i in stage.layers

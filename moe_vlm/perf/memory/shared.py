@@ -37,6 +37,15 @@ class LayerParams:
     # what FP8/FP4 keeps quantized. Norms, the router and the GDN convolution stay BF16; every
     # routed-expert weight is a GEMM weight.
     dense_gemm: int
+    # Of `dense`, what every tensor-parallel rank holds whole: the layer norms, q/k norms, the GDN
+    # output norm, the router and the shared-expert gate carry no tensor_model_parallel attribute in
+    # Megatron Core (megatron/core/transformer/moe/router.py, torch_norm.py; the GDN's A_log, dt_bias
+    # and conv1d are split: ssm/gated_delta_net/common.py:233-253). tests/megatron/test_param_counts.py
+    # counts them on the library's own layers.
+    replicated: int = 0
+
+    def dense_per_rank(self, tp: int) -> float:
+        return (self.dense - self.replicated) / tp + self.replicated
 
 
 @dataclass(frozen=True)
@@ -49,6 +58,10 @@ class ParamCounts:
     layers: tuple[LayerParams, ...]
     vision: int  # patch embedding, position embedding, ViT blocks
     projector: int  # patch merger + deepstack mergers
+    # Of vision / projector, what each TP rank holds whole: the patch and position embeddings, the
+    # LayerNorms and the row-parallel (output) biases (no tensor_model_parallel mark in Megatron Core).
+    vision_replicated: int = 0
+    projector_replicated: int = 0
 
     @property
     def language(self) -> int:
@@ -76,6 +89,13 @@ def _gated_deltanet_params(model: ModelConfig) -> int:
     )
 
 
+def _mixer_replicated(model: ModelConfig, index: int) -> int:
+    """q/k norms over head_dim (full attention) or the gated RMSNorm over the value head dim (GDN)."""
+    if is_full_attention(model, index):
+        return attention_shape(model).norm_weights
+    return gdn_shape(model).value_head_dim
+
+
 def _mixer_gemm_weights(model: ModelConfig, index: int) -> int:
     if is_full_attention(model, index):
         return attention_shape(model).projection_weights
@@ -88,15 +108,19 @@ def layer_params(model: ModelConfig, index: int) -> LayerParams:
     mixer = _attention_params(model) if is_full_attention(model, index) else _gated_deltanet_params(model)
     mixer_gemm = _mixer_gemm_weights(model, index)
     norms = 2 * h
+    replicated = norms + _mixer_replicated(model, index)
     if is_dense(model, index):
         mlp = dense_mlp_weights(model)
-        return LayerParams(dense=mixer + norms + mlp, experts=0, dense_gemm=mixer_gemm + mlp)
+        return LayerParams(
+            dense=mixer + norms + mlp, experts=0, dense_gemm=mixer_gemm + mlp, replicated=replicated
+        )
     moe = moe_shape(model)
     shared_gate = h if model.num_shared_experts else 0
     return LayerParams(
         dense=mixer + norms + moe.router_weights + moe.shared_weights + shared_gate,
         experts=moe.experts * moe.expert_weights,
         dense_gemm=mixer_gemm + moe.shared_weights,
+        replicated=replicated + moe.router_weights + shared_gate,
     )
 
 
@@ -105,10 +129,12 @@ def param_counts(model: ModelConfig) -> ParamCounts:
     patch_in = IMAGE_CHANNELS * model.vision_temporal_patch_size * model.vision_patch_size**2
     # matmuls + 2 LayerNorms (weight, bias) + qkv, proj, fc1 and fc2 biases
     block = vit_block_matmul_weights(model) + 4 * vh + 3 * vh + vh + model.vision_intermediate_size + vh
-    vision = patch_in * vh + vh + model.vision_num_position_embeddings * vh + model.vision_depth * block
+    embeddings = patch_in * vh + vh + model.vision_num_position_embeddings * vh
+    vision = embeddings + model.vision_depth * block
     merged = vh * model.vision_spatial_merge_size**2
     merger_mlp = merger_matmul_weights(model) + merged + model.projector_out_size  # + fc biases
-    projector = (2 * vh + merger_mlp) + len(model.vision_deepstack_layers) * (2 * merged + merger_mlp)
+    deepstack = len(model.vision_deepstack_layers)
+    projector = (2 * vh + merger_mlp) + deepstack * (2 * merged + merger_mlp)
     return ParamCounts(
         embedding=model.vocab_size * h,
         lm_head=0 if model.tie_word_embeddings else model.vocab_size * h,
@@ -116,6 +142,10 @@ def param_counts(model: ModelConfig) -> ParamCounts:
         layers=tuple(layer_params(model, i) for i in range(model.num_layers)),
         vision=vision,
         projector=projector,
+        # 2 LayerNorms (weight, bias) + the projection's and fc2's biases per block.
+        vision_replicated=embeddings + model.vision_depth * 6 * vh,
+        projector_replicated=(2 * vh + model.projector_out_size)
+        + deepstack * (2 * merged + model.projector_out_size),
     )
 
 
