@@ -59,7 +59,9 @@ def _compositions(profile: Path) -> int:
         (("--config-name", "train", "dry_run=true"), 3),
     ],
 )
-def test_a_single_dry_run_composes_the_config_once(tmp_path: Path, args: tuple[str, ...], expected: int) -> None:
+def test_a_single_dry_run_composes_the_config_once(
+    tmp_path: Path, args: tuple[str, ...], expected: int
+) -> None:
     profile = tmp_path / "run.prof"
     done = _train(tmp_path, *args, "hydra.run.dir=run", python=("-m", "cProfile", "-o", str(profile)))
     assert done.returncode == 0, done.stderr[-3000:]
@@ -95,7 +97,9 @@ def loader() -> KeepingLoader:
     "overrides",
     [[], ["dry_run=true", "mbs=2"], ["model=qwen3_vl_30b_a3b", "precision=fp8cs", "parallelism.tp=2"]],
 )
-def test_the_kept_composition_is_hydras_own_with_hydra_mode_run(loader: KeepingLoader, overrides: list[str]) -> None:
+def test_the_kept_composition_is_hydras_own_with_hydra_mode_run(
+    loader: KeepingLoader, overrides: list[str]
+) -> None:
     kept = loader.keep(train.CONFIG_NAME, overrides)
     own = ConfigLoaderImpl(loader.get_search_path()).load_configuration(
         train.CONFIG_NAME, [*overrides, RUN_MODE], RunMode.RUN
