@@ -377,24 +377,32 @@ def _hydra_point(overrides: tuple[str, ...]) -> Composed:
     """The point as Hydra composes it, whole (what the fast path falls back to)."""
     found = _POINTS.get(overrides)
     if found is None or found.fast:
-        found = adopt(overrides, compose_config(overrides, hydra_node=True))
+        cfg = compose_config(overrides, hydra_node=True)
+        config, train = _plain(_task_of(cfg))
+        hydra: dict[str, Any] = {}
+        for name in HYDRA_KEYS:
+            try:  # hydra.sweep.subdir reads hydra.job.num, which only a running job has
+                value = OmegaConf.select(cfg, name)
+            except OmegaConfBaseException:
+                continue
+            hydra[name] = (
+                OmegaConf.to_container(value, resolve=True) if isinstance(value, DictConfig) else value
+            )
+        found = _remember(overrides, Composed(overrides, config, train, hydra, fast=False))
     return found
 
 
 def adopt(overrides: Sequence[str], cfg: DictConfig) -> Composed:
-    """The point `cfg` is, Hydra's composition of `overrides` (with its hydra node), kept as
-    compose_point's for them: a single run's own composition (config/one_run.py) serves its
-    pre-flight. Reads cfg only (Hydra runs the same object afterwards)."""
-    config, train = _plain(_task_of(cfg))
-    hydra: dict[str, Any] = {}
-    for name in HYDRA_KEYS:
-        try:  # hydra.sweep.subdir reads hydra.job.num, which only a running job has
-            value = OmegaConf.select(cfg, name)
-        except OmegaConfBaseException:
-            continue
-        hydra[name] = OmegaConf.to_container(value, resolve=True) if isinstance(value, DictConfig) else value
+    """The point `cfg` is (Hydra's composition of `overrides`, with its hydra node), kept as
+    compose_point's for them: a single run's own composition serves its pre-flight
+    (config/one_run.py). Reads cfg only: Hydra runs the same object afterwards.
+
+    Only the hydra values that need no resolving are taken (a single run's pre-flight reads
+    hydra.sweeper.params); resolving hydra.sweep.dir would import the run records' module through
+    its resolver. Marked fast, so asking for another composes the point whole, as for any fast one.
+    """
     key = tuple(overrides)
-    return _remember(key, Composed(key, config, train, hydra, fast=False))
+    return _remember(key, Composed(key, *_plain(_task_of(cfg)), _known_hydra(cfg), fast=True))
 
 
 def _late_hydra(parsed: Override) -> bool:
