@@ -392,6 +392,19 @@ def _hydra_point(overrides: tuple[str, ...]) -> Composed:
     return found
 
 
+def adopt(overrides: Sequence[str], cfg: DictConfig) -> Composed:
+    """The point `cfg` is (Hydra's composition of `overrides`, with its hydra node), kept as
+    compose_point's for them: a single run's own composition serves its pre-flight
+    (config/one_run.py). Reads cfg only: Hydra runs the same object afterwards.
+
+    Only the hydra values that need no resolving are taken (a single run's pre-flight reads
+    hydra.sweeper.params); resolving hydra.sweep.dir would import the run records' module through
+    its resolver. Marked fast, so asking for another composes the point whole, as for any fast one.
+    """
+    key = tuple(overrides)
+    return _remember(key, Composed(key, *_plain(_task_of(cfg)), _known_hydra(cfg), fast=True))
+
+
 def _late_hydra(parsed: Override) -> bool:
     """hydra.sweep.dir=..., hydra.sweep.subdir=..., hydra.mode=...: set after everything else."""
     if parsed.key_or_group not in _LATE_HYDRA_KEYS or parsed.type is not OverrideType.CHANGE:

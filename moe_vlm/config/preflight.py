@@ -10,7 +10,7 @@ sweep fails before anything is launched.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import yaml
@@ -21,7 +21,7 @@ from hydra.errors import (
     MissingConfigException,
     OverrideParseException,
 )
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
 from omegaconf.nodes import AnyNode, EnumNode, StringNode
 
@@ -34,6 +34,7 @@ from moe_vlm.config.compose import (
     _is_group,
     _loader,
     _node_at,
+    adopt,
     compose_config,
     compose_point,
     override_key,
@@ -154,12 +155,15 @@ def _first_quoted(text: str) -> str:
 COMPOSE_ERRORS = (HydraException, OmegaConfBaseException, ValueError)
 
 
-def preflight(argv: list[str]) -> None:
+def preflight(argv: list[str], run_config: Callable[[], DictConfig] | None = None) -> None:
     """Raise BadInput with one line when the command line cannot compose or holds a credential.
 
     Credentials are refused first, as typed (before any message could echo one), then in each
     composed point (a config file or an interpolation can put one there): Hydra saves the
     overrides and the config in .hydra/ as soon as it starts.
+
+    run_config: the single run's own composition of the command line's overrides (with its hydra
+    node; config/one_run.py), checked as the point instead of composing it again.
     """
     args, _ = get_args_parser().parse_known_args(argv)
     overrides: list[str] = list(args.overrides or [])
@@ -175,7 +179,7 @@ def preflight(argv: list[str]) -> None:
             if not args.multirun:
                 _reject_sweep_only(override)
         fixed = [o for o in overrides if not parse_override(o).is_sweep_override()]
-        base = compose_point(fixed)
+        base = compose_point(fixed) if run_config is None else adopt(fixed, run_config())
         _check_point(base)
         swept = [
             *(o for o in overrides if parse_override(o).is_sweep_override()),

@@ -200,10 +200,18 @@ BRIDGE_MOCK_DATASET = "MockVLMSFTDatasetConfig"
 BRIDGE_PROCESSOR_DIR = "hf_processor"
 
 
+# data=real with buffer packing: Bridge's Energon config builds only Bridge's Qwen-VL encoder, which
+# cannot pack (models/qwen_vl/data/energon.py:175), so the engine's provider with its own encoder
+# (engines/megatron/energon_packing.py) holds the same Energon fields and the packed row's geometry.
+PACKED_ENERGON_DATASET = "PackedEnergonDatasetConfig"
+
+
 def _dataset_kind(spec: RunSpec) -> str:
     if _bridge_mock(spec):
         return BRIDGE_MOCK_DATASET
-    return "EnergonDatasetConfig" if _real(spec) else SEEDED_DATASET
+    if _real(spec):
+        return PACKED_ENERGON_DATASET if _packed_real(spec) else "EnergonDatasetConfig"
+    return SEEDED_DATASET
 
 
 def _seeded(spec: RunSpec) -> bool:
@@ -247,6 +255,14 @@ def _real(spec: RunSpec) -> bool:
 
 def _if_real(value: Callable[[RunSpec], Any]) -> Callable[[RunSpec], Any]:
     return lambda s: value(s) if _real(s) else KEEP
+
+
+def _packed_real(spec: RunSpec) -> bool:
+    return _real(spec) and spec.data.packing is Packing.buffer
+
+
+def _if_packed_real(value: Callable[[RunSpec], Any]) -> Callable[[RunSpec], Any]:
+    return lambda s: value(s) if _packed_real(s) else KEEP
 
 
 def _processor_path(spec: RunSpec) -> str:
@@ -579,7 +595,13 @@ FIELD_MAP: tuple[FieldMap, ...] = (
     ),
     FieldMap("data.kind", "dataset.kind", _if_seeded(lambda s: s.data.kind.value)),
     *(_seeded_row("data", name) for name in SEEDED_DATA_FIELDS),
-    *(_seeded_row("model", name) for name in SEEDED_MODEL_FIELDS),
+    *(_seeded_row("model", name) for name in SEEDED_MODEL_FIELDS if name != "pad_token_id"),
+    FieldMap(
+        "model.pad_token_id",
+        "dataset.pad_token_id",
+        lambda s: s.model.pad_token_id if _seeded(s) or _packed_real(s) else KEEP,
+        "the id packed rows are padded with (seeded data; data=real with buffer packing)",
+    ),
     FieldMap("seed", "dataset.random_seed", _if_seeded(lambda s: s.seed), "sample i is drawn from (seed, i)"),
     FieldMap("data.path", "dataset.path", lambda s: s.data.path if _real(s) else KEEP),
     FieldMap("mbs", "dataset.micro_batch_size", lambda s: s.mbs if _real(s) else KEEP, "Energon: = MBS"),
@@ -656,6 +678,17 @@ FIELD_MAP: tuple[FieldMap, ...] = (
         _if_seeded(lambda s: s.data.packing_buffer if s.data.packing is Packing.buffer else 0),
         "buffer: each DP rank's Packer holds this many samples; one dataset item is one packed row "
         "(engines/megatron/data.py PackedRows)",
+    ),
+    FieldMap(
+        "data.packing_buffer",
+        "dataset.packing_buffer_size",
+        _if_packed_real(lambda s: s.data.packing_buffer),
+        "real, buffer: Energon's packing buffer (task_encoder/base.py:578-596) over the engine's Qwen-VL "
+        "encoder, first-fit-decreasing as the torch engine packs (engines/megatron/energon_packing.py)",
+    ),
+    FieldMap("data.packing", "dataset.packed_row_length", _if_packed_real(lambda s: s.packed_row_length)),
+    FieldMap(
+        "data.packing", "dataset.sample_multiple", _if_packed_real(lambda s: s.collate_padding_multiple)
     ),
     FieldMap(
         "data.packing",

@@ -339,9 +339,13 @@ MEGATRON: Mapping[str, Support] = {
     "data.packing": Honoured(
         "in_batch: Bridge's collate-time THD packing (data/packing/in_batch.py) with vlm_step; none: padded "
         "rows; buffer: the torch engine's Packer, one packed row per dataset item, handed to vlm_step as "
-        "THD (engines/megatron/data.py PackedRows; data=real refused, rule A021)",
+        "THD (engines/megatron/data.py PackedRows; data=real: Energon's packing API over the engine's "
+        "Qwen-VL task encoder, engines/megatron/energon_packing.py)",
     ),
-    "data.packing_buffer": Honoured("bridge_fields.FIELD_MAP's row dataset.packing_buffer (PackedRows)"),
+    "data.packing_buffer": Honoured(
+        "bridge_fields.FIELD_MAP's rows dataset.packing_buffer (PackedRows) and, data=real, "
+        "dataset.packing_buffer_size (Energon's buffer)"
+    ),
 }
 
 SUPPORT: Mapping[Engine, Mapping[str, Support]] = {Engine.torch: TORCH, Engine.megatron: MEGATRON}

@@ -17,6 +17,7 @@ from moe_vlm.config.spec import RunSpec
 from moe_vlm.data.errors import DataError
 from moe_vlm.data.lengths import Lengths, dataset_lengths
 from moe_vlm.data.stats import MOCK_SPEEDUP_NOTE
+from moe_vlm.data.workers import data_workers
 from moe_vlm.rules.catalogue import (
     Level,
     Violation,
@@ -305,26 +306,32 @@ def _packing_buffer_size(spec: RunSpec) -> Iterator[Violation]:
         )
 
 
-@rule("A021", Level.error, "buffer packing on the Megatron engine: mock, synthetic and bridge_mock data only")
+@rule("A021", Level.warning, "buffer packing of real data on Megatron: one packing buffer per loader worker")
 def _packing_buffer_megatron(spec: RunSpec) -> Iterator[Violation]:
-    # mock / synthetic / bridge_mock: the engine's own dataset packs with the torch engine's Packer
-    # (engines/megatron/data.py PackedRows). data=real goes through Bridge's Energon path, whose
-    # Qwen-VL task encoder (models/qwen_vl/data/energon.py:175, QwenVLTaskEncoder) defines neither
-    # select_samples_to_pack nor pack_selected_samples: Energon refuses packing_buffer_size without
-    # them (megatron/energon/task_encoder/base.py:578-583), and the project has no task encoder of
-    # its own on that path yet (bridge_fields: dataset.task_encoder is Bridge's config class).
+    # data=real packs through Energon's packing API with the engine's Qwen-VL task encoder
+    # (engines/megatron/energon_packing.py). Energon's PackingDataset runs inside each loader worker
+    # and fills its buffer from that worker's samples only (megatron/energon/wrappers/
+    # packing_dataset.py:197-200, the len_worker() buffers), so a rank holds workers x N encoded
+    # samples, pixels included, and its rows are packed from each worker's share of its stream;
+    # the torch engine, and mock / synthetic / bridge_mock on Megatron (PackedRows), pack one buffer
+    # per rank.
     if (
-        spec.engine == Engine.megatron
-        and spec.data.packing is Packing.buffer
-        and spec.data.kind is DataKind.real
+        spec.engine != Engine.megatron
+        or spec.data.packing is not Packing.buffer
+        or spec.data.kind is not DataKind.real
     ):
+        return
+    workers = data_workers(spec)
+    if workers.count > 1:
         yield Violation(
-            ("data.packing", "data", "engine"),
-            "data.packing=buffer with data=real on engine=megatron: Bridge's Qwen-VL Energon task encoder has "
-            "no packing methods (select_samples_to_pack, pack_selected_samples), which Energon requires for a "
-            "packing buffer.",
-            "use data.packing=in_batch (mbs >= 2) for data=real on engine=megatron, or engine=torch, or "
-            "data=synthetic / bridge_mock with data.packing=buffer.",
+            ("data.packing_buffer", "data.num_workers"),
+            f"data=real with data.packing=buffer on engine=megatron: each of the {workers.count} Energon loader "
+            f"workers per rank ({workers.source}) packs its own buffer of data.packing_buffer="
+            f"{spec.data.packing_buffer} samples, so a rank holds {workers.count * spec.data.packing_buffer} "
+            "encoded samples and packs within each worker's share of its samples (the torch engine: one "
+            "buffer per rank).",
+            "accept it, or set data.num_workers=1 for one buffer per rank (the image processor then runs in "
+            "one worker), or lower data.packing_buffer if host memory is short.",
         )
 
 

@@ -26,10 +26,6 @@ from moe_vlm.record.records import RUNNING, RunRecord
 from moe_vlm.rules import Finding, errors, validate
 from moe_vlm.run.plan import PLAN_TEXT, gather, library_findings, render, shape_check, summary
 from moe_vlm.run.plan_record import plan_of
-from moe_vlm.runtime import points
-from moe_vlm.runtime.dist_env import global_rank
-from moe_vlm.runtime.failures import Diagnosis, launch_info, record_exception, write_failure
-from moe_vlm.runtime.heartbeat import Heartbeat, write_running
 
 
 def resolved_config(cfg: DictConfig) -> dict[str, Any]:
@@ -61,6 +57,13 @@ def run(cfg: DictConfig) -> None:
     if spec.dry_run:
         plan(spec, findings, full=dry_run_mode(cfg.get("dry_run")) is DryRun.full)
         return
+
+    # The job side (records of a running job, heartbeats, failures): a dry run plans and never reaches
+    # it, so it does not pay for importing it (tests/unit/test_plugin_imports.py).
+    from moe_vlm.runtime import points
+    from moe_vlm.runtime.dist_env import global_rank
+    from moe_vlm.runtime.failures import Diagnosis, launch_info, record_exception, write_failure
+    from moe_vlm.runtime.heartbeat import Heartbeat, write_running
 
     for finding in findings:
         print(scrub_text(finding.line()), file=sys.stderr)

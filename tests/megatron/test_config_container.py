@@ -121,12 +121,15 @@ def test_every_table_field_exists(recipes: RecipeCache) -> None:
     _, cfg = built(recipes, *BASE)
     _, real_cfg = built(recipes, *BASE, "data=real", "data.path=/datasets/shards")
     _, mock_cfg = built(recipes, *BASE, "data=bridge_mock")
+    _, packed_cfg = built(recipes, *BASE, "data=real", "data.path=/datasets/shards", "data.packing=buffer")
     for row in FIELD_MAP:
         if row.field == "env_vars":
             continue
         target = (
             mock_cfg
             if row.field == "dataset.hf_processor_path"
+            else packed_cfg
+            if row.field == "dataset.packing_buffer_size"
             else real_cfg
             if row.field.startswith("dataset.task_encoder")
             or row.field

@@ -64,6 +64,11 @@ def test_hydra_plugin_discovery_imports_nothing_heavy_and_finds_our_plugins() ->
 
 def _imported_by(*argv: str, env_extra: dict[str, str] | None = None) -> set[str]:
     """The top-level packages a `python train.py ...` command imported (-X importtime's report)."""
+    return {name.split(".")[0] for name in _modules_imported_by(*argv, env_extra=env_extra)}
+
+
+def _modules_imported_by(*argv: str, env_extra: dict[str, str] | None = None) -> set[str]:
+    """Every module a `python train.py ...` command imported (-X importtime's report)."""
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | (env_extra or {})
     done = subprocess.run(
         [sys.executable, "-X", "importtime", str(REPO / "train.py"), *argv],
@@ -75,7 +80,7 @@ def _imported_by(*argv: str, env_extra: dict[str, str] | None = None) -> set[str
     )
     assert done.returncode == 0, done.stderr[-2000:]
     lines = [line.split("|")[-1] for line in done.stderr.splitlines() if line.startswith("import time:")]
-    return {name.strip().split(".")[0] for name in lines}
+    return {name.strip() for name in lines}
 
 
 # Also kept out of a plan on the CPU point (issue 33, start-up): only a calibration fit needs
@@ -89,6 +94,14 @@ def test_train_help_imports_nothing_heavy() -> None:
 
 def test_a_cpu_dry_run_imports_nothing_heavy(tmp_path: Path) -> None:
     assert _imported_by("dry_run=true", f"hydra.run.dir={tmp_path}") & {*HEAVY, *PLAN_HEAVY} == set()
+
+
+def test_a_cpu_dry_run_imports_neither_the_job_side_nor_the_run_records_resolver(tmp_path: Path) -> None:
+    """A plan never reaches the job side (moe_vlm/runtime: heartbeats, failures, a running job's
+    records), and its pre-flight does not resolve hydra.sweep.dir, whose resolver imports it."""
+    imported = _modules_imported_by("dry_run=true", f"hydra.run.dir={tmp_path}")
+    assert "moe_vlm.run.plan" in imported
+    assert sorted(m for m in imported if m.startswith("moe_vlm.runtime")) == []
 
 
 def test_a_cached_gpu_point_on_a_machine_without_megatron_imports_nothing_heavy(tmp_path: Path) -> None:

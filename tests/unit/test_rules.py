@@ -257,10 +257,10 @@ CASES: dict[str, tuple[list[str], list[str]]] = {
         ["data.packing=buffer", "data.packing_buffer=0"],
         ["data.packing=buffer", "data.packing_buffer=1"],
     ),
-    # Megatron packs mock / synthetic / bridge_mock by buffer; real data (Energon) is refused.
+    # Real data packs by buffer on Megatron through Energon, one buffer per loader worker.
     "A021": (
-        [*MEG, "data=real", f"data.path={SHARDS}", "data.packing=buffer"],
-        [*MEG, "data.packing=buffer"],
+        [*MEG, "data=real", f"data.path={SHARDS}", "data.packing=buffer", "data.num_workers=2"],
+        [*MEG, "data=real", f"data.path={SHARDS}", "data.packing=buffer", "data.num_workers=1"],
     ),
     # One sample of 4 is over 1024 tokens: text cut (warning); packed on Megatron, Bridge raises (error).
     "A014": (

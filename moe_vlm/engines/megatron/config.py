@@ -25,6 +25,7 @@ from moe_vlm.knobs.bridge_fields import (
     BRIDGE_MOCK_DATASET,
     HYBRID_EP_ENV_NAMES,
     KEEP,
+    PACKED_ENERGON_DATASET,
     SEEDED_DATASET,
     BridgeOverride,
     bridge_overrides,
@@ -229,6 +230,18 @@ def _config_object(cfg: Any, path: str, class_name: str, spec: RunSpec) -> Any:
             seq_length=spec.seq_length,
             micro_batch_size=spec.mbs,
             task_encoder=builders.QwenVLEnergonTaskEncoderConfig(hf_processor_path=processor),
+        )
+    if class_name == PACKED_ENERGON_DATASET:
+        # Imported here: Energon and Bridge's Qwen-VL encoder, for data=real with buffer packing only.
+        from moe_vlm.engines.megatron.energon_packing import PackedEnergonDatasetConfig
+
+        return PackedEnergonDatasetConfig(
+            path=spec.data.path,
+            seq_length=spec.seq_length,
+            micro_batch_size=spec.mbs,
+            task_encoder=builders.QwenVLEnergonTaskEncoderConfig(hf_processor_path=processor),
+            packing_buffer_size=spec.data.packing_buffer,
+            packed_row_length=spec.packed_row_length,
         )
     if class_name == SEEDED_DATASET:
         # Imported here: torch and Megatron Bridge's dataset classes, for this recipe class only.

@@ -71,9 +71,12 @@ def _buffer_rows(spec: RunSpec) -> tuple[tuple[int, ...], bool, str]:
     """data.packing=buffer: the first micro-batch of DP rank 0 as the engine's PackedRows and its
     collate build it, MBS packed rows laid end to end in one THD row."""
     if spec.data.kind not in (*_SEEDED, DataKind.bridge_mock):
-        raise LookupError(
-            f"data={spec.data.kind.value} with data.packing=buffer: the Megatron engine packs by buffer "
-            "data=mock, synthetic or bridge_mock only (rule A021)"
+        # Energon's rows (engines/megatron/energon_packing.py) have the same fixed shape, whatever
+        # the samples: nothing to build (the shards and the processor may not be on this machine).
+        return (
+            (spec.mbs * spec.packed_row_length,),
+            True,
+            f"data={spec.data.kind.value}, buffer-packed by Energon: {spec.mbs} row(s) of {spec.packed_row_length}",
         )
     from moe_vlm.engines.megatron.data import PackedRows, dataset_config  # imports megatron.bridge
 
