@@ -41,7 +41,7 @@ from tests.megatron.test_config_container import BASE, COMPANIONS, group_options
 
 # Rules whose rejection the engine performs itself in its CPU pre-flight.
 ENGINE_CPU = {
-    "A001": "EnergonDatasetConfig.validate: path must be set",
+    "A001": "EnergonDatasetConfig.validate (buffer packing: our provider's finalize): path must be set",
     "A003": "ConfigContainer.validate: in-batch packing needs micro_batch_size > 1",
     "A010": "TransformerConfig: the allgather dispatcher does not support variable sequence lengths",
     "D001": "validate_flex_dispatcher_backend: DeepEP on Ampere/Hopper/B200/B300 only",

@@ -27,7 +27,7 @@ from moe_vlm.data.packer import Packer
 from moe_vlm.engines.megatron.config import check_overrides
 from moe_vlm.rules import validate
 from tests.conftest import REPO, make_spec
-from tests.megatron.conftest import RecipeCache, needs_stack
+from tests.megatron.conftest import RecipeCache, needs_stack, runtime_updated
 from tests.megatron.test_data_path import BASE, built, qwen3_vl_checkpoint
 
 pytestmark = needs_stack
@@ -168,8 +168,6 @@ def test_bridge_builds_the_packed_loader_from_the_validated_config(
     """Bridge's own pre-flight takes the provider, and its own dispatch builds the loader from it."""
     from megatron.bridge.data.utils import get_dataset_provider
 
-    from tests.megatron.conftest import runtime_updated
-
     packed = real(
         photos, "mbs=1", "data.packing=buffer", f"data.packing_buffer={BUFFER}", "data.num_workers=0"
     )
@@ -179,6 +177,18 @@ def test_bridge_builds_the_packed_loader_from_the_validated_config(
     batch = next(train)
     assert batch["input_ids"].shape == (1, spec.mbs * spec.packed_row_length)
     assert int(batch["cu_seqlens_q_padded"][-1]) == batch["input_ids"].shape[1] and batch["__keys__"]
+
+
+def test_the_engines_pre_flight_refuses_buffer_packing_without_a_path(
+    recipes: RecipeCache, engine_environment: Any, photos: tuple[Path, Path]
+) -> None:
+    """Rule A001's engine side for our provider: ConfigContainer.validate calls its finalize, which
+    refuses a missing path as Bridge's EnergonDatasetConfig.validate does (mutation: drop the path
+    check in finalize and this passes the pre-flight)."""
+    _, processor = photos
+    bare = (*BASE, "data=real", f"model.hf_model_id={processor}", f"seq_length={SEQ}")
+    with pytest.raises(ValueError, match="path must be set"):
+        runtime_updated(recipes, engine_environment, *bare, "mbs=1", "data.packing=buffer")
 
 
 def test_a_sample_over_seq_length_has_its_text_cut_and_counted(

@@ -156,7 +156,7 @@ class PackingQwenVLTaskEncoder(QwenVLTaskEncoder):
 class PackedEnergonDatasetConfig(DatasetProvider):
     """Declarative, EnergonDatasetConfig's fields that THE table sets, plus the packed row's geometry."""
 
-    path: str | None  # rule A005 refuses data=real without data.path
+    path: str | None  # rule A001 refuses data=real without data.path; finalize() as the engine does
     seq_length: int
     micro_batch_size: int
     task_encoder: QwenVLEnergonTaskEncoderConfig
@@ -172,6 +172,20 @@ class PackedEnergonDatasetConfig(DatasetProvider):
     enable_in_batch_packing: bool = False
     defer_in_batch_packing_to_step: bool = False
     pad_to_max_length: bool = False
+
+    def finalize(self) -> None:
+        """The declarative checks of Bridge's EnergonDatasetConfig.validate (data/builders/energon.py:
+        147-175), which ConfigContainer.validate runs only for its own class (training/config.py:
+        1192-1196); it calls any dataset's finalize (config.py:1251), so a point without a path is
+        refused in the engine's CPU pre-flight, not on the device when the loader is built."""
+        if not isinstance(self.path, str) or not self.path.strip():
+            raise ValueError("PackedEnergonDatasetConfig.path must be set to a non-empty dataset path.")
+        for name in ("seq_length", "micro_batch_size", "packing_buffer_size", "packed_row_length"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be greater than 0.")
+        if self.sample_multiple <= 0 or self.shuffle_buffer_size <= 0:
+            raise ValueError("sample_multiple and shuffle_buffer_size must be greater than 0.")
+        self.task_encoder.validate()
 
     def encoder(self) -> PackingQwenVLTaskEncoder:
         """As Bridge's builder makes its Qwen-VL encoder (data/builders/energon.py:230-256)."""
