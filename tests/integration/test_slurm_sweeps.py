@@ -242,8 +242,16 @@ def test_usr2_marks_the_point_for_rerun_and_requeues(slurm: None, sweep_dir: Pat
     wait_for(lambda: steps_written(point["point_dir"]) >= 2, 240, "the first step", 0.2)
     # What Slurm sends signal_delay_s before the time limit, and what a preemption sends here.
     subprocess.run(["scancel", "--signal=USR2", job], check=True)
+    # Restarts counts the requeue as soon as it is asked for; the old instance may still be
+    # COMPLETING (its epilog and cleanup) for a moment before the job is queued again.
     requeued = wait_for(
-        lambda: (info := scontrol_job(job)).get("Restarts") == "1" and info, 60, "the requeue"
+        lambda: (
+            (info := scontrol_job(job)).get("Restarts") == "1"
+            and info.get("JobState") != "COMPLETING"
+            and info
+        ),
+        60,
+        "the requeue",
     )
     assert requeued["JobState"] in ("PENDING", "REQUEUED", "CONFIGURING", "RUNNING"), requeued
     assert status(sweep_dir)["seed=21"]["state"] in ("queued", "running")
