@@ -240,7 +240,7 @@ def same_batches(got: list[dict[str, Any]], want: list[dict[str, Any]]) -> None:
         assert torch.equal(mine["visual_inputs"].pixel_values, theirs["visual_inputs"].pixel_values)
 
 
-@pytest.mark.parametrize("workers", [0, 1])
+@pytest.mark.parametrize("workers", [0, 1, 2])
 def test_a_resumed_packed_loader_continues_with_the_uninterrupted_rows(
     recipes: RecipeCache, engine_environment: Any, photos: tuple[Path, Path], tmp_path: Path, workers: int
 ) -> None:
@@ -259,7 +259,8 @@ def test_a_resumed_packed_loader_continues_with_the_uninterrupted_rows(
 
     from tests.megatron.conftest import model_parallel_rank
 
-    k, after = 2, 3
+    # the workers' rows come round-robin: more of them so that each worker's share passes a refill
+    k, after = 2, 3 + workers
     with model_parallel_rank():
         groups = ProcessGroupCollection.use_mpu_process_groups()
         first = packed_train_iterator(recipes, engine_environment, photos, workers)
@@ -269,7 +270,7 @@ def test_a_resumed_packed_loader_continues_with_the_uninterrupted_rows(
         maybe_save_dataloader_state(None, first, k, str(tmp_path), pg_collection=groups)  # type: ignore[arg-type]
         assert (tmp_path / f"iter_{k:07d}" / "train_dataloader_dprank000.pt").is_file()
         uninterrupted = [next(first) for _ in range(after)]
-        # saved with samples still in the packing buffer, resumed past its refill
+        # saved with samples still in the packing buffer (each worker's), resumed past a refill
         assert taken < BUFFER < taken + sum(len(b["__keys__"]) for b in uninterrupted)
 
         resumed = packed_train_iterator(recipes, engine_environment, photos, workers)
