@@ -8,7 +8,9 @@ cfg.dataset, and Energon's own loader with packing_buffer_size over the engine's
   packed_row_length; each sample's tokens, labels and pixels are what Bridge's unpacked Qwen-VL
   encoder makes of it, and its positions restart at its padded start;
 - Energon's packs are the torch engine's Packer's rows over the same sample stream (one algorithm);
-- vlm_step's own batch preparation takes the batch as THD.
+- vlm_step's own batch preparation takes the batch as THD;
+- a loader saved and restored through Bridge's checkpoint functions continues with the rows the
+  uninterrupted loader makes (the packing buffer's contents included), with 0 and 1 workers.
 """
 
 from __future__ import annotations
@@ -213,3 +215,64 @@ def test_a_sample_over_seq_length_has_its_text_cut_and_counted(
         assert ours.truncated_text_tokens == whole.numel() - ours.length
         cut += ours.truncated_text_tokens > 0
     assert cut >= 1  # the retina photograph's 1,098 tokens pass seq_length=1024
+
+
+def packed_train_iterator(recipes: RecipeCache, prepare: Any, photos: tuple[Path, Path], workers: int) -> Any:
+    """The engine's train iterator as Bridge's setup makes it: our provider through Bridge's dispatch,
+    wrapped as an "external" loader (data/loaders.py:462-467, the table's dataloader_type)."""
+    from megatron.bridge.data.utils import get_dataset_provider
+    from megatron.core.rerun_state_machine import RerunDataIterator
+
+    packed = real(
+        photos, "mbs=1", "data.packing=buffer", f"data.packing_buffer={BUFFER}", f"data.num_workers={workers}"
+    )
+    _, cfg = runtime_updated(recipes, prepare, *packed)
+    assert cfg.dataset.dataloader_type == "external"
+    train, _, _ = get_dataset_provider(cfg.dataset)([4, 0, 0], cfg.dataset, None, None)
+    return RerunDataIterator(train)
+
+
+def same_batches(got: list[dict[str, Any]], want: list[dict[str, Any]]) -> None:
+    assert [b["__keys__"] for b in got] == [b["__keys__"] for b in want]
+    for mine, theirs in zip(got, want, strict=True):
+        for key in ("input_ids", "labels", "cu_seqlens_q", "cu_seqlens_q_padded", "skipped_samples"):
+            assert torch.equal(mine[key], theirs[key]), key
+        assert torch.equal(mine["visual_inputs"].pixel_values, theirs["visual_inputs"].pixel_values)
+
+
+@pytest.mark.parametrize("workers", [0, 1, 2])
+def test_a_resumed_packed_loader_continues_with_the_uninterrupted_rows(
+    recipes: RecipeCache, engine_environment: Any, photos: tuple[Path, Path], tmp_path: Path, workers: int
+) -> None:
+    """Take k batches, save the loader's state as Bridge's checkpoint does (maybe_save_dataloader_state,
+    training/checkpointing.py:1695-1750), restore it into a fresh loader as Bridge's setup does
+    (maybe_load_dataloader_state, checkpointing.py:1753-1818, called from training/setup.py:480-493):
+    the next rows are the uninterrupted loader's, saved with samples still in the packing buffer.
+    Mutations, each red: restore the state saved one batch earlier (other rows); build_datasets
+    returning iter() of Bridge's EnergonDataloader (no save_state to call); encode_sample not marked
+    stateless (Energon refuses to refill the buffer from restore keys)."""
+    from megatron.bridge.training.checkpointing import (
+        maybe_load_dataloader_state,
+        maybe_save_dataloader_state,
+    )
+    from megatron.core.process_groups_config import ProcessGroupCollection
+
+    from tests.megatron.conftest import model_parallel_rank
+
+    # the workers' rows come round-robin: more of them so that each worker's share passes a refill
+    k, after = 2, 3 + workers
+    with model_parallel_rank():
+        groups = ProcessGroupCollection.use_mpu_process_groups()
+        first = packed_train_iterator(recipes, engine_environment, photos, workers)
+        # what save_checkpoint asks before it saves to its default {checkpoint.save}/energon (:1176-1181)
+        assert hasattr(first.iterable, "save_state")
+        taken = sum(len(next(first)["__keys__"]) for _ in range(k))
+        maybe_save_dataloader_state(None, first, k, str(tmp_path), pg_collection=groups)  # type: ignore[arg-type]
+        assert (tmp_path / f"iter_{k:07d}" / "train_dataloader_dprank000.pt").is_file()
+        uninterrupted = [next(first) for _ in range(after)]
+        # saved with samples still in the packing buffer (each worker's), resumed past a refill
+        assert taken < BUFFER < taken + sum(len(b["__keys__"]) for b in uninterrupted)
+
+        resumed = packed_train_iterator(recipes, engine_environment, photos, workers)
+        maybe_load_dataloader_state(resumed, k, str(tmp_path), pg_collection=groups)
+        same_batches([next(resumed) for _ in range(after)], uninterrupted)

@@ -85,6 +85,13 @@ class PackingQwenVLTaskEncoder(QwenVLTaskEncoder):
         # samples this worker's encoder dropped since its last batch: that batch counts them
         self.skipped = 0
 
+    # Stateless for Energon: a restored checkpoint refills the packing buffer by re-encoding its
+    # samples from their restore keys (wrappers/buffer.py:42-48 -> map_dataset.py:157-177), which
+    # Energon allows only for a map marked so (task_encoder/base.py:761-766). The output depends on
+    # the sample alone; `skipped` is a tally batch() reads and zeroes, so it is 0 whenever a batch has
+    # just been handed out, the only point a loader's state is saved (with workers Energon replays
+    # the samples since the worker's checkpoint, which re-counts the same skips).
+    @stateless
     def encode_sample(self, sample: Any) -> PackableSample:
         task = super().encode_sample(sample)
         one = qwen2_5_collate_fn(
@@ -232,6 +239,12 @@ class PackedEnergonDatasetConfig(DatasetProvider):
             packing_buffer_size=self.packing_buffer_size,
             pg_collection=context.pg_collection,
         )
-        train = iter(module.train_dataloader()) if context.train_samples > 0 else None
-        valid = iter(module.val_dataloader()) if context.valid_samples > 0 else None
+        # Bridge's EnergonDataloader itself, not iter() of it as Bridge's builder returns
+        # (data/builders/energon.py:310-311): its __iter__ hands out the bare cyclic generator
+        # (energon/base_energon_datamodule.py:253-254), so the RerunDataIterator around it
+        # (data/loaders.py:462-467) would lack save_state / restore_state, and Bridge's checkpoint
+        # would skip the data position (training/checkpointing.py:1176-1181) or raise when
+        # dataset.dataloader_save is set (:1717-1718). The loader has __next__, all the step needs.
+        train = module.train_dataloader() if context.train_samples > 0 else None
+        valid = module.val_dataloader() if context.valid_samples > 0 else None
         return train, valid, None
