@@ -8,10 +8,12 @@ import socket
 from pathlib import Path
 
 import pytest
+import torch
+import torch.distributed as dist
 
 from moe_vlm.base.files import RUN_JSON, STEPS_JSONL
 from moe_vlm.config.arch import Mlp, layer_kinds
-from moe_vlm.engines.torch_engine import run_rank
+from moe_vlm.engines.torch_engine import Trainer, run_rank
 from moe_vlm.record.records import read_steps
 from moe_vlm.record.router_load import RouterLoad
 from moe_vlm.runtime.dist_env import DistEnv
@@ -63,3 +65,26 @@ def test_every_moe_layer_counts_each_measured_position_top_k_times(
         and "NOT the routing of a real workload" in record["router"]["note"]
     )
     assert record["router"]["model_init"] == "random"
+
+
+def test_counting_leaves_the_numerics_unchanged(tmp_path: Path) -> None:
+    # The hook reads the router's output and returns nothing: the same seed, the same batches,
+    # bit-identical loss and gradient norm with the counter attached and removed.
+    spec = make_spec("nproc=1", "seq_length=64", "gbs=1", "data=mock", "warmup_steps=0")
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    try:
+        counted = Trainer(spec, torch.device("cpu"), 0, 1, timing=False)
+        bare = Trainer(spec, torch.device("cpu"), 0, 1, timing=False)
+        bare.router.remove()
+        for step in (1, 2):
+            a, b = counted.step(step), bare.step(step)
+            assert (a.loss, a.grad_norm) == (b.loss, b.grad_norm)
+        assert int(counted.router.counts.sum()) == 2 * spec.seq_length * spec.model.moe_top_k * len(
+            counted.router.indices
+        )
+        assert int(bare.router.counts.sum()) == 0  # removed: really nothing counted on that side
+    finally:
+        dist.destroy_process_group()
