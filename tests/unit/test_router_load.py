@@ -39,9 +39,15 @@ def _run(tmp_path: Path, *overrides: str) -> tuple[dict, list]:
     ids=["accumulation", "recompute"],
 )
 def test_every_moe_layer_counts_each_measured_position_top_k_times(
-    tmp_path: Path, overrides: tuple[str, ...]
+    tmp_path: Path, overrides: tuple[str, ...], capsys: pytest.CaptureFixture[str]
 ) -> None:
     record, steps = _run(tmp_path, *overrides)
+    # The end-of-run table shows it, with how a plan takes it.
+    factor = f"x{record['router']['load_factor']:.2f} worst MoE layer"
+    shown = [line for line in capsys.readouterr().out.splitlines() if "router load (max/mean)" in line]
+    assert (
+        len(shown) == 1 and factor in shown[0] and "router.assumed_load=" in shown[0] and "MOCK" in shown[0]
+    )
     spec = make_spec("nproc=1", "seq_length=64", "data=mock", *overrides)
     load = RouterLoad.from_json(record["router"])
     # The model's own MoE layers (the schema's layer kinds), none missed, none extra.
