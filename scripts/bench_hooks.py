@@ -12,6 +12,10 @@ and prints it as a share of the step: the direct cost, free of A/B noise.
     .venv/bin/python scripts/bench_hooks.py                        # tiny model, synthetic images, CPU
     .venv/bin/python scripts/bench_hooks.py --reps 8 --steps 4 -- seq_length=2048
     .venv/bin/python scripts/bench_hooks.py -- model=qwen3_vl_30b_a3b ...   # any config overrides
+    .venv/bin/python scripts/bench_hooks.py --router               # the router-load counter instead
+
+--router A/B-tests the router-load counter (engines/router_hooks.py: a bincount of the top-k
+indices per MoE layer, issue 32) the same way, the timing hooks off in both arms.
 
 One rank (gloo on CPU, NCCL on a GPU). Prints one line per block, then the ratios and the share.
 """
@@ -37,6 +41,7 @@ from torch import nn
 import moe_vlm.config.schema  # noqa: F401  (registers the config schema)
 from moe_vlm.config.spec import RunSpec
 from moe_vlm.data import build_batches
+from moe_vlm.engines.router_hooks import RouterCounter
 from moe_vlm.engines.timing import Clock, ComponentTimer, ComponentTimes, clock_for
 from moe_vlm.engines.torch_engine import Trainer, pick_device
 from moe_vlm.rules import errors, validate
@@ -103,6 +108,26 @@ class MeteredTimer(ComponentTimer):
         return self._metered(super().collect)()
 
 
+class MeteredRouterCounter(RouterCounter):
+    """The engine's router counter, also adding up the host time spent inside its hooks."""
+
+    def __init__(self, layers: nn.ModuleList, device: torch.device) -> None:
+        self.spent_s = 0.0
+        super().__init__(layers, device)
+
+    def _hook(self, row: int) -> Callable[..., None]:
+        count = super()._hook(row)
+
+        def metered(*args: Any) -> None:
+            started = time.perf_counter()
+            try:
+                count(*args)
+            finally:
+                self.spent_s += time.perf_counter() - started
+
+        return metered
+
+
 def make_spec(overrides: list[str]) -> RunSpec:
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base=None):
@@ -123,9 +148,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, default=2, help="steps with and without hooks before timing")
     parser.add_argument("--batches", type=int, default=4, help="distinct batches the training cycles through")
     parser.add_argument("--threads", type=int, default=1, help="CPU intra-op threads (CPU only)")
+    parser.add_argument("--router", action="store_true", help="A/B the router-load counter, not the timer")
     parser.add_argument("overrides", nargs="*", help="config overrides (after --), on top of the defaults")
     args = parser.parse_args(argv)
-    spec = make_spec([*DEFAULT_OVERRIDES, *args.overrides])
+    # --router: every step counts (no engine warm-up), as a measured step does.
+    spec = make_spec([*DEFAULT_OVERRIDES, *(["warmup_steps=0"] if args.router else []), *args.overrides])
 
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -153,6 +180,10 @@ def main(argv: list[str] | None = None) -> int:
         # same optimizer state, same memory, so the hooks are the only difference.
         trainer = Trainer(spec, device, 0, 1, batches=itertools.cycle(batches), timing=False)
         no_hooks = trainer.timer
+        trainer.router.remove()
+        layers = trainer.model.model.language_model.layers
+        no_counter = RouterCounter(nn.ModuleList(), device)  # nothing attached
+        what = "router counter" if args.router else "hooks"
         print(
             f"bench_hooks: {spec.model.name} on {device} ({torch.get_num_threads()} threads), "
             f"data={spec.data.kind.value}, seq {spec.seq_length}, "
@@ -166,17 +197,22 @@ def main(argv: list[str] | None = None) -> int:
         def run(kind: str, steps: int, counted: bool = True) -> tuple[list[float], list[float]]:
             """Wall seconds (the engine's synchronised step_time_s) and CPU seconds per step."""
             nonlocal step_number, inside_hooks_s
-            timer = MeteredTimer(trainer.model, clock_for(device)) if kind == "on" else no_hooks
-            trainer.timer = timer
+            metered: MeteredTimer | MeteredRouterCounter | None = None
+            if args.router:
+                metered = MeteredRouterCounter(layers, device) if kind == "on" else None
+                trainer.router = metered or no_counter
+            else:
+                metered = MeteredTimer(trainer.model, clock_for(device)) if kind == "on" else None
+                trainer.timer = metered or no_hooks
             wall, cpu = [], []
             for _ in range(steps):
                 step_number += 1
                 cpu_started = time.process_time()
                 wall.append(trainer.step(step_number).step_time_s)
                 cpu.append(time.process_time() - cpu_started)
-            if isinstance(timer, MeteredTimer):
-                inside_hooks_s += timer.spent_s if counted else 0.0
-                timer.remove()
+            if metered is not None:
+                inside_hooks_s += metered.spent_s if counted else 0.0
+                metered.remove()
             return wall, cpu
 
         for kind in ("on", "off"):
@@ -200,15 +236,15 @@ def main(argv: list[str] | None = None) -> int:
             return f"{on / off:.4f} (median {on:.4f} s vs {off:.4f} s)"
 
         steps = len(wall["on"])
-        print(f"hooks on / off, wall time per step: {ratio(wall)} over {steps} steps each", flush=True)
+        print(f"{what} on / off, wall time per step: {ratio(wall)} over {steps} steps each", flush=True)
         if device.type == "cpu":
             # Process CPU time is what the hooks themselves add on a CPU rank, and unlike wall
             # time it does not grow while other processes hold the cores.
-            print(f"hooks on / off, CPU time per step:  {ratio(cpu)} over {steps} steps each", flush=True)
+            print(f"{what} on / off, CPU time per step:  {ratio(cpu)} over {steps} steps each", flush=True)
         per_step = inside_hooks_s / steps
         share = per_step / statistics.median(wall["on"])
         print(
-            f"time inside the hooks: {per_step * 1e3:.3f} ms per step = {share:.3%} of the median step",
+            f"time inside the {what}: {per_step * 1e3:.3f} ms per step = {share:.3%} of the median step",
             flush=True,
         )
     finally:

@@ -9,6 +9,7 @@ sweep fails before anything is launched.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
@@ -248,6 +249,14 @@ def _check_names(override: str) -> None:
 
 def _check_point(point: Composed) -> None:
     dry_run_mode(point.train.dry_run)
+    load = point.train.router.assumed_load
+    if load is not None and not 1.0 <= load < math.inf:
+        # max / mean tokens per expert: the fullest expert holds at least the mean.
+        raise BadInput(
+            f"router.assumed_load={load:g}: not a routing load, which is >= 1 (the fullest expert's tokens "
+            "over the mean). Fix: a value >= 1 such as a run's run.json router.load_factor (1.0 = balanced), "
+            "or null (not modelled)."
+        )
     check_credentials(point.config)
     recipe, card = point.train.recipe.name, point.train.card.row
     if recipe != "none" and card != "none":

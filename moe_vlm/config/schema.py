@@ -341,6 +341,11 @@ class RouterConfig:
     capacity_factor: float | None = None
     # Pad every expert's input to its capacity (drop-and-pad: static shapes, the 'moe' graph scope).
     pad_to_capacity: bool | None = None
+    # The plan's routing load for dropless real routing: the fullest expert's tokens / the mean
+    # (>= 1; a run's run.json router.load_factor measures it). Read by the predictor only, no engine.
+    # null = not modelled (balanced load assumed, and the plan says so). Forced balance and a
+    # capacity factor give the load themselves: then this is not used.
+    assumed_load: float | None = None
 
 
 # --- fusions, communication overlap, offload, garbage collection -------------------------------

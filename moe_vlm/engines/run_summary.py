@@ -19,6 +19,7 @@ from moe_vlm.config.schema import DataKind, ExperimentLogger, Packing, Profiler
 from moe_vlm.config.spec import RunSpec
 from moe_vlm.perf.memory.predict import estimate
 from moe_vlm.record.profiling import TENSORBOARD_DIR, TORCH_PROFILE_DIR
+from moe_vlm.record.router_load import MOCK_KINDS, ROUTER_SECTION
 
 WIDTH = 26  # the label column
 
@@ -133,6 +134,21 @@ def _data_wait(summary: Mapping[str, Any]) -> str:
     return f"{fraction:.1%} of the step" + (f" (mean {mean:.3f} s)" if mean is not None else "")
 
 
+def _router(record: Mapping[str, Any]) -> list[str]:
+    """The recorded routing load (torch engine: run.json "router"), and how a plan takes it."""
+    section = record.get(ROUTER_SECTION)
+    section = section if isinstance(section, Mapping) else {}
+    worst, mean = _num(section.get("load_factor")), _num(section.get("mean_load_factor"))
+    if worst is None:
+        return []
+    text = (
+        f"x{worst:.2f} worst MoE layer (mean x{mean or 0:.2f}); a plan takes router.assumed_load={worst:.2f}"
+    )
+    if section.get("data_kind") in MOCK_KINDS:
+        text += " (MOCK tokens: not a real workload's routing)"
+    return [_row("router load (max/mean)", text)]
+
+
 def _next(spec: RunSpec, run_dir: Path) -> list[str]:
     where = shlex.quote(str(run_dir))
     lines = [_row("report", f"moe-vlm report {where}")]
@@ -167,6 +183,7 @@ def summary_lines(spec: RunSpec, record: Mapping[str, Any], run_dir: Path) -> li
         _row("component shares", _shares(summary)),
         _row("data wait", _data_wait(summary)),
     ]
+    lines += _router(record)
     if isinstance(errors, list) and errors:
         lines.append(_row("errors", "; ".join(str(e) for e in errors)[:300]))
     lines += [_row("everything", str(RunPaths(run_dir).run_json)), *_next(spec, run_dir), rule]

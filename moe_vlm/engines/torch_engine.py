@@ -36,6 +36,7 @@ from moe_vlm.base.processes import cores_here, die_with_parent, run_local_ranks
 from moe_vlm.config.schema import DataKind, ShardingStrategy
 from moe_vlm.config.spec import RunSpec
 from moe_vlm.data import Batch, BatchStats, DataStats, build_batches
+from moe_vlm.engines.router_hooks import RouterCounter
 from moe_vlm.engines.run_summary import summary_lines
 from moe_vlm.engines.timing import COMPONENTS, ComponentTimer, clock_for
 from moe_vlm.engines.torch_model import apply_freeze, apply_recompute, build_model, packed_position_ids
@@ -46,6 +47,7 @@ from moe_vlm.record import profiling
 from moe_vlm.record.explog import TRACKER_SECTION, Tracker, step_metrics, summary_metrics
 from moe_vlm.record.profiling import StepProfiler
 from moe_vlm.record.records import RunRecord, RunStatus, StepRecord, StepWriter, read_steps
+from moe_vlm.record.router_load import ROUTER_SECTION
 from moe_vlm.runtime.dist_env import DistEnv, free_port
 from moe_vlm.runtime.failures import classify, launch_info, tail_lines, write_failure
 
@@ -187,10 +189,12 @@ def run_rank(spec: RunSpec, config: dict[str, Any], run_dir: Path, env: DistEnv)
             last, held = held[0], None
             publish(last)  # the last step: no next start, no period
         data_stats = trainer.gather_data_stats()
+        router_load = trainer.router.gather(spec)  # a collective: every rank
         if writer is not None:
             writer.close()
             steps = read_steps(run_dir / STEPS_JSONL)
             record = _record(spec, config, run_dir, "completed", trainer, steps, data_stats, tracker)
+            record[ROUTER_SECTION] = router_load.to_json()
             write_json_atomic(run_dir / RUN_JSON, record)
             if console is not None:
                 console.finish(record, run_dir)
@@ -221,6 +225,7 @@ def run_rank(spec: RunSpec, config: dict[str, Any], run_dir: Path, env: DistEnv)
             tracker.close("failed")
         if trainer is not None:
             trainer.timer.remove()
+            trainer.router.remove()
         if dist.is_initialized():
             dist.destroy_process_group()
 
@@ -305,6 +310,7 @@ class Trainer:
         self.parameter_counts = apply_freeze(self.model, spec.freeze)
         self.recomputed = apply_recompute(self.model, spec.recompute)
         self.timer = ComponentTimer(self.model, clock_for(device), enabled=timing)
+        self.router = RouterCounter(self.model.model.language_model.layers, device)
         self.sharding = sharding_for(spec, device, world_size)
         self.precision = "bf16 params, fp32 reduce" if device.type == "cuda" else "fp32"
         policy = (
@@ -350,6 +356,9 @@ class Trainer:
         losses: list[torch.Tensor] = []
         consumed: list[Batch] = []
         data_wait_s = 0.0
+        # The router's load over the window the summary keeps (metrics.steady_window).
+        measured = step > spec.warmup_steps and profiling.exclude_reason(spec, step) is None
+        self.router.window_steps += measured
         for _ in range(accumulation):
             fetch_started = time.perf_counter()
             batch = next(self.batches)
@@ -360,7 +369,9 @@ class Trainer:
             if batch.packed:  # data.packing=in_batch or buffer: per-sample positions confine attention
                 inputs["position_ids"] = packed_position_ids(self.model, batch)
             inputs = {name: tensor.to(self.device, non_blocking=True) for name, tensor in inputs.items()}
+            self.router.counting = measured
             loss = self.model(**inputs).loss
+            self.router.counting = False  # backward's recompute runs the router again
             self.timer.begin_backward()
             (loss / accumulation).backward()
             self.timer.end_backward()

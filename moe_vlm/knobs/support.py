@@ -109,6 +109,10 @@ NOT_ENGINE_KNOBS: frozenset[str] = frozenset(
         "card.as_written",
         "card.reasons",
         "card.assumed",
+        # The routing load the predictor assumes under dropless real routing (predict/terms.py
+        # routing_load): a planning input, measured by a run (run.json router.load_factor), which no
+        # engine and no Bridge field reads.
+        "router.assumed_load",
         # A description of the machine, read by the spec (nproc, engine=auto, EP sizing), the
         # rules, the memory estimate and the MFU denominator. (The Megatron engine also picks its
         # perf recipe by cluster.name and derives HybridEP's topology from the NVLink domain.)

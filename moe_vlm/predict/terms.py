@@ -88,20 +88,27 @@ class RoutingLoad:
     why: str
 
 
-# Dropless real routing: the load is the data's, recorded nowhere before the run and published
-# for no row, so it is not modelled (the plan says so next to the number).
+# Dropless real routing: the load is the data's, published for no row, so it is not modelled (the
+# plan says so next to the number) unless the user assumes one, router.assumed_load, which a run
+# of the workload measures (run.json router.load_factor, record/router_load.py).
 ROUTING_NOT_MODELLED = "routing imbalance not modelled: real-routing predictions assume balanced load"
 
 
 def routing_load(spec: RunSpec) -> RoutingLoad | None:
-    """The routing load the expert and EP terms scale by; None: real dropless routing (not modelled)."""
+    """The routing load the expert and EP terms scale by; None: real dropless routing without
+    router.assumed_load (not modelled)."""
     router = spec.router
     if router.force_load_balancing:
         # MCore router.py:856-858: random logits whatever the tokens; every expert equally loaded.
         return RoutingLoad(1.0, False, "forced balance (random router logits: every expert equally loaded)")
     capacity = router.capacity_factor
     if capacity is None or capacity <= 0:
-        return None
+        if router.assumed_load is None:
+            return None
+        load = router.assumed_load
+        return RoutingLoad(
+            load, True, f"routing load x{load:g} (assumed; measured by a run's run.json router.load_factor)"
+        )
     if router.pad_to_capacity:
         # token_dispatcher.py:511-519: every expert gets capacity = ceil(tokens x top-k / experts x
         # factor) (moe_utils.py:256) tokens, padded: the GEMMs and the exchange carry factor x the mean.

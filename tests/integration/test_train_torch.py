@@ -60,6 +60,11 @@ def test_default_run_completes_on_two_ranks(tmp_path: Path) -> None:
     assert sorted((s.step, s.rank) for s in steps) == [(n, r) for n in (1, 2, 3) for r in (0, 1)]
     assert all(s.grad_norm == steps[0].grad_norm for s in steps if s.step == 1)  # global norm
     assert all(s.images > 0 and (s.components_s or {})["vision_encoder"] > 0 for s in steps)
+    # The router's load (issue 32): both ranks' measured positions, each routed top-k times.
+    router = record["router"]
+    window = sum(s.padded_tokens for s in steps if s.step > 1)
+    assert router["data_kind"] == "synthetic" and "note" not in router and router["load_factor"] >= 1
+    assert all(sum(layer["tokens_per_expert"]) == window * router["top_k"] for layer in router["layers"])
 
     # Console: one progress line per step, then the summary table.
     progress = [line for line in done.stdout.splitlines() if line.startswith("step ")]

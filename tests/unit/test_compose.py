@@ -100,6 +100,7 @@ BAD_INPUT = {
     "bad dry_run": (["dry_run=maybe"], ["dry_run='maybe'", "false, true, full"]),
     "bad dry_run in a sweep": (["-m", "dry_run=true,sometimes"], ["dry_run='sometimes'"]),
     "a sweep setting without -m": (["hydra.sweeper.search=halving"], ["hydra.sweeper.search", "no -m"]),
+    "a routing load below one": (["router.assumed_load=0.5"], ["router.assumed_load=0.5", ">= 1", "Fix:"]),
     "zero size": (["mbs=0"], ["C001", "mbs"]),
     "negative size": (["nodes=-1"], ["C001", "nodes"]),
     # One error, not C001 and A006 (no image fits) for the same value; and returned, never looping.

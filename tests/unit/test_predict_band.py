@@ -116,3 +116,22 @@ def test_the_drop_and_pad_factor_is_what_megatrons_own_capacity_gives() -> None:
     tokens, top_k, experts = 4096, spec.model.moe_top_k, spec.model.num_experts
     capacity = moe_utils.get_capacity(tokens * top_k, experts, spec.router.capacity_factor)
     assert capacity * experts / (tokens * top_k) == pytest.approx(found.factor, rel=1e-3)
+
+
+def test_an_assumed_load_scales_the_routed_terms_and_says_where_it_comes_from() -> None:
+    # router.assumed_load: a run's measured run.json router.load_factor, fed to the plan.
+    balanced = _terms("router=real")
+    loaded = _terms("router=real", "router.assumed_load=1.8")
+    ep = ep_term(make_spec(*GB200_30B)).value
+    assert loaded[Term.experts.value] == pytest.approx(1.8 * balanced[Term.experts.value])
+    assert loaded[ep] == pytest.approx(1.8 * balanced[ep])
+    assert loaded[Term.dense.value] == pytest.approx(balanced[Term.dense.value])
+    found = routing_load(make_spec(*GB200_30B, "router.assumed_load=1.8"))
+    assert found is not None and found.assumed and found.factor == 1.8
+    plan = predict(make_spec(*GB200_30B, "router.assumed_load=1.8"))
+    text = "\n".join(plan.lines())
+    assert "routing load x1.8 (assumed; measured by a run's run.json router.load_factor)" in text
+    assert ROUTING_NOT_MODELLED not in text and plan.sigma > DEFAULT_BAND  # widened as for a capacity
+    # The library's own figure wins: forced balance and a padded capacity are what Megatron makes them.
+    forced = routing_load(make_spec(*GB200_30B, "router=forced_balance", "router.assumed_load=1.8"))
+    assert forced is not None and forced.factor == 1.0
