@@ -26,6 +26,7 @@ With `hydra.sweeper.search=halving` the valid points go through successive halvi
 
 # Hydra's plugin scan skips `_`-named modules: this one imports the rule catalogue, the plans and
 # the Slurm rendering (and, with them, numpy) only when a sweep runs.
+import importlib.util
 import logging
 import math
 import sys
@@ -56,10 +57,10 @@ from moe_vlm.perf.memory import MemoryEstimate
 from moe_vlm.predict.model import Prediction
 from moe_vlm.record.records import RunRecord
 from moe_vlm.rules import Finding, errors, validate
+from moe_vlm.run.library_worker import LibraryWorker, check_here
 from moe_vlm.run.plan import (
     POINT_LINE_HEADER,
     gather,
-    library_findings,
     memory_of,
     point_line,
     prediction_of,
@@ -115,13 +116,34 @@ def _predicted_rate(found: Prediction | str) -> float:
     return found.effective_tokens_per_s_per_gpu
 
 
-def check_library(planned: list[Point], *, enabled: bool, canary: bool) -> None:
+def wants_library(point: Point) -> bool:
+    """Whether the library's own checks judge this point: one the rules let through, on Megatron."""
+    return point.valid and point.spec.engine == Engine.megatron
+
+
+def library_worker(enabled: bool) -> LibraryWorker | None:
+    """A worker process for the sweep's library checks (run/library_worker.py), when they are on,
+    the stack is installed here and this process has not imported it already (then it is faster
+    here); it starts only at the first point the plan cache lacks."""
+    if not enabled or "megatron.bridge" in sys.modules:
+        return None
+    try:
+        installed = importlib.util.find_spec("megatron.bridge") is not None
+    except (ImportError, ValueError):
+        installed = False
+    return LibraryWorker() if installed else None
+
+
+def check_library(
+    planned: list[Point], *, enabled: bool, canary: bool, worker: LibraryWorker | None = None
+) -> None:
     """The library's own checks on every point the rules let through (engine=megatron), their
     findings added to the point's: a point they refuse is rejected like one the rules refuse.
     Identical inputs are judged once (plan_cache, on disk, across sweeps). Without the stack here:
     one LIB-STACK line for the sweep, not one per point. canary: the launcher's canary runs them
-    again on the cluster before any point starts (moe_vlm/launch/canary.py)."""
-    todo = [p for p in planned if p.valid and p.spec.engine == Engine.megatron]
+    again on the cluster before any point starts (moe_vlm/launch/canary.py). worker: the process
+    the points were handed to while they were planned; the findings are the same either way."""
+    todo = [p for p in planned if wants_library(p)]
     if not todo:
         return
     later = (
@@ -137,15 +159,16 @@ def check_library(planned: list[Point], *, enabled: bool, canary: bool) -> None:
         return
     # The stack's import warnings are not the sweep's news: counted once for the sweep, not shown.
     stack: list[Finding] = []
-    with noise.captured() as library_output:
-        for point in todo:
-            found = library_findings(point.spec)
-            stack = [f for f in found if f.code == "LIB-STACK"]
-            if stack:  # the same machine for every point: said once
-                break
-            point.findings = [*point.findings, *found]
-    if library_output:
-        print(f"moe_vlm: {len(library_output)} line(s) of library output while checking, not shown")
+    library_lines = 0
+    for point in todo:
+        checked = worker.checked(point.point_id, point.spec) if worker is not None else check_here(point.spec)
+        library_lines += checked.library_lines
+        stack = [f for f in checked.findings if f.code == "LIB-STACK"]
+        if stack:  # the same machine for every point: said once
+            break
+        point.findings = [*point.findings, *checked.findings]
+    if library_lines:
+        print(f"moe_vlm: {library_lines} line(s) of library output while checking, not shown")
     if stack:
         print(scrub_text(f"moe_vlm: warning: LIB-STACK: {stack[0].message}; {later}"), file=sys.stderr)
 
@@ -226,7 +249,9 @@ class Planner:
         lines = [f"{key}={value}" for key, value in self.params.items()] + list(arguments)
         return BasicSweeper.split_arguments(parser.parse_overrides(lines), None)[0]
 
-    def plan(self, grid: list[list[str]]) -> list[Point]:
+    def plan(self, grid: list[list[str]], worker: LibraryWorker | None = None) -> list[Point]:
+        """Every point of the grid, composed and judged by the rules; each point the library's
+        checks will judge is handed to `worker` as soon as it is planned."""
         assert self.hydra_context is not None and self.config is not None
         code_version = git_state()["commit"]
         secrets = secret_values()
@@ -243,7 +268,9 @@ class Planner:
             point_id = points.identity(config, code_version)
             # Two spellings of one point (mbs=1 and mbs=01) run once.
             if point_id not in planned:
-                planned[point_id] = Point(index, overrides, point_id, config, spec, checked(spec))
+                point = planned[point_id] = Point(index, overrides, point_id, config, spec, checked(spec))
+                if worker is not None and wants_library(point):
+                    worker.submit(point_id, spec)
         return list(planned.values())
 
     def job_overrides(self, point: Point, sweep_dir: Path) -> list[str]:
@@ -267,15 +294,25 @@ class Planner:
         sweep_dir = Path(str(self.config.hydra.sweep.dir)).absolute()
         search = search_of(self.search)
         settings = halving.settings_of(self.halving) if search is Search.halving else None
-        planned = keep_predicted_top(self.plan(self.grid(arguments)), self.predict_keep)
-        check = getattr(self.launcher, "check", None)
-        for point in planned:
-            if check is not None:
-                check(self.job_overrides(point, sweep_dir))
-        # After the launcher's own checks (cheap, and a credential is refused before any library runs).
-        check_library(
-            planned, enabled=self.library_checks, canary=bool(getattr(self.launcher, "uses_canary", False))
-        )
+        # With predict_keep < 1 only the kept points are checked, after the keeping: no worker.
+        worker = library_worker(self.library_checks and self.predict_keep == 1.0)
+        try:
+            planned = keep_predicted_top(self.plan(self.grid(arguments), worker), self.predict_keep)
+            check = getattr(self.launcher, "check", None)
+            for point in planned:
+                if check is not None:
+                    check(self.job_overrides(point, sweep_dir))
+            # After the launcher's own checks: a credential is refused before the sweep reads any
+            # library verdict (the worker's output is captured, and the plan cache keeps no secret).
+            check_library(
+                planned,
+                enabled=self.library_checks,
+                canary=bool(getattr(self.launcher, "uses_canary", False)),
+                worker=worker,
+            )
+        finally:
+            if worker is not None:
+                worker.close()
         if settings is not None:
             settings = halving.schedule_of(planned, settings)  # refused here: nothing written yet
 

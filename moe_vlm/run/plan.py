@@ -13,8 +13,8 @@ from moe_vlm.config.schema import Engine
 from moe_vlm.config.spec import RunSpec
 from moe_vlm.data.workers import data_workers
 from moe_vlm.engines.hf_config import is_local_checkpoint
-from moe_vlm.engines.megatron.library_checks import Check
-from moe_vlm.engines.megatron.plan_cache import library_checks, stack_probe
+from moe_vlm.engines.megatron.library_checks import Check, LibraryFinding
+from moe_vlm.engines.megatron.plan_cache import library_checks, stack_probe, stored_library_checks
 from moe_vlm.engines.megatron.plan_cache import planned_effective as cached
 from moe_vlm.engines.megatron.shape_check import shape_evidence
 from moe_vlm.engines.megatron.stack import LIBRARY
@@ -180,6 +180,22 @@ def library_findings(spec: RunSpec) -> list[Finding]:
                 "see the stack lines below",
             )
         ]
+    return _as_findings(found)
+
+
+def stored_library_findings(spec: RunSpec) -> list[Finding] | None:
+    """`library_findings(spec)` when the plan cache holds this point's checks; None when they would
+    have to run (a sweep hands those to its worker process, run/library_worker.py)."""
+    if spec.engine != Engine.megatron:
+        return []
+    try:
+        stored = stored_library_checks(spec)
+    except Exception:  # library_findings words what went wrong when the checks are asked for
+        return None
+    return None if stored is None else _as_findings(stored[0])
+
+
+def _as_findings(found: list[LibraryFinding]) -> list[Finding]:
     return [
         Finding(
             f.check.value,

@@ -8,10 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from hydra_plugins.moe_vlm_sweeper._planning import Point, check_library
+from hydra_plugins.moe_vlm_sweeper._planning import Point, check_library, library_worker
 from moe_vlm.engines.megatron.plan_cache import CACHE_ENV
 from moe_vlm.launch.status import refusal_detail
 from moe_vlm.rules import catalogue, validate
+from moe_vlm.run.library_worker import LibraryWorker
 from tests.conftest import make_spec
 from tests.megatron.conftest import needs_stack
 
@@ -44,6 +45,78 @@ def test_a_sweep_point_the_rules_let_through_is_rejected_by_the_library(
     assert sorted(p.name.split("-")[0] for p in (tmp_path / "plan").iterdir()) == ["library", "library"]
 
 
+def _three() -> list[Point]:
+    """A point TE's router check refuses (with X009 taken out), and two it lets through."""
+    return [_point(0, "router.dtype=fp64"), _point(1, "router.dtype=fp32"), _point(2, "mbs=2")]
+
+
+def _handed_to(worker: LibraryWorker, planned: list[Point]) -> None:
+    for point in planned:  # as Planner.plan hands each point over as soon as it is planned
+        worker.submit(point.point_id, point.spec)
+
+
+@needs_stack
+def test_a_worker_process_finds_what_the_sweeps_own_process_finds(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The points handed to the worker while the sweep plans (moe_vlm/run/library_worker.py) get,
+    point by point and in order, the findings the sweep's own process gives them; once the plan
+    cache holds them, a sweep of the same points starts no worker at all."""
+    monkeypatch.setattr(catalogue, "CATALOGUE", [r for r in catalogue.CATALOGUE if r.code != "X009"])
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path / "worker"))
+    through_worker, worker = _three(), LibraryWorker()
+    _handed_to(worker, through_worker)
+    try:
+        assert worker.started
+        check_library(through_worker, enabled=True, canary=True, worker=worker)
+    finally:
+        worker.close()
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path / "here"))
+    here = _three()
+    check_library(here, enabled=True, canary=True)
+    assert [p.valid for p in here] == [False, True, True]
+    assert [p.findings for p in through_worker] == [p.findings for p in here]
+    assert "LIB-STACK" not in capsys.readouterr().err
+
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path / "worker"))  # what the worker's checks stored
+    cached, idle = _three(), LibraryWorker()
+    _handed_to(idle, cached)
+    assert not idle.started
+    check_library(cached, enabled=True, canary=True, worker=idle)
+    assert [p.findings for p in cached] == [p.findings for p in here]
+
+
+@needs_stack
+def test_the_points_of_a_worker_that_dies_are_checked_in_the_sweeps_process(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setattr(catalogue, "CATALOGUE", [r for r in catalogue.CATALOGUE if r.code != "X009"])
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path))
+    planned, worker = _three(), LibraryWorker()
+    _handed_to(worker, planned)
+    assert worker._process is not None
+    worker._process.kill()
+    try:
+        check_library(planned, enabled=True, canary=True, worker=worker)
+    finally:
+        worker.close()
+    assert [p.valid for p in planned] == [False, True, True]
+    assert [f.code for f in planned[0].findings if f.is_error] == ["LIB-ROUTER"]
+
+
+def test_a_sweep_starts_a_worker_only_when_the_checks_run_and_this_process_lacks_the_stack(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import sys
+
+    assert library_worker(False) is None
+    monkeypatch.setitem(sys.modules, "megatron.bridge", sys.modules.get("megatron.bridge") or object())
+    assert library_worker(True) is None  # imported here already: checking here is faster
+    monkeypatch.delitem(sys.modules, "megatron.bridge")
+    monkeypatch.setattr("importlib.util.find_spec", lambda name: None)
+    assert library_worker(True) is None  # not installed: one LIB-STACK line, from here
+
+
 def test_without_the_stack_one_warning_for_the_sweep_and_nothing_cached(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -70,7 +143,7 @@ def test_switched_off_they_are_left_to_the_canary(
     def never(spec: object) -> list[object]:
         raise AssertionError("library checks ran")
 
-    monkeypatch.setattr(_planning, "library_findings", never)
+    monkeypatch.setattr(_planning, "check_here", never)
     check_library([_point(0)], enabled=False, canary=False)
     out = capsys.readouterr().out
     assert "library_checks=false" in out and "nothing runs them" in out

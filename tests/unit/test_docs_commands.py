@@ -1,4 +1,4 @@
-"""Every command in README.md and docs/*.md runs as written.
+"""Every command in docs/*.md runs as written (README.md's: tests/integration/test_readme.py).
 
 The ```bash blocks are extracted (a trailing backslash joins lines) and run in order, one shell per
 block, in a scratch directory laid out like the repository (train.py, conf/, sweeps/, scripts/,
@@ -27,6 +27,9 @@ from moe_vlm.run.plan import SHALLOW_ENV
 from tests.conftest import REPO
 
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+# README.md's commands run as written, not plan-only, in tests/integration/test_readme.py (with and
+# without Slurm); running them here again in their weaker plan-only form cost CI two minutes.
+PLANNED_DOCS = [doc for doc in DOCS if doc.name != "README.md"]
 SWEEP_FIXTURE = REPO / "tests" / "fixtures" / "advise" / "gb200_30b_sweep"
 SKIP = re.compile(r"#\s*(cluster only|long run):\s*\S")
 FAILS = re.compile(r"#.*\bexits 2\b")
@@ -71,7 +74,7 @@ def test_every_bash_block_is_found() -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("doc", DOCS, ids=lambda p: p.name)
+@pytest.mark.parametrize("doc", PLANNED_DOCS, ids=lambda p: p.name)
 def test_the_commands_of_a_document_run_as_written(doc: Path, tmp_path: Path) -> None:
     blocks = bash_blocks(doc)
     if not blocks:

@@ -197,6 +197,20 @@ def _environment(environ: Mapping[str, str]) -> dict[str, str]:
 _STARTED_WITH = _environment(os.environ)
 
 
+def started_environment() -> dict[str, str]:
+    """The environment the keys of this process are computed with."""
+    return dict(_STARTED_WITH)
+
+
+def key_with_environment(environment: dict[str, str]) -> None:
+    """Compute keys with another process's starting environment: a worker checking a sweep's points
+    (run/library_worker.py) inherits the sweep's environment as it is when the worker starts, which
+    a library imported in between may have added to (Transformer Engine's NVTE_CUDA_INCLUDE_DIR);
+    its entries must be the ones the sweep's process looks up."""
+    _STARTED_WITH.clear()
+    _STARTED_WITH.update(environment)
+
+
 def _spec_key(spec: RunSpec) -> dict[str, Any]:
     fields = asdict(spec)
     fields.pop("dry_run")
@@ -255,6 +269,23 @@ def _read(path: Path, key: str) -> dict[str, Any] | None:
     return entry
 
 
+def _lookup[T](
+    what: str, kind: str, parts: dict[str, Any], load: Callable[[Any], T]
+) -> tuple[T, Entry] | None:
+    """What an earlier build stored for these inputs; None when there is none (or it is damaged)."""
+    key, _text = _key(parts)
+    path = entry_path(kind, parts)
+    entry = _read(path, key)
+    if entry is None:
+        return None
+    try:
+        return load(entry["payload"]), Entry(
+            what, path, True, float(entry["built_unix_s"]), library_versions()
+        )
+    except (KeyError, TypeError, ValueError, AttributeError):
+        return None  # a damaged entry: the caller builds it again
+
+
 def _cached[T](
     what: str,
     kind: str,
@@ -267,15 +298,12 @@ def _cached[T](
     """build(), or what an earlier build stored for the same inputs. codec: (dump, load), between
     the value and its JSON form; a value `keep` refuses is returned, not stored."""
     dump, load = codec
+    found = _lookup(what, kind, parts, load)
+    if found is not None:
+        return found
     key, text = _key(parts)
     path = entry_path(kind, parts)
     libraries = library_versions()
-    entry = _read(path, key)
-    if entry is not None:
-        try:
-            return load(entry["payload"]), Entry(what, path, True, float(entry["built_unix_s"]), libraries)
-        except (KeyError, TypeError, ValueError, AttributeError):
-            pass  # a damaged entry: rebuilt below
     print(  # to the console even while a plan captures the library's output (base/noise.py)
         f"moe_vlm: {progress} (first time for this configuration; cached after)",
         file=noise.progress(),
@@ -377,22 +405,32 @@ def library_inputs(spec: RunSpec) -> dict[str, Any]:
     return {**effective_inputs(spec), "code": code_version(*LIBRARY_ROOTS)}
 
 
+def _dump_library(found: list[LibraryFinding]) -> list[dict[str, str]]:
+    return [{"check": f.check.value, "message": f.message, "where": f.where} for f in found]
+
+
+def _load_library(payload: list[dict[str, str]]) -> list[LibraryFinding]:
+    return [LibraryFinding(Check(f["check"]), f["message"], f["where"]) for f in payload]
+
+
+LIBRARY_CHECKS = "the library checks"
+
+
+def stored_library_checks(spec: RunSpec) -> tuple[list[LibraryFinding], Entry] | None:
+    """The library checks' findings for this point when the cache holds them; None otherwise
+    (nothing is imported or built: a sweep asks this before handing a point to its worker)."""
+    return _lookup(LIBRARY_CHECKS, "library", library_inputs(spec), _load_library)
+
+
 def library_checks(spec: RunSpec) -> tuple[list[LibraryFinding], Entry]:
     """`library_checks.check_point(spec)`, from the cache when this configuration was judged with
     this install, this environment and this code."""
-
-    def dump(found: list[LibraryFinding]) -> list[dict[str, str]]:
-        return [{"check": f.check.value, "message": f.message, "where": f.where} for f in found]
-
-    def load(payload: list[dict[str, str]]) -> list[LibraryFinding]:
-        return [LibraryFinding(Check(f["check"]), f["message"], f["where"]) for f in payload]
-
     return _cached(
-        "the library checks",
+        LIBRARY_CHECKS,
         "library",
         library_inputs(spec),
         lambda: check_point(spec),
-        (dump, load),
+        (_dump_library, _load_library),
         "running the library's own checks (Bridge's runtime update, the ViT config, TE, Megatron-LM's "
         "validate_args) on this point",
         # "The checks did not run here" is not a verdict on the point: the next plan tries again.
