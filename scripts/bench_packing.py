@@ -104,9 +104,11 @@ def bench_kind(
     for mbs in args.mbs:
         for mode in args.modes:
             spec = make_spec([*kind_overrides, f"mbs={mbs}", f"gbs={mbs}", f"data.packing={mode}"])
-            # Each point cycles through one pass over the same leading samples of the stream (at
-            # least one whole buffer when packing by buffer: its first rows hold the longest samples).
-            wanted = max(args.samples, spec.data.packing_buffer if mode == "buffer" else 0)
+            # Each point cycles through one pass over the same leading samples of the stream: at
+            # least one whole buffer when packing by buffer (its first rows hold the longest
+            # samples), and then as many for none and in_batch, so that all three train the same
+            # samples (fewer for them favoured whichever set was cheaper per token).
+            wanted = max(args.samples, spec.data.packing_buffer if "buffer" in args.modes else 0)
             source = build_batches(spec, 0, 1)
             batches: list[Batch] = []
             while sum(b.stats.samples for b in batches) < wanted or len(batches) % spec.accumulation_steps:
@@ -132,7 +134,7 @@ def bench_kind(
     print(
         f"bench_packing: data={spec.data.kind.value}, {spec.model.name} on {device}, seq {spec.seq_length}, "
         f"buffer {spec.data.packing_buffer} samples; each point cycles one pass over the stream's first "
-        f"{args.samples}+ samples; {args.reps} round(s) of one pass per point (order rotated each round) "
+        f"{wanted}+ samples; {args.reps} round(s) of one pass per point (order rotated each round) "
         f"after {args.warmup} warm-up step(s) each",
         flush=True,
     )
