@@ -75,9 +75,9 @@ class Batch:
         return self.cu_seqlens is not None
 
     def model_inputs(self) -> dict[str, torch.Tensor]:
-        """transformers' keyword arguments. A packed row has no attention_mask: transformers confines
-        attention to each sample from position ids that restart (masking_utils.find_packed_sequence_indices),
-        which the engine adds (torch_model.packed_position_ids)."""
+        """transformers' keyword arguments. A packed row has no attention_mask: attention keeps to each
+        sample by the position ids that restart there, which the engine adds
+        (torch_model.packed_position_ids; its attention runs per sample, torch_model._varlen_sdpa)."""
         inputs = {
             "input_ids": self.input_ids,
             "labels": self.labels,

@@ -37,19 +37,70 @@ from moe_vlm.data.batch import Batch
 from moe_vlm.engines.hf_config import transformers_config
 from moe_vlm.knobs.support import accepted
 
-# Attention implementation whose core (softmax(QK^T)V) is recomputed in backward: SDPA inside
-# torch's non-reentrant checkpoint. Registered with transformers' own AttentionInterface so
-# the QKV/output projections around it are untouched, like Megatron's core_attn recompute.
+# The text model's attention: SDPA, per sample on packed rows. Registered with transformers' own
+# AttentionInterface, so the QKV/output projections around it are untouched.
+VARLEN_SDPA = "moe_vlm_varlen_sdpa"
+# The same with its core (softmax(QK^T)V) recomputed in backward, inside torch's non-reentrant
+# checkpoint, like Megatron's core_attn recompute.
 RECOMPUTED_SDPA = "moe_vlm_recomputed_sdpa"
 
 
+def sample_spans(text_positions: torch.Tensor) -> list[list[tuple[int, int]]]:
+    """Each row's [start, end) spans of one sample: a span starts where the text position restarts
+    at 0 (packed_position_ids; a sample's padding continues its positions, so it stays in its span)."""
+    spans = []
+    for row in text_positions:
+        starts = [0, *(index for index in (row == 0).nonzero().flatten().tolist() if index > 0)]
+        spans.append(list(itertools.pairwise([*starts, row.numel()])))
+    return spans
+
+
+def _varlen_sdpa(
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    position_ids: torch.Tensor | None = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """Causal SDPA over each sample of a packed row alone, what Megatron's THD attention computes.
+
+    transformers' own path for packed rows (masking_utils.find_packed_sequence_indices) gives the
+    same result through a dense block-diagonal mask, at the cost of the whole row squared: a row of
+    2,048 positions holding seven samples of 300 tokens paid 7x the attention of the samples. Here
+    the cost is the sum of the samples' squares, as on the Megatron engine (per-sample FLOPs,
+    perf/flops.py). A packed row carries no padding mask (Batch.model_inputs), so causal within a
+    span is the whole mask. Rows of one sample each (unpacked) keep transformers' own mask.
+    """
+    spans = None if position_ids is None else sample_spans(position_ids)
+    if spans is None or all(len(row) == 1 for row in spans):
+        return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+    rows = []
+    for index, row in enumerate(spans):
+        pieces = [
+            sdpa_attention_forward(
+                module,
+                query[index : index + 1, :, start:end],
+                key[index : index + 1, :, start:end],
+                value[index : index + 1, :, start:end],
+                None,
+                **{**kwargs, "is_causal": True},
+            )[0]
+            for start, end in row
+        ]
+        rows.append(torch.cat(pieces, dim=1))  # [1, T, heads, head_dim], transformers' layout
+    return torch.cat(rows, dim=0), None
+
+
 def _recomputed_sdpa(module: nn.Module, *args: Any, **kwargs: Any) -> tuple[torch.Tensor, None]:
-    output, _ = checkpoint_function(sdpa_attention_forward, module, *args, use_reentrant=False, **kwargs)
+    output, _ = checkpoint_function(_varlen_sdpa, module, *args, use_reentrant=False, **kwargs)
     return output, None
 
 
-ALL_ATTENTION_FUNCTIONS.register(RECOMPUTED_SDPA, _recomputed_sdpa)
-ALL_MASK_ATTENTION_FUNCTIONS.register(RECOMPUTED_SDPA, sdpa_mask)
+for _name, _function in ((VARLEN_SDPA, _varlen_sdpa), (RECOMPUTED_SDPA, _recomputed_sdpa)):
+    ALL_ATTENTION_FUNCTIONS.register(_name, _function)
+    ALL_MASK_ATTENTION_FUNCTIONS.register(_name, sdpa_mask)
 
 
 def build_model(
@@ -59,7 +110,7 @@ def build_model(
     core_attn = recompute.granularity is RecomputeGranularity.selective and "core_attn" in recompute.modules
     config = transformers_config(model)
     config._attn_implementation = {
-        "text_config": RECOMPUTED_SDPA if core_attn else "sdpa",
+        "text_config": RECOMPUTED_SDPA if core_attn else VARLEN_SDPA,
         "vision_config": "sdpa",
     }
     config.text_config.use_cache = False

@@ -9,6 +9,7 @@ sample's logits untouched (attention never crosses a boundary). Both fail on a b
 from __future__ import annotations
 
 from itertools import islice, pairwise
+from typing import Any
 
 import pytest
 import torch
@@ -20,7 +21,8 @@ from moe_vlm.data.bins import first_fit_decreasing
 from moe_vlm.data.indexed import rank_indices
 from moe_vlm.data.packer import Packer, assemble_rows
 from moe_vlm.data.sequence import EncodedSample, assemble
-from moe_vlm.engines.torch_model import build_model, packed_position_ids
+from moe_vlm.engines import torch_model
+from moe_vlm.engines.torch_model import build_model, packed_position_ids, sample_spans
 from moe_vlm.rules import validate
 from tests.conftest import make_spec
 from tests.unit.test_packing import TOLERANCE, padded_spans, per_sample_losses
@@ -133,6 +135,34 @@ def test_attention_never_crosses_a_sample_boundary() -> None:
             rtol=0,
             atol=1e-6,
         )
+
+
+def test_packed_rows_pay_attention_per_sample_not_per_row(monkeypatch: pytest.MonkeyPatch) -> None:
+    # What Megatron's THD attention computes: each sample's own causal square, never the row's.
+    spec = make_spec("data=synthetic", *SMALL, "mbs=2", "data.packing_buffer=12")
+    packed, _, _ = packed_and_padded(spec)
+    assert packed.cu_seqlens_padded is not None
+    row = spec.packed_row_length
+    padded_starts = packed.cu_seqlens_padded.tolist()
+    expected = [
+        (start % row, start % row + (end - start)) for start, end in pairwise(padded_starts)
+    ]  # each sample with its padding, within its row
+    model = build_model(spec.model, spec.recompute, torch.device("cpu"), seed=0)
+    model.eval()
+    positions = packed_position_ids(model, packed)
+    assert [span for spans in sample_spans(positions[0]) for span in spans] == expected
+    lengths: list[int] = []
+    original = torch_model.sdpa_attention_forward
+
+    def spy(module: torch.nn.Module, query: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        lengths.append(query.shape[2])
+        return original(module, query, *args, **kwargs)
+
+    monkeypatch.setattr(torch_model, "sdpa_attention_forward", spy)
+    with torch.no_grad():
+        model(**packed.model_inputs(), position_ids=positions)
+    assert sorted(lengths) == sorted([end - start for start, end in expected] * spec.model.num_layers)
+    assert max(lengths) < row
 
 
 def test_the_plan_sizes_buffer_packed_rows() -> None:
