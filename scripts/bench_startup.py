@@ -138,7 +138,9 @@ def clean_venv(path: Path, version: str) -> Path:
 def closure(extras: tuple[str, ...]) -> dict[str, metadata.Distribution]:
     """moe_vlm[extras]'s installed dependency closure in this venv (markers evaluated as pip does),
     moe_vlm itself left out (it comes from the checkout)."""
-    installed = {canonicalize_name(d.metadata["Name"]): d for d in metadata.distributions()}
+    installed: dict[str, metadata.Distribution] = {
+        canonicalize_name(d.metadata["Name"]): d for d in metadata.distributions()
+    }
     found: dict[str, metadata.Distribution] = {}
     seen: set[tuple[str, tuple[str, ...]]] = set()
     todo: list[tuple[str, tuple[str, ...]]] = [("moe-vlm", extras)]

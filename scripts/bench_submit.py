@@ -156,10 +156,10 @@ def main(argv: list[str] | None = None) -> int:
                 print(
                     f"round {round_number + 1}: {way:>20}: {args.points} points, {calls} sbatch call(s), {seconds:.2f} s"
                 )
-    per_point, array = statistics.median(times[False]), statistics.median(times[True])
+    per_point, in_array = statistics.median(times[False]), statistics.median(times[True])
     print(
         f"median over {args.rounds} round(s), {args.points} points: one sbatch per point {per_point:.2f} s, "
-        f"one job array {array:.2f} s, ratio {per_point / array:.1f}x"
+        f"one job array {in_array:.2f} s, ratio {per_point / in_array:.1f}x"
     )
     return 0
 

@@ -49,14 +49,12 @@ def check_here(spec: RunSpec) -> Checked:
 
 
 def _serve(requests: Any, answers: Any, started_with: dict[str, str]) -> None:
-    """The worker: check each (key, spec) it is sent, in order, until it is sent None; its plan
-    cache keys are the sweep's (started_with: the environment the sweep's process started with)."""
+    """The worker: check each (key, spec) it is sent, in order, until the sweep terminates it
+    (LibraryWorker.close); its plan cache keys are the sweep's (started_with: the environment the
+    sweep's process started with)."""
     key_with_environment(started_with)
     while True:
-        request = requests.get()
-        if request is None:
-            return
-        key, spec = request
+        key, spec = requests.get()
         answers.put((key, check_here(spec)))
 
 
@@ -68,7 +66,7 @@ class LibraryWorker:
     _process: SpawnProcess | None = None
     _requests: Any = None
     _answers: Any = None
-    _sent: dict[str, RunSpec] = field(default_factory=dict)
+    _sent: set[str] = field(default_factory=set)
     _answered: dict[str, Checked] = field(default_factory=dict)
     _dead: bool = False
 
@@ -94,7 +92,7 @@ class LibraryWorker:
             )
             self._process.start()
             self.started = True
-        self._sent[key] = spec
+        self._sent.add(key)
         self._requests.put((key, spec))
 
     def checked(self, key: str, spec: RunSpec) -> Checked:

@@ -5,10 +5,15 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import cast
 
 import pytest
+from hydra.plugins.launcher import Launcher
+from hydra.types import HydraContext
+from omegaconf import OmegaConf
 
-from hydra_plugins.moe_vlm_sweeper._planning import Point, check_library, library_worker
+from hydra_plugins.moe_vlm_sweeper._planning import Planner, Point, check_library, library_worker
+from moe_vlm.config.spec import RunSpec
 from moe_vlm.engines.megatron.plan_cache import CACHE_ENV
 from moe_vlm.launch.status import refusal_detail
 from moe_vlm.rules import catalogue, validate
@@ -102,6 +107,39 @@ def test_the_points_of_a_worker_that_dies_are_checked_in_the_sweeps_process(
         worker.close()
     assert [p.valid for p in planned] == [False, True, True]
     assert [f.code for f in planned[0].findings if f.is_error] == ["LIB-ROUTER"]
+
+
+class _Recording(LibraryWorker):
+    """Records what the planner hands over instead of starting a process."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.handed: list[str] = []
+
+    def submit(self, key: str, spec: RunSpec) -> None:
+        self.handed.append(key)
+
+
+def test_the_planner_hands_each_point_the_library_will_judge_to_the_worker_as_it_plans_it() -> None:
+    """Planner.plan (the sweep's real planning: Hydra's composition, the rules) hands over every
+    valid Megatron point once, in grid order, and nothing else: not a point the rules refuse
+    (tp=3 divides neither the heads nor the GPUs), not a torch-engine point, not a second spelling of a point."""
+    planner = Planner(
+        params={},
+        force=False,
+        search="grid",
+        halving=None,
+        predict_keep=1.0,
+        config=OmegaConf.create({"hydra": {"overrides": {"hydra": []}}}),
+        hydra_context=cast(HydraContext, object()),  # plan() composes each point itself
+        launcher=cast(Launcher, None),
+    )
+    grid = [[*GB200, "mbs=1"], [*GB200, "tp=3"], ["mbs=1"], [*GB200, "mbs=2"], [*GB200, "mbs=01"]]
+    worker = _Recording()
+    planned = planner.plan(grid, worker)
+    assert [p.overrides[-1] for p in planned] == ["mbs=1", "tp=3", "mbs=1", "mbs=2"]
+    assert [p.valid for p in planned] == [True, False, True, True]
+    assert worker.handed == [planned[0].point_id, planned[3].point_id]
 
 
 def test_a_sweep_starts_a_worker_only_when_the_checks_run_and_this_process_lacks_the_stack(

@@ -64,6 +64,7 @@ def test_packed_and_padded_give_each_sample_the_same_loss(kind: str) -> None:
     assert packed.stats.loss_tokens == padded.stats.loss_tokens
     if kind == "synthetic":
         assert packed.stats.images == padded.stats.images >= 3
+        assert packed.pixel_values is not None and padded.pixel_values is not None
         assert torch.equal(packed.pixel_values, padded.pixel_values)
 
     model = build_model(padded_spec.model, padded_spec.recompute, torch.device("cpu"), seed=0)

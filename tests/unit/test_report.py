@@ -360,7 +360,7 @@ def test_forced_balance_runs_are_labelled_and_never_ranked_with_real_routing(tmp
     # Bridge's perf recipes' random routing (router=forced_balance) is faster here: perfectly balanced
     # experts. It gets its own labelled table, like mock data, and the ranking keeps real routing.
     run = (*GB200, "data=synthetic", "recompute=none")
-    work = {"sequences_per_rank": 64, "real_len": 3072}
+    work: dict[str, Any] = {"sequences_per_rank": 64, "real_len": 3072}
     write_run(tmp_path / "real1", (*run, "mbs=1"), 4.0, **work)
     write_run(tmp_path / "real2", (*run, "mbs=2"), 5.0, **work)
     write_run(tmp_path / "forced", (*run, "mbs=1", "router=forced_balance"), 3.0, **work)

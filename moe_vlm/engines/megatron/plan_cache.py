@@ -251,9 +251,23 @@ def _key(parts: dict[str, Any]) -> tuple[str, str]:
     return hashlib.sha256(text.encode()).hexdigest(), text
 
 
+@dataclass(frozen=True)
+class _Slot:
+    """Where the entry for one set of inputs lives, and the key it must carry."""
+
+    key: str
+    text: str  # the inputs as JSON, stored beside the payload
+    path: Path
+
+
+def _slot(kind: str, parts: dict[str, Any]) -> _Slot:
+    key, text = _key(parts)
+    return _Slot(key, text, cache_dir() / "plan" / f"{kind}-{key[:32]}.json")
+
+
 def entry_path(kind: str, parts: dict[str, Any]) -> Path:
     """Where the entry for these inputs lives (kind: "stack", "effective" or "library")."""
-    return cache_dir() / "plan" / f"{kind}-{_key(parts)[0][:32]}.json"
+    return _slot(kind, parts).path
 
 
 def _read(path: Path, key: str) -> dict[str, Any] | None:
@@ -269,18 +283,14 @@ def _read(path: Path, key: str) -> dict[str, Any] | None:
     return entry
 
 
-def _lookup[T](
-    what: str, kind: str, parts: dict[str, Any], load: Callable[[Any], T]
-) -> tuple[T, Entry] | None:
+def _lookup[T](what: str, slot: _Slot, load: Callable[[Any], T]) -> tuple[T, Entry] | None:
     """What an earlier build stored for these inputs; None when there is none (or it is damaged)."""
-    key, _text = _key(parts)
-    path = entry_path(kind, parts)
-    entry = _read(path, key)
+    entry = _read(slot.path, slot.key)
     if entry is None:
         return None
     try:
         return load(entry["payload"]), Entry(
-            what, path, True, float(entry["built_unix_s"]), library_versions()
+            what, slot.path, True, float(entry["built_unix_s"]), library_versions()
         )
     except (KeyError, TypeError, ValueError, AttributeError):
         return None  # a damaged entry: the caller builds it again
@@ -298,11 +308,11 @@ def _cached[T](
     """build(), or what an earlier build stored for the same inputs. codec: (dump, load), between
     the value and its JSON form; a value `keep` refuses is returned, not stored."""
     dump, load = codec
-    found = _lookup(what, kind, parts, load)
+    slot = _slot(kind, parts)
+    found = _lookup(what, slot, load)
     if found is not None:
         return found
-    key, text = _key(parts)
-    path = entry_path(kind, parts)
+    key, text, path = slot.key, slot.text, slot.path
     libraries = library_versions()
     print(  # to the console even while a plan captures the library's output (base/noise.py)
         f"moe_vlm: {progress} (first time for this configuration; cached after)",
@@ -419,7 +429,7 @@ LIBRARY_CHECKS = "the library checks"
 def stored_library_checks(spec: RunSpec) -> tuple[list[LibraryFinding], Entry] | None:
     """The library checks' findings for this point when the cache holds them; None otherwise
     (nothing is imported or built: a sweep asks this before handing a point to its worker)."""
-    return _lookup(LIBRARY_CHECKS, "library", library_inputs(spec), _load_library)
+    return _lookup(LIBRARY_CHECKS, _slot("library", library_inputs(spec)), _load_library)
 
 
 def library_checks(spec: RunSpec) -> tuple[list[LibraryFinding], Entry]:
