@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import sys
 import typing
 from collections.abc import Generator, Iterator
 from enum import Enum
@@ -21,6 +22,24 @@ from moe_vlm.predict.calibration import CALIBRATION_ENV
 
 REPO = Path(__file__).resolve().parent.parent
 CONF = CONF_DIR
+
+
+def _absl_writes_to_the_real_stderr() -> None:
+    """absl's logging handler (absl comes with the Megatron stack) keeps the sys.stderr of the
+    moment absl.logging was imported, and closes that stream whenever a later
+    logging.config.dictConfig (submitit's logger module, Hydra's job logging) shuts the handlers
+    down, unless it is sys.stderr at that moment (absl/logging/__init__.py, PythonHandler.close).
+    Under pytest that stream is pytest's capture file, so every later test of the process failed
+    with "I/O operation on closed file". Pointing it at the real stderr, which absl never closes,
+    before anything imports the stack, ends that; a run outside pytest never had the problem."""
+    try:
+        from absl import logging as absl_logging
+    except ImportError:
+        return
+    absl_logging.get_absl_handler().python_handler.stream = sys.__stderr__
+
+
+_absl_writes_to_the_real_stderr()
 # A test report's user property that carries tests/megatron's REPORT lines to the controller.
 MEGATRON_REPORT = "megatron_report"
 
