@@ -74,6 +74,7 @@ class Rule:
 
 
 CATALOGUE: list[Rule] = []
+_CODES: set[str] = set()  # CATALOGUE's codes: a duplicate is refused as each rule registers
 
 
 def rule(code: str, level: Level, title: str, blocking: bool = False) -> Callable[[Check], Check]:
@@ -81,7 +82,8 @@ def rule(code: str, level: Level, title: str, blocking: bool = False) -> Callabl
     assert not blocking or level is Level.error, f"{code}: only an error can block the plan"
 
     def register(check: Check) -> Check:
-        assert all(existing.code != code for existing in CATALOGUE), f"duplicate rule code {code}"
+        assert code not in _CODES, f"duplicate rule code {code}"
+        _CODES.add(code)
         CATALOGUE.append(Rule(code, level, title, check, blocking))
         return check
 
