@@ -9,7 +9,8 @@ step holds more samples). Every point runs in rounds whose order rotates, so mac
 alike, cycling through batches built once up front (the data pipeline adds no noise). Effective
 tokens are real (non-padding) tokens; the table gives each point's samples, positions and real
 tokens per step, the fraction of positions holding real tokens, effective tokens/s and its ratio to
-none at the same MBS (wall time, and process CPU time, which other load disturbs less).
+none at the same MBS (wall time, and process CPU time, which other load disturbs less), and for
+each MBS buffer against in_batch round by round: a tie where the rounds disagree on which is faster.
 
     .venv/bin/python scripts/bench_packing.py                          # tiny model, CPU, real data
     .venv/bin/python scripts/bench_packing.py --kinds synthetic real --mbs 1 --reps 3
@@ -74,6 +75,7 @@ class Point:
     cpu_seconds: list[float] = field(default_factory=list)
     tokens: int = 0
     steps_run: int = 0
+    round_rates: list[float] = field(default_factory=list)  # effective tokens/s of each timed round
 
     @property
     def name(self) -> str:
@@ -94,6 +96,29 @@ class Point:
 
     def rate(self, cpu: bool = False) -> float:
         return self.tokens / sum(self.cpu_seconds if cpu else self.seconds)
+
+    def timed_round(self) -> float:
+        """One pass over the point's batches; records the round's effective tokens/s, returns its
+        median step time."""
+        tokens, seconds = self.tokens, sum(self.seconds)
+        median = statistics.median(self.run(self.steps_per_pass))
+        self.round_rates.append((self.tokens - tokens) / (sum(self.seconds) - seconds))
+        return median
+
+
+def verdict(first: Point, second: Point) -> str:
+    """first against second from their rounds. The rounds are paired (every point runs once per
+    round, the order rotated), so the ratio of each round is one measurement of the difference: a
+    difference whose sign the rounds disagree on is inside the machine's noise, a tie."""
+    overall = first.rate() / second.rate()
+    per_round = [a / b for a, b in zip(first.round_rates, second.round_rates, strict=True)]
+    spread = f"{overall:.2f}x (rounds {min(per_round):.2f}x-{max(per_round):.2f}x)"
+    if len(per_round) < 2:
+        return f"{spread}: one round cannot tell a difference from noise (--reps 3)"
+    if min(per_round) <= 1.0 <= max(per_round):
+        return f"{spread}: a tie, the rounds disagree on which is faster"
+    faster = first.name if overall > 1.0 else second.name
+    return f"{spread}: {faster} faster in every round"
 
 
 def bench_kind(
@@ -143,7 +168,7 @@ def bench_kind(
     for rep in range(args.reps):
         shift = rep % len(points)
         order = points[shift:] + points[:shift]
-        medians = {p.name: statistics.median(p.run(p.steps_per_pass)) for p in order}
+        medians = {p.name: p.timed_round() for p in order}
         print(f"  round {rep + 1}: median step " + ", ".join(f"{n} {t:.2f} s" for n, t in medians.items()))
     ratios: dict[tuple[str, int], tuple[float, float]] = {}
     print(
@@ -159,6 +184,10 @@ def bench_kind(
             f"{point.real / point.positions:>9.0%} {point.rate():>10,.1f} {wall:>7.2f}x {cpu:>9.2f}x",
             flush=True,
         )
+    for mbs in args.mbs:
+        if ("buffer", mbs) in by_name and ("in_batch", mbs) in by_name:
+            buffer, in_batch = by_name[("buffer", mbs)], by_name[("in_batch", mbs)]
+            print(f"  buffer vs in_batch at MBS {mbs}, effective tokens/s: {verdict(buffer, in_batch)}")
     return ratios
 
 
