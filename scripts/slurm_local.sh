@@ -86,10 +86,19 @@ start() {
   start_munge
   if pid_alive "$STATE_DIR/slurmctld.pid" && pid_alive "$STATE_DIR/slurmd.pid"; then
     log "already running"
+    # Shared with whoever started it: their jobs take the node's CPUs ($CPUS) from this run's tests.
+    queued=$(SLURM_CONF="$CONF" squeue --noheader 2>/dev/null | wc -l || true)
+    [ "${queued:-0}" = 0 ] || log "$queued job(s) already queued by an earlier run: this run's jobs wait behind them"
   else
+    # A fresh start forgets every earlier job. Daemons that died with their jobs (a machine restart,
+    # a killed CI run) leave those jobs in the saved state: recovered, they show RUNNING with no
+    # process behind them and hold the node to their time limit (30 minutes of a test run).
+    stop_pid "$STATE_DIR/slurmd.pid"
+    stop_pid "$STATE_DIR/slurmctld.pid"
+    rm -rf "$STATE_DIR/state" "$STATE_DIR/spool"
     write_conf
-    pid_alive "$STATE_DIR/slurmctld.pid" || slurmctld -f "$CONF"
-    pid_alive "$STATE_DIR/slurmd.pid" || slurmd -f "$CONF" -N localhost
+    slurmctld -f "$CONF"
+    slurmd -f "$CONF" -N localhost
   fi
   wait_until_idle
   log "up; export SLURM_CONF=$CONF"

@@ -27,7 +27,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 from unittest import mock
 
 from moe_vlm.config.compose import compose_spec
@@ -282,13 +282,16 @@ def observe_steps(spec: RunSpec) -> dict[str, Any]:
     """The Trainer as the engine builds it (its record section, the optimizer's settings, a
     checksum of the initial parameters) and its first two steps, on one gloo rank."""
     import torch
+    from torch.distributed.tensor import DTensor
 
     from moe_vlm.engines.torch_engine import Trainer
 
     with _one_rank_group():
         trainer = Trainer(spec, torch.device("cpu"), 0, 1, timing=False)
         optimizer = {k: v for k, v in trainer.optimizer.param_groups[0].items() if k != "params"}
-        checksum = float(sum(float(p.detach().to_local().double().sum()) for p in trainer.model.parameters()))
+        # fully_shard made every parameter a DTensor; on one rank its local shard is all of it
+        shards = [cast(DTensor, p.detach()).to_local() for p in trainer.model.parameters()]
+        checksum = float(sum(float(shard.double().sum()) for shard in shards))
         steps = [trainer.step(step) for step in (1, 2)]
         return {
             "engine": trainer.describe(),

@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import hashlib
-import importlib.metadata
 import json
 import os
 import platform
 import socket
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +14,10 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def _version(package: str) -> str | None:
+    # Here, not at the top: only a record's writer asks, and importlib.metadata's import was a
+    # tenth of a CPU dry run's own start-up (issue 33).
+    import importlib.metadata
+
     try:
         return importlib.metadata.version(package)
     except importlib.metadata.PackageNotFoundError:
@@ -23,6 +25,8 @@ def _version(package: str) -> str | None:
 
 
 def git_state(root: Path = REPO_ROOT) -> dict[str, Any]:
+    import subprocess  # only a record's writer asks
+
     def git(*args: str) -> str | None:
         try:
             done = subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, timeout=10)

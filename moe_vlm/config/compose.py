@@ -288,6 +288,21 @@ def _task_of(cfg: DictConfig) -> DictConfig:
     return task
 
 
+def _plain_task(cfg: DictConfig) -> tuple[dict[str, Any], TrainConfig]:
+    """_plain of what the task function sees (cfg without its `hydra` node), read in place: the
+    node is set aside for the reading and put back where it was. _task_of's deepcopy of the whole
+    composition (Hydra's run_job makes its own after) was a fiftieth of a CPU dry run."""
+    content = cfg._content
+    assert isinstance(content, dict), "a composition is a dict of nodes"
+    kept = list(content.items())
+    content.pop("hydra", None)
+    try:
+        return _plain(cfg)
+    finally:
+        content.clear()
+        content.update(kept)
+
+
 def _plain(task: DictConfig) -> tuple[dict[str, Any], TrainConfig]:
     config = OmegaConf.to_container(task, resolve=True, enum_to_str=True)
     assert isinstance(config, dict)
@@ -378,7 +393,7 @@ def _hydra_point(overrides: tuple[str, ...]) -> Composed:
     found = _POINTS.get(overrides)
     if found is None or found.fast:
         cfg = compose_config(overrides, hydra_node=True)
-        config, train = _plain(_task_of(cfg))
+        config, train = _plain_task(cfg)
         hydra: dict[str, Any] = {}
         for name in HYDRA_KEYS:
             try:  # hydra.sweep.subdir reads hydra.job.num, which only a running job has
@@ -402,7 +417,7 @@ def adopt(overrides: Sequence[str], cfg: DictConfig) -> Composed:
     its resolver. Marked fast, so asking for another composes the point whole, as for any fast one.
     """
     key = tuple(overrides)
-    return _remember(key, Composed(key, *_plain(_task_of(cfg)), _known_hydra(cfg), fast=True))
+    return _remember(key, Composed(key, *_plain_task(cfg), _known_hydra(cfg), fast=True))
 
 
 def _late_hydra(parsed: Override) -> bool:

@@ -65,7 +65,7 @@ class Packing(StrEnum):
 
     none = "none"  # one sample per row, padded to seq_length
     # the micro-batch's samples concatenated unpadded into one row, attention confined to each sample
-    # (torch: per-sample mask and positions; Megatron: Bridge's collate-time THD packing + vlm_step)
+    # (torch: per-sample attention and positions; Megatron: Bridge's collate-time THD packing + vlm_step)
     in_batch = "in_batch"
     # rows of seq_length filled first-fit-decreasing from a buffer of data.packing_buffer samples
     # (moe_vlm/data/packer.py): packs at MBS 1 too; GBS counts rows, records count samples and tokens

@@ -6,6 +6,7 @@ honest throughput figure needs (what was padding, what was text, what was image)
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import asdict, dataclass, field, fields
 from typing import TYPE_CHECKING
 
@@ -13,6 +14,8 @@ if TYPE_CHECKING:  # only annotations need it: BatchStats is imported where torc
     import torch
 
 IGNORE_INDEX = -100  # labels that carry no loss
+# Per row, the [start, end) positions of each packed sample, its padding included.
+SampleSpans = tuple[tuple[tuple[int, int], ...], ...]
 
 
 @dataclass
@@ -74,10 +77,34 @@ class Batch:
     def packed(self) -> bool:
         return self.cu_seqlens is not None
 
+    def padded_bounds(self) -> list[int]:
+        """Where each packed sample starts, its padding included, over the rows laid end to end, and
+        where the last ends: in_batch has one row of samples back to back (cu_seqlens), buffer the
+        padded starts (cu_seqlens_padded)."""
+        assert self.cu_seqlens is not None, "a padded batch has one sample per row"
+        return (self.cu_seqlens if self.cu_seqlens_padded is None else self.cu_seqlens_padded).tolist()
+
+    def sample_spans(self) -> SampleSpans:
+        """Where each sample of a packed micro-batch lies in its row: the spans the torch engine's
+        attention keeps to (torch_model._varlen_sdpa). Read on the host from the boundaries the
+        packer wrote, once per micro-batch, so no layer waits on the device to find them."""
+        rows, row_length = self.input_ids.shape
+        bounds = self.padded_bounds()
+        assert bounds[-1] == rows * row_length, (
+            f"samples cover {bounds[-1]} of {rows} x {row_length} positions"
+        )
+        spans: list[list[tuple[int, int]]] = [[] for _ in range(rows)]
+        for start, end in itertools.pairwise(bounds):
+            row = start // row_length
+            assert end <= (row + 1) * row_length, f"sample [{start}, {end}) crosses row {row}'s end"
+            spans[row].append((start - row * row_length, end - row * row_length))
+        return tuple(tuple(row) for row in spans)
+
     def model_inputs(self) -> dict[str, torch.Tensor]:
-        """transformers' keyword arguments. A packed row has no attention_mask: attention keeps to each
-        sample by the position ids that restart there, which the engine adds
-        (torch_model.packed_position_ids; its attention runs per sample, torch_model._varlen_sdpa)."""
+        """transformers' keyword arguments. A packed row has no attention_mask: the engine adds the
+        position ids that restart at each sample (torch_model.packed_position_ids) and the samples'
+        spans (sample_spans), over which its attention runs one sample at a time
+        (torch_model._varlen_sdpa)."""
         inputs = {
             "input_ids": self.input_ids,
             "labels": self.labels,

@@ -22,37 +22,19 @@ seq_length and counted, a sample whose images alone do not fit skipped and count
 sample fits a row, so the packer itself drops nothing.
 
 Deterministic: the rows depend only on the sample stream's order (ties in length keep stream
-order). Resumable: ``state()`` names, by position in the stream, how many samples were drawn and
-which of them wait in rows not yet emitted; a packer started with that state over the same stream
-replays it to there and continues with the same rows (data sources are deterministic for a seed).
+order), so a packer has no state worth saving. The torch engine reruns a requeued point from step 1
+with the same rows; the Megatron engine reaches row k of a rank by packing its stream again
+(engines/megatron/data.PackedRows), which resumes at Bridge's checkpointed position.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
-from typing import Any
 
 from moe_vlm.config.schema import Packing
 from moe_vlm.data.batch import Batch
 from moe_vlm.data.bins import first_fit_decreasing, padded_length
 from moe_vlm.data.sequence import EncodedSample, SkipCounter, build_batch
-
-
-@dataclass(frozen=True)
-class PackerState:
-    """Where a packer stands in its sample stream: saved with the data position, enough to resume."""
-
-    drawn: int  # samples taken from the stream so far
-    pending: tuple[tuple[int, ...], ...]  # rows packed but not yet emitted, as stream positions
-
-    def to_json(self) -> dict[str, Any]:
-        """As a checkpoint stores it (JSON has lists, not tuples)."""
-        return {"drawn": self.drawn, "pending": [list(row) for row in self.pending]}
-
-    @classmethod
-    def from_json(cls, saved: dict[str, Any]) -> PackerState:
-        return cls(int(saved["drawn"]), tuple(tuple(int(p) for p in row) for row in saved["pending"]))
 
 
 class Packer:
@@ -64,7 +46,6 @@ class Packer:
         row_length: int,
         buffer: int,
         sample_multiple: int = 1,
-        state: PackerState | None = None,
     ) -> None:
         if buffer < 1 or row_length % sample_multiple:
             raise ValueError(
@@ -76,21 +57,6 @@ class Packer:
         self.multiple = sample_multiple
         self.drawn = 0
         self.pending: list[list[tuple[int, EncodedSample]]] = []
-        if state is not None:
-            self._replay(state)
-
-    def _replay(self, state: PackerState) -> None:
-        wanted = {position for row in state.pending for position in row}
-        kept: dict[int, EncodedSample] = {}
-        while self.drawn < state.drawn:
-            sample = next(self.samples)
-            if self.drawn in wanted:
-                kept[self.drawn] = sample
-            self.drawn += 1
-        self.pending = [[(position, kept[position]) for position in row] for row in state.pending]
-
-    def state(self) -> PackerState:
-        return PackerState(self.drawn, tuple(tuple(p for p, _ in row) for row in self.pending))
 
     def _fill(self) -> None:
         candidates: list[tuple[int, EncodedSample]] = []
@@ -119,11 +85,8 @@ class Packer:
 def packed_batches(
     packer: Packer, skips: SkipCounter, mbs: int, pad_token_id: int, data_kind: str
 ) -> Iterator[Batch]:
-    """Micro-batches of `mbs` packed rows; `skips` counts what the stream dropped on the way.
-
-    What `skips` counted before the first micro-batch was asked for, a resumed packer's replay,
-    was recorded by the run that drew it: each batch counts only what was skipped while building it.
-    """
+    """Micro-batches of `mbs` packed rows; `skips` counts what the stream dropped on the way, and
+    each batch counts only what was skipped while building it."""
     skipped_before = skips.total
     while True:
         try:

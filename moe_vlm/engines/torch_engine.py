@@ -39,7 +39,7 @@ from moe_vlm.data import Batch, BatchStats, DataStats, build_batches
 from moe_vlm.engines.router_hooks import RouterCounter
 from moe_vlm.engines.run_summary import summary_lines
 from moe_vlm.engines.timing import COMPONENTS, ComponentTimer, clock_for
-from moe_vlm.engines.torch_model import apply_freeze, apply_recompute, build_model, packed_position_ids
+from moe_vlm.engines.torch_model import apply_freeze, apply_recompute, build_model, forward_inputs
 from moe_vlm.perf.memory.estimate import GIB
 from moe_vlm.perf.metrics import summarize
 from moe_vlm.predict.model import record_section
@@ -365,10 +365,10 @@ class Trainer:
             data_wait_s += time.perf_counter() - fetch_started
             self.data_stats.add(batch)
             consumed.append(batch)
-            inputs = batch.model_inputs()
-            if batch.packed:  # data.packing=in_batch or buffer: per-sample positions confine attention
-                inputs["position_ids"] = packed_position_ids(self.model, batch)
-            inputs = {name: tensor.to(self.device, non_blocking=True) for name, tensor in inputs.items()}
+            inputs = {
+                name: value.to(self.device, non_blocking=True) if isinstance(value, torch.Tensor) else value
+                for name, value in forward_inputs(self.model, batch).items()
+            }
             self.router.counting = measured
             loss = self.model(**inputs).loss
             self.router.counting = False  # backward's recompute runs the router again

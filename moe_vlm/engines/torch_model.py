@@ -33,7 +33,7 @@ from moe_vlm.config.schema import (
     RecomputeMethod,
     VisionFreezeConfig,
 )
-from moe_vlm.data.batch import Batch
+from moe_vlm.data.batch import Batch, SampleSpans
 from moe_vlm.engines.hf_config import transformers_config
 from moe_vlm.knobs.support import accepted
 
@@ -45,23 +45,13 @@ VARLEN_SDPA = "moe_vlm_varlen_sdpa"
 RECOMPUTED_SDPA = "moe_vlm_recomputed_sdpa"
 
 
-def sample_spans(text_positions: torch.Tensor) -> list[list[tuple[int, int]]]:
-    """Each row's [start, end) spans of one sample: a span starts where the text position restarts
-    at 0 (packed_position_ids; a sample's padding continues its positions, so it stays in its span)."""
-    spans = []
-    for row in text_positions:
-        starts = [0, *(index for index in (row == 0).nonzero().flatten().tolist() if index > 0)]
-        spans.append(list(itertools.pairwise([*starts, row.numel()])))
-    return spans
-
-
 def _varlen_sdpa(
     module: nn.Module,
     query: torch.Tensor,
     key: torch.Tensor,
     value: torch.Tensor,
     attention_mask: torch.Tensor | None,
-    position_ids: torch.Tensor | None = None,
+    sample_spans: SampleSpans | None = None,
     **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
     """Causal SDPA over each sample of a packed row alone, what Megatron's THD attention computes.
@@ -70,14 +60,15 @@ def _varlen_sdpa(
     same result through a dense block-diagonal mask, at the cost of the whole row squared: a row of
     2,048 positions holding seven samples of 300 tokens paid 7x the attention of the samples. Here
     the cost is the sum of the samples' squares, as on the Megatron engine (per-sample FLOPs,
-    perf/flops.py). A packed row carries no padding mask (Batch.model_inputs), so causal within a
-    span is the whole mask. Rows of one sample each (unpacked) keep transformers' own mask.
+    perf/flops.py). The spans come from the host (Batch.sample_spans, passed through the model's
+    keyword arguments), so no layer waits on the device to find them; a packed row carries no
+    padding mask (Batch.model_inputs), so causal within a span is the whole mask. Unpacked rows
+    (no spans) keep transformers' own mask.
     """
-    spans = None if position_ids is None else sample_spans(position_ids)
-    if spans is None or all(len(row) == 1 for row in spans):
+    if sample_spans is None:
         return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
     rows = []
-    for index, row in enumerate(spans):
+    for index, row in enumerate(sample_spans):
         pieces = [
             sdpa_attention_forward(
                 module,
@@ -93,6 +84,15 @@ def _varlen_sdpa(
     return torch.cat(rows, dim=0), None
 
 
+def _sdpa_mask_unless_packed(**kwargs: Any) -> Any:
+    """transformers' SDPA mask for padded rows; none for packed ones. A packed micro-batch comes
+    without a padding mask (Batch.model_inputs) and _varlen_sdpa needs none, where transformers
+    would build a [rows, 1, T, T] block-diagonal mask from the restarting positions and never use it."""
+    if kwargs.get("attention_mask") is None:  # create_causal_mask passes every argument by name
+        return None
+    return sdpa_mask(**kwargs)
+
+
 def _recomputed_sdpa(module: nn.Module, *args: Any, **kwargs: Any) -> tuple[torch.Tensor, None]:
     output, _ = checkpoint_function(_varlen_sdpa, module, *args, use_reentrant=False, **kwargs)
     return output, None
@@ -100,7 +100,7 @@ def _recomputed_sdpa(module: nn.Module, *args: Any, **kwargs: Any) -> tuple[torc
 
 for _name, _function in ((VARLEN_SDPA, _varlen_sdpa), (RECOMPUTED_SDPA, _recomputed_sdpa)):
     ALL_ATTENTION_FUNCTIONS.register(_name, _function)
-    ALL_MASK_ATTENTION_FUNCTIONS.register(_name, sdpa_mask)
+    ALL_MASK_ATTENTION_FUNCTIONS.register(_name, _sdpa_mask_unless_packed)
 
 
 def build_model(
@@ -137,8 +137,8 @@ class ModelParts:
 def packed_position_ids(model: Qwen3VLMoeForConditionalGeneration, batch: Batch) -> torch.Tensor:
     """[4, rows, T] position ids for packed rows (data.packing=in_batch or buffer): every sample starts again.
 
-    Row 0 is the text position transformers' mask builder reads: it restarts at 0 on each sample,
-    so masking_utils.find_packed_sequence_indices confines attention to the sample. Rows 1-3 are
+    Row 0 is the text position: it restarts at 0 on each sample, transformers' packed format (the
+    attention itself keeps to each sample by the spans, forward_inputs). Rows 1-3 are
     each sample's own multimodal RoPE from the model's get_rope_index (its images' grids only), the
     positions that sample gets in a padded row of its own. Under buffer packing a sample's padding
     (to its multiple, or to the row's end) continues its positions: it follows the sample, no later
@@ -146,9 +146,7 @@ def packed_position_ids(model: Qwen3VLMoeForConditionalGeneration, batch: Batch)
     """
     assert batch.cu_seqlens is not None, "a padded batch gets its positions from the attention mask"
     rows, row_length = batch.input_ids.shape
-    bounds = batch.cu_seqlens.tolist()
-    # in_batch: one row, samples back to back; buffer: padded starts over the rows laid end to end
-    starts = bounds if batch.cu_seqlens_padded is None else batch.cu_seqlens_padded.tolist()
+    bounds, starts = batch.cu_seqlens.tolist(), batch.padded_bounds()
     input_ids, types = batch.input_ids.reshape(1, -1), batch.mm_token_type_ids.reshape(1, -1)
     grids = batch.image_grid_thw
     first_image = 0
@@ -167,6 +165,17 @@ def packed_position_ids(model: Qwen3VLMoeForConditionalGeneration, batch: Batch)
             piece = torch.cat([piece, after], dim=-1)
         pieces.append(piece)
     return torch.cat(pieces, dim=-1).reshape(4, rows, row_length)
+
+
+def forward_inputs(model: Qwen3VLMoeForConditionalGeneration, batch: Batch) -> dict[str, Any]:
+    """The model's keyword arguments for one micro-batch, on the host. A packed one adds its
+    per-sample positions and the spans its attention keeps to (_varlen_sdpa): without both, a
+    packed row would attend across its samples."""
+    inputs: dict[str, Any] = dict(batch.model_inputs())
+    if batch.packed:  # data.packing=in_batch or buffer
+        inputs["position_ids"] = packed_position_ids(model, batch)
+        inputs["sample_spans"] = batch.sample_spans()
+    return inputs
 
 
 def model_parts(model: Qwen3VLMoeForConditionalGeneration) -> ModelParts:

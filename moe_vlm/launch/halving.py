@@ -570,7 +570,11 @@ def compare_with_grid(sweep_dir: Path, rank: RankClass = RankClass.ranked) -> Gr
     if state is None:
         raise ValueError(f"no halving search in {sweep_dir}")
     full = {point: measure(point, sweep_dir / point) for point in state.points}
-    mine = [m for m in full.values() if m.rank_class is rank]
+    # Each point's class as the search judged it (every point ran the first rung): a full run that
+    # is missing has no class of its own, and leaving it out would compare the grid's best of the
+    # points that did run.
+    judged = state.rungs[0].verdicts if state.rungs else {}
+    mine = [full[point] for point, verdict in judged.items() if verdict.rank_class == str(rank)]
     if not mine or not all(m.ranked and m.node_seconds is not None for m in mine):
         raise ValueError(f"not every {rank} point of {sweep_dir} has a completed full-length run")
     best = max(mine, key=lambda m: m.tokens_per_s_per_gpu or 0.0)

@@ -18,7 +18,6 @@ the same errors (too few of them: UNCALIBRATED_BAND, said so).
 from __future__ import annotations
 
 import functools
-import importlib.metadata
 import json
 import math
 from collections.abc import Mapping, Sequence
@@ -26,6 +25,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from moe_vlm.base.distributions import installed_versions
 from moe_vlm.base.errors import BadInput
 from moe_vlm.base.files import write_json_atomic
 from moe_vlm.base.inputs import (
@@ -58,21 +58,13 @@ def calibration_path() -> Path:
     return calibration_file()
 
 
-@functools.lru_cache(maxsize=4)
-def _installed(package: str) -> str | None:
-    try:
-        return importlib.metadata.version(package)
-    except importlib.metadata.PackageNotFoundError:
-        return None
-
-
 def stack_of(engine: Engine | str, versions: Mapping[str, Any] | None = None) -> str:
     """The stack a calibration holds for: the engine's library and its version (from a run's
     record env, else installed here)."""
     package = "megatron-core" if str(engine) == Engine.megatron.value else "torch"
     version = (versions or {}).get(package.replace("-", "_"))
     if version is None and versions is None:
-        version = _installed(package)
+        version = installed_versions().get(package) or None
     return f"{package} {version or 'unknown'}"
 
 

@@ -17,7 +17,7 @@ from moe_vlm.config.arch import Mixer, Mlp, layer_kinds
 from moe_vlm.config.schema import Precision
 from moe_vlm.config.spec import RunSpec
 from moe_vlm.perf.flops import Workload, step_flops
-from moe_vlm.perf.metrics import peak_of
+from moe_vlm.perf.peaks import peak_of
 from moe_vlm.predict.band import COVERAGE, UNCALIBRATED_BAND
 from moe_vlm.predict.calibration import Calibration, find, stack_of
 from moe_vlm.predict.terms import COMM, COMPUTE, ROUTING_NOT_MODELLED, Term, ep_term, loads, routing_load

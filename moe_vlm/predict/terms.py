@@ -3,7 +3,7 @@
 Each term is a load (FLOPs, bytes) divided by a base rate; the prediction multiplies each by a
 calibrated scale (moe_vlm/predict/calibration.py) and adds them up. Base rates:
 
-compute     the dense peak the FLOPs run at (``moe_vlm.perf.metrics.module_peaks``: the decoder's GEMMs
+compute     the dense peak the FLOPs run at (``moe_vlm.perf.peaks.module_peaks``: the decoder's GEMMs
             at the precision's peak, the vision tower at BF16; the attention core and the output
             layer stay BF16, precision_peak_of's docstring), so a scale of 1 / efficiency. A
             cluster without a peak (cluster=local) gets a nominal 1 GFLOP/s: uncalibrated.
@@ -53,7 +53,7 @@ from moe_vlm.perf.flops import (
 )
 from moe_vlm.perf.memory.megatron import grad_bytes
 from moe_vlm.perf.memory.shared import ParamCounts, param_counts
-from moe_vlm.perf.metrics import module_peaks
+from moe_vlm.perf.peaks import module_peaks
 from moe_vlm.predict.hardware import links_of
 
 NOMINAL_CPU_FLOPS = 1e9  # cluster=local: no datasheet peak; the scale carries the calibrated rate

@@ -13,11 +13,6 @@ from moe_vlm.config.schema import Engine
 from moe_vlm.config.spec import RunSpec
 from moe_vlm.data.workers import data_workers
 from moe_vlm.engines.hf_config import is_local_checkpoint
-from moe_vlm.engines.megatron.library_checks import Check, LibraryFinding
-from moe_vlm.engines.megatron.plan_cache import library_checks, stack_probe, stored_library_checks
-from moe_vlm.engines.megatron.plan_cache import planned_effective as cached
-from moe_vlm.engines.megatron.shape_check import shape_evidence
-from moe_vlm.engines.megatron.stack import LIBRARY
 from moe_vlm.knobs.bridge_fields import RESOLVED_FIELDS, bridge_overrides, forward_step_path
 from moe_vlm.knobs.bridge_recipe import select_recipe
 from moe_vlm.knobs.cards import plan_lines as card_lines
@@ -25,15 +20,19 @@ from moe_vlm.knobs.recipes import plan_lines as recipe_lines
 from moe_vlm.perf.flops_basis import FlopsBasis, basis_lines, expected_basis
 from moe_vlm.perf.memory import MemoryEstimate, estimate
 from moe_vlm.perf.memory.micro_batch import micro_batch_shape
-from moe_vlm.perf.metrics import peak_of, precision_peak_of
+from moe_vlm.perf.peaks import peak_of, precision_peak_of
 from moe_vlm.predict.model import Prediction, predict
 from moe_vlm.record.columns import choices
 from moe_vlm.rules import Finding, Level, unplannable
 from moe_vlm.rules.shapes import applies as shapes_apply
 from moe_vlm.rules.shapes import shape_findings
 
+# The Megatron engine's planning (engines/megatron: its plan cache, the library checks, the shape
+# check) is imported by the functions below that use it, which only a Megatron point calls: a torch
+# point's dry run does not pay for it (docs/configuration.md, Start-up).
 if TYPE_CHECKING:
     from moe_vlm.engines.megatron.effective import Planned
+    from moe_vlm.engines.megatron.library_checks import LibraryFinding
     from moe_vlm.engines.megatron.plan_cache import Entry
     from moe_vlm.engines.megatron.stack import Probe
 
@@ -121,6 +120,8 @@ def megatron_lines(spec: RunSpec) -> list[str]:
 def probed_stack(spec: RunSpec) -> tuple[list[Probe], Entry]:
     """Every module this run imports, tried here (seconds: it loads Megatron; cached after, see
     moe_vlm/engines/megatron/plan_cache.py); engine=megatron only."""
+    from moe_vlm.engines.megatron.plan_cache import stack_probe
+
     return stack_probe(spec)
 
 
@@ -146,6 +147,8 @@ def library_missing(spec: RunSpec) -> str | None:
     here, from the plan cache's stack probe; None when it imports. A build without it raises only
     after importing transformers and torch (tens of seconds on a login node) and is never cached, so
     every plan there would pay them again."""
+    from moe_vlm.engines.megatron.stack import LIBRARY
+
     probes, _entry = probed_stack(spec)
     missing = [p for p in probes if p.module in LIBRARY and not p.ok]
     return f"{missing[0].module.label}: {missing[0].error}" if missing else None
@@ -157,6 +160,8 @@ def planned_effective(spec: RunSpec) -> tuple[Planned, Entry] | str:
     missing = library_missing(spec)
     if missing is not None:
         return f"the Megatron stack does not import here ({missing})"
+    from moe_vlm.engines.megatron.plan_cache import planned_effective as cached
+
     try:
         return cached(spec)
     except Exception as exc:  # no stack here, or a recipe this Bridge lacks: the plan says so and goes on
@@ -168,6 +173,9 @@ def library_findings(spec: RunSpec) -> list[Finding]:
     an error per refusal, a warning when they could not run here; [] off the Megatron engine."""
     if spec.engine != Engine.megatron:
         return []
+    from moe_vlm.engines.megatron.library_checks import Check
+    from moe_vlm.engines.megatron.plan_cache import library_checks
+
     try:
         found, _entry = library_checks(spec)
     except Exception as exc:  # a recipe this Bridge lacks: the checks did not run, and the plan says so
@@ -188,6 +196,8 @@ def stored_library_findings(spec: RunSpec) -> list[Finding] | None:
     have to run (a sweep hands those to its worker process, run/library_worker.py)."""
     if spec.engine != Engine.megatron:
         return []
+    from moe_vlm.engines.megatron.plan_cache import stored_library_checks
+
     try:
         stored = stored_library_checks(spec)
     except Exception:  # library_findings words what went wrong when the checks are asked for
@@ -212,10 +222,16 @@ def shape_check(spec: RunSpec) -> list[Finding]:
     """The shape check of this point (docs/shapes.md): one real micro-batch, each rank's GEMM operands,
     Transformer Engine's own checks on them; cached per shape, so a sweep builds one batch per shape.
     [] off the Megatron engine. The canary runs the same two calls on the cluster's stack."""
-    return shape_findings(spec, shape_evidence(spec)) if shapes_apply(spec) else []
+    if not shapes_apply(spec):
+        return []
+    from moe_vlm.engines.megatron.shape_check import shape_evidence
+
+    return shape_findings(spec, shape_evidence(spec))
 
 
 def shape_lines(spec: RunSpec) -> list[str]:
+    from moe_vlm.engines.megatron.shape_check import shape_evidence
+
     found = shape_evidence(spec)
     if found.shapes is None:
         return ["-- shape check --", f"not run: {found.not_run}"]

@@ -22,7 +22,6 @@ from moe_vlm.config.schema import DryRun, dry_run_mode
 from moe_vlm.config.spec import RunSpec
 from moe_vlm.data import DataError, check_data
 from moe_vlm.engines import launch
-from moe_vlm.record.records import RUNNING, RunRecord
 from moe_vlm.rules import Finding, errors, validate
 from moe_vlm.run.plan import PLAN_TEXT, gather, library_findings, render, shape_check, summary
 from moe_vlm.run.plan_record import plan_of
@@ -60,6 +59,7 @@ def run(cfg: DictConfig) -> None:
 
     # The job side (records of a running job, heartbeats, failures): a dry run plans and never reaches
     # it, so it does not pay for importing it (tests/unit/test_plugin_imports.py).
+    from moe_vlm.record.records import RUNNING, RunRecord
     from moe_vlm.runtime import points
     from moe_vlm.runtime.dist_env import global_rank
     from moe_vlm.runtime.failures import Diagnosis, launch_info, record_exception, write_failure

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from moe_vlm.launch.halving import Decision, HalvingState, RankClass
+from moe_vlm.launch.halving import Decision, HalvingState, RankClass, compare_with_grid
 
 REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow
@@ -87,7 +87,17 @@ def test_a_halving_search_runs_through_an_in_process_launcher(
     assert (
         "resuming after 2 decided rung(s) of 2" in again.stdout and "point(s) submitted" not in again.stdout
     )
+    # Against the grid (scripts/bench_halving.py's figures): not before every point has its full run.
+    with pytest.raises(ValueError, match="completed full-length run"):
+        compare_with_grid(sweep_dir, RankClass.mock)
     # The last rung's runs are the grid's: the grid command finds them completed.
     grid = train(sweep_dir, *launcher, *axes)
     assert grid.returncode == 0, grid.stderr[-3000:]
     assert f"{len(last.runs)} already completed" in grid.stdout, grid.stdout
+    for cls in {v.rank_class for v in first.verdicts.values()}:
+        figures = compare_with_grid(sweep_dir, RankClass(cls))
+        of_class = [p for p, v in first.verdicts.items() if v.rank_class == cls]
+        assert figures.found == state.best()[cls][0] and figures.grid_best in of_class
+        assert figures.grid_best_tokens >= figures.found_tokens > 0
+        assert figures.within_noise or figures.found != figures.grid_best
+        assert figures.halving_node_seconds > 0 and figures.grid_node_seconds > 0

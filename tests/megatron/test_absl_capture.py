@@ -11,9 +11,12 @@ import sys
 
 import pytest
 
+# Without absl nothing here can fail: every test skips, loudly.
+absl_logging = pytest.importorskip("absl.logging", reason="absl comes with the Megatron stack")
 
-def test_absl_logging_is_imported_under_pytests_capture() -> None:
-    pytest.importorskip("absl.logging", reason="absl comes with the Megatron stack")
+
+def test_absls_handler_writes_to_the_real_stderr() -> None:
+    assert absl_logging.get_absl_handler().python_handler.stream is sys.__stderr__
 
 
 def test_a_later_logging_configuration_under_capsys_leaves_the_capture_open(

@@ -126,25 +126,35 @@ def test_bridges_loader_yields_the_torch_engines_packed_batches(
             assert torch.equal(batch["cu_seqlens_q_padded"], torch_batch.cu_seqlens_padded)
             assert len(torch_batch.cu_seqlens) - 1 > spec.mbs  # rows hold several samples each
             visual = batch["visual_inputs"]
+            assert torch_batch.pixel_values is not None and torch_batch.image_grid_thw is not None
             assert torch.equal(visual.pixel_values, torch_batch.pixel_values)
             assert torch.equal(visual.image_grid_thw, torch_batch.image_grid_thw)
             assert int(batch["loss_mask"].sum()) == torch_batch.stats.loss_tokens
 
 
-def test_resuming_bridges_loader_gives_the_same_rows() -> None:
+def test_resuming_bridges_loader_gives_the_same_rows_on_every_rank() -> None:
     """Rows are a function of their index: a loader restarted at Bridge's consumed-samples position
-    (what its checkpoint saves, train_state.consumed_train_samples) gives the rows a run had there."""
+    (what its checkpoint saves, train_state.consumed_train_samples) gives the rows a run had there,
+    on every DP rank (each rank's packer is its own stream's)."""
     from moe_vlm.engines.megatron.data import dataset_config
 
     dp = make_spec(*BUFFER).layout.dp
+    assert dp >= 2  # several ranks, or the rank mapping of a resume is not tested
     spec = make_spec(*BUFFER, f"gbs={2 * dp}")  # one micro-batch a step
-    config = dataset_config(spec)
-    straight = list(islice(bridge_loader(train_dataset(config, 64 * spec.gbs), spec, 1), 3))
-    resumed = next(iter(bridge_loader(train_dataset(config, 64 * spec.gbs), spec, 1, consumed=2 * spec.gbs)))
     steps = spec.gbs // (spec.mbs * spec.layout.dp)
-    assert steps == 1  # one micro-batch a step: the third batch of the walk is the resumed one
-    assert torch.equal(resumed["input_ids"], straight[2]["input_ids"])
-    assert torch.equal(resumed["cu_seqlens_q_padded"], straight[2]["cu_seqlens_q_padded"])
+    assert steps == 1  # one micro-batch a step: the third batch of a walk is the resumed one
+    config = dataset_config(spec)
+    firsts = []
+    for rank in range(dp):
+        straight = list(islice(bridge_loader(train_dataset(config, 64 * spec.gbs), spec, rank), 3))
+        restarted = train_dataset(config, 64 * spec.gbs)  # a new process: no packer walked yet
+        resumed = next(iter(bridge_loader(restarted, spec, rank, consumed=2 * spec.gbs)))
+        for key in ("input_ids", "cu_seqlens_q", "cu_seqlens_q_padded", "loss_mask", "skipped_samples"):
+            assert torch.equal(resumed[key], straight[2][key]), (rank, key)
+        assert torch.equal(resumed["visual_inputs"].pixel_values, straight[2]["visual_inputs"].pixel_values)
+        assert not torch.equal(straight[0]["input_ids"], straight[2]["input_ids"])  # a walk moves on
+        firsts.append(straight[0]["input_ids"])
+    assert not torch.equal(firsts[0], firsts[1])  # the ranks read different samples
 
 
 _BOUNDS = ("cu_seqlens_q", "cu_seqlens_kv", "cu_seqlens_q_padded", "cu_seqlens_kv_padded")
@@ -241,5 +251,6 @@ def test_bridge_mock_packs_by_buffer_on_the_engines_dataset(
     batch = next(iter(bridge_loader(train_dataset(cfg.dataset, 64 * spec.gbs), spec, 0)))
     ours = next(build_batches(spec, 0, spec.layout.dp))
     assert torch.equal(batch["input_ids"][0], ours.input_ids.reshape(-1))
+    assert ours.cu_seqlens is not None
     assert torch.equal(batch["cu_seqlens_q"], ours.cu_seqlens) and len(ours.sample_keys) > 1
     assert all(key.startswith("bridge_mock/") for key in ours.sample_keys)

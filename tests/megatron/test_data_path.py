@@ -133,6 +133,7 @@ def test_megatron_batches_are_the_torch_engine_s(
             assert torch.equal(theirs["input_ids"], ours.input_ids)
             visual = theirs["visual_inputs"]
             if kind == "synthetic":
+                assert ours.image_grid_thw is not None and ours.pixel_values is not None
                 assert torch.equal(visual.image_grid_thw, ours.image_grid_thw)
                 assert torch.equal(visual.pixel_values, ours.pixel_values)
                 assert s.images >= spec.mbs  # 1-2 images per sample
@@ -153,6 +154,7 @@ def test_megatron_batches_are_the_torch_engine_s(
     assert torch.equal(labels[:, :-1], expected.labels[:, 1:])  # Megatron predicts labels[t] at t
     assert int(loss_mask.sum()) == expected.stats.loss_tokens
     if kind == "synthetic":
+        assert expected.image_grid_thw is not None
         assert torch.equal(visual_inputs["image_grid_thw"], expected.image_grid_thw)
     REPORT.append(
         f"data={kind}: {compared} samples through Bridge's sampler and {cfg.dataset.num_workers} loader "

@@ -267,7 +267,7 @@ def test_a_resumed_packed_loader_continues_with_the_uninterrupted_rows(
         # what save_checkpoint asks before it saves to its default {checkpoint.save}/energon (:1176-1181)
         assert hasattr(first.iterable, "save_state")
         taken = sum(len(next(first)["__keys__"]) for _ in range(k))
-        maybe_save_dataloader_state(None, first, k, str(tmp_path), pg_collection=groups)  # type: ignore[arg-type]
+        maybe_save_dataloader_state(None, first, k, str(tmp_path), pg_collection=groups)
         assert (tmp_path / f"iter_{k:07d}" / "train_dataloader_dprank000.pt").is_file()
         uninterrupted = [next(first) for _ in range(after)]
         # saved with samples still in the packing buffer (each worker's), resumed past a refill

@@ -22,7 +22,7 @@ import types
 import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import torch
@@ -83,6 +83,11 @@ def moe_block(config: Any) -> Any:
     return TransformerBlock(config, get_gpt_layer_local_spec(num_experts=config.num_moe_experts))
 
 
+def decoder_layers(decoder: torch.nn.Module) -> torch.nn.ModuleList:
+    """`decoder.layers`, which Module.__getattr__ types as Tensor | Module."""
+    return cast(torch.nn.ModuleList, decoder.layers)
+
+
 class Language(torch.nn.Module):
     """Where Qwen3VLModel keeps the decoder (its Qwen3VLGPTModel): the embedding runs outside it."""
 
@@ -93,7 +98,7 @@ class Language(torch.nn.Module):
 
     def forward(self, decoder_input: torch.Tensor | None = None) -> torch.Tensor:
         hidden = decoder_input if decoder_input is not None else self.decoder.input_tensor
-        for layer in self.decoder.layers:
+        for layer in decoder_layers(self.decoder):
             hidden = layer(hidden)
         return self.head(hidden).square().mean()
 
@@ -110,7 +115,7 @@ class Vision(torch.nn.Module):
 
     def forward(self, pixels: torch.Tensor) -> torch.Tensor:
         hidden = self.patch_embed(pixels)
-        for layer in self.decoder.layers:
+        for layer in decoder_layers(self.decoder):
             hidden = layer(hidden)
         return self.merger(hidden)
 
@@ -164,7 +169,7 @@ def test_timer_leaves_the_layers_te_captures_without_hooks(process_group: None) 
     # Megatron Core picks what TE captures: every MoE TransformerLayer of the chunk's decoder.
     helper = TECudaGraphHelper(model=[model], config=config, seq_length=4, micro_batch_size=1)
     layers = tuple(helper.flattened_callables)
-    assert layers == tuple(model.language_model.decoder.layers)
+    assert layers == tuple(decoder_layers(model.language_model.decoder))
 
     timer = BridgeComponentTimer()
     timer.attach([model], Clock())
@@ -214,7 +219,7 @@ def test_timer_still_measures_all_three_components() -> None:
         "projector",
         "decoder",
     }
-    assert all(not layer._forward_hooks for layer in model.language_model.decoder.layers)
+    assert all(not layer._forward_hooks for layer in decoder_layers(model.language_model.decoder))
     spans = timer.end_step()
     assert spans is not None
     seconds = BridgeComponentTimer.seconds_of(spans, Clock())
@@ -383,7 +388,8 @@ def test_ep_overlap_schedule_needs_build_schedule_plan() -> None:
             super().__init__()
             self.module = inner
 
-    def bare(cls: type) -> torch.nn.Module:  # the class's attributes, without building it (needs CUDA)
+    # the class's attributes, without building it (needs CUDA)
+    def bare(cls: type[torch.nn.Module]) -> torch.nn.Module:
         instance = cls.__new__(cls)
         torch.nn.Module.__init__(instance)
         return instance
@@ -414,7 +420,7 @@ def test_qwen3_vl_moe_provider_drops_vp_stage() -> None:
     with pytest.raises(AssertionError, match="vp_stage must be provided"):
         get_transformer_layer_offset(config, None, pp_rank=0)
 
-    def passes_vp_stage(provider: type) -> bool:
+    def passes_vp_stage(provider: type[Any]) -> bool:
         (call,) = constructs(provider.provide, "Qwen3VLModel")
         return any(keyword.arg == "vp_stage" for keyword in call.keywords)
 

@@ -74,6 +74,7 @@ def test_bridge_packs_our_samples_into_one_thd_row(recipes: RecipeCache, engine_
         assert batch["labels"][0, end - 1] == IGNORE_INDEX  # never predicts the next sample's first token
     assert int(batch["loss_mask"].sum()) == ours.stats.loss_tokens
     visual = batch["visual_inputs"]
+    assert ours.pixel_values is not None and ours.image_grid_thw is not None
     assert torch.equal(visual.pixel_values, ours.pixel_values)
     assert torch.equal(visual.image_grid_thw, ours.image_grid_thw)
     REPORT.append(

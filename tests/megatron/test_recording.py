@@ -157,6 +157,7 @@ def test_step_time_comes_from_the_marks_and_flops_stay_with_their_step(
     assert [line.bridge_step_flops for line in lines] == [step * 1e15 for step in range(1, 6)]
     assert lines[1].step_time_s >= 0.2 > max(lines[i].step_time_s for i in (0, 2, 3, 4))
     for line in lines:  # one rank: the slowest rank's time is its own
+        assert line.bridge_step_flops is not None
         assert line.bridge_tflops_per_gpu == pytest.approx(line.bridge_step_flops / line.step_time_s / 1e12)
 
 

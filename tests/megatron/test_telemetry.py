@@ -146,7 +146,12 @@ def test_bridges_nsys_range_opens_and_closes_around_the_window(
     window = ",".join(map(str, steps))
     spec, cfg = built(recipes, "profiling=nsys", f"profiling.steps=[{window}]", "warmup_steps=1")
     calls: list[str] = []
-    monkeypatch.setattr(bridge_profiling, "start_nsys_profiler", lambda _cfg: calls.append("start") or "ctx")
+
+    def start(_cfg: Any) -> str:
+        calls.append("start")
+        return "ctx"
+
+    monkeypatch.setattr(bridge_profiling, "start_nsys_profiler", start)
     monkeypatch.setattr(bridge_profiling, "stop_nsys_profiler", lambda _ctx: calls.append("stop"))
     from megatron.bridge.training.profiling import handle_profiling_step, handle_profiling_stop
 
@@ -164,7 +169,7 @@ def test_bridges_nsys_range_opens_and_closes_around_the_window(
 
 @needs_stack
 def test_the_tables_megatron_names_exist_in_the_installed_library() -> None:
-    def cls(path: str) -> type:
+    def cls(path: str) -> type[Any]:  # Megatron is untyped: its methods are looked up by name
         module, _, name = path.rpartition(".")
         found = getattr(importlib.import_module(module), name)
         assert isinstance(found, type), path

@@ -22,7 +22,7 @@ from moe_vlm.data.indexed import rank_indices
 from moe_vlm.data.packer import Packer, assemble_rows
 from moe_vlm.data.sequence import EncodedSample, assemble
 from moe_vlm.engines import torch_model
-from moe_vlm.engines.torch_model import build_model, packed_position_ids, sample_spans
+from moe_vlm.engines.torch_model import build_model, forward_inputs
 from moe_vlm.rules import validate
 from tests.conftest import make_spec
 from tests.unit.test_packing import TOLERANCE, padded_spans, per_sample_losses
@@ -47,20 +47,16 @@ def keys(rows: list[list[EncodedSample]]) -> list[list[str]]:
     return [[sample.key for sample in row] for row in rows]
 
 
-def test_packer_rows_fit_and_resume_from_their_state() -> None:
+def test_packer_rows_fit_and_are_deterministic() -> None:
     spec = make_spec("data=synthetic", *SMALL)
     _, samples = stream(spec)
     packer = Packer(iter(samples), row_length=1024, buffer=8, sample_multiple=4)
-    first = [next(packer) for _ in range(3)]
-    state = packer.state()
-    rest = [next(packer) for _ in range(6)]
-    for row in first + rest:
+    rows = [next(packer) for _ in range(9)]
+    for row in rows:
         assert sum(-(-s.length // 4) * 4 for s in row) <= 1024
-    assert sum(len(row) for row in first) > 3  # rows of several samples: it packed
-    resumed = Packer(iter(samples), row_length=1024, buffer=8, sample_multiple=4, state=state)
-    assert keys([next(resumed) for _ in range(6)]) == keys(rest)
+    assert sum(len(row) for row in rows[:3]) > 3  # rows of several samples: it packed
     again = Packer(iter(samples), row_length=1024, buffer=8, sample_multiple=4)
-    assert keys([next(again) for _ in range(9)]) == keys(first + rest)  # deterministic
+    assert keys([next(again) for _ in range(9)]) == keys(rows)  # deterministic
 
 
 def test_packed_rows_hold_thd_boundaries_at_the_sample_multiple() -> None:
@@ -108,7 +104,7 @@ def test_buffer_packed_rows_give_each_sample_its_unpacked_loss(kind: str) -> Non
     model.eval()
     with torch.no_grad():
         padded_out = model(**padded.model_inputs())
-        packed_out = model(**packed.model_inputs(), position_ids=packed_position_ids(model, packed))
+        packed_out = model(**forward_inputs(model, packed))
     ours = per_sample_losses(packed_out.logits, packed.labels, spans)
     theirs = per_sample_losses(padded_out.logits, padded.labels, padded_spans(padded))
     assert ours == pytest.approx(theirs, rel=TOLERANCE)
@@ -125,8 +121,8 @@ def test_attention_never_crosses_a_sample_boundary() -> None:
     changed = Batch(**{**packed.__dict__, "input_ids": packed.input_ids.clone()})
     changed.input_ids[row, end - 8 : end] = (changed.input_ids[row, end - 8 : end] + 1) % 256
     with torch.no_grad():
-        before = model(**packed.model_inputs(), position_ids=packed_position_ids(model, packed)).logits
-        after = model(**changed.model_inputs(), position_ids=packed_position_ids(model, changed)).logits
+        before = model(**forward_inputs(model, packed)).logits
+        after = model(**forward_inputs(model, changed)).logits
     assert not torch.allclose(before[row, start:end], after[row, start:end])  # the perturbation bites
     for other_row, other_start, other_end in spans[1:]:
         torch.testing.assert_close(
@@ -149,8 +145,12 @@ def test_packed_rows_pay_attention_per_sample_not_per_row(monkeypatch: pytest.Mo
     ]  # each sample with its padding, within its row
     model = build_model(spec.model, spec.recompute, torch.device("cpu"), seed=0)
     model.eval()
-    positions = packed_position_ids(model, packed)
-    assert [span for spans in sample_spans(positions[0]) for span in spans] == expected
+    inputs = forward_inputs(model, packed)
+    spans = inputs["sample_spans"]
+    assert [span for row_spans in spans for span in row_spans] == expected
+    # The spans and the positions agree: a span starts exactly where the text position restarts.
+    restarts = (inputs["position_ids"][0] == 0).nonzero().tolist()
+    assert restarts == [[index, start] for index, row_spans in enumerate(spans) for start, _ in row_spans]
     lengths: list[int] = []
     original = torch_model.sdpa_attention_forward
 
@@ -160,9 +160,32 @@ def test_packed_rows_pay_attention_per_sample_not_per_row(monkeypatch: pytest.Mo
 
     monkeypatch.setattr(torch_model, "sdpa_attention_forward", spy)
     with torch.no_grad():
-        model(**packed.model_inputs(), position_ids=positions)
+        model(**inputs)
     assert sorted(lengths) == sorted([end - start for start, end in expected] * spec.model.num_layers)
     assert max(lengths) < row
+
+
+def test_a_packed_micro_batch_builds_no_attention_mask(monkeypatch: pytest.MonkeyPatch) -> None:
+    # transformers would build a [rows, 1, T, T] block-diagonal mask from the restarting positions
+    # that per-sample attention never reads; the padded micro-batch still gets its padding mask.
+    spec = make_spec("data=synthetic", *SMALL, "mbs=2", "data.packing_buffer=12")
+    packed, padded, _ = packed_and_padded(spec)
+    model = build_model(spec.model, spec.recompute, torch.device("cpu"), seed=0)
+    model.eval()
+    built: list[torch.Tensor | None] = []
+    original = torch_model.sdpa_mask
+
+    def spy(*args: Any, **kwargs: Any) -> Any:
+        mask = original(*args, **kwargs)
+        built.append(mask)
+        return mask
+
+    monkeypatch.setattr(torch_model, "sdpa_mask", spy)
+    with torch.no_grad():
+        model(**forward_inputs(model, packed))
+        assert built == []
+        model(**forward_inputs(model, padded))
+    assert len(built) == 1 and built[0] is not None and built[0].shape[-1] == spec.seq_length
 
 
 def test_the_plan_sizes_buffer_packed_rows() -> None:
@@ -176,13 +199,30 @@ def test_the_plan_sizes_buffer_packed_rows() -> None:
     padded = make_spec("data=synthetic", "mbs=2", "seq_length=4096")
     spec = make_spec("data=synthetic", "mbs=2", "seq_length=4096", "data.packing=buffer")
     assert micro_batch_positions(spec) == 2 * spec.packed_row_length
-    assert attention_mask_elements(spec) == 2 * spec.packed_row_length**2
+    assert attention_mask_elements(spec) == 0 < attention_mask_elements(padded)  # per-sample SDPA: no mask
     shape, padded_shape = micro_batch_shape(spec), micro_batch_shape(padded)
     assert shape.buffered and shape.mean_tokens is not None and padded_shape.mean_tokens is not None
     assert shape.mean_tokens > 2 * padded_shape.mean_tokens  # rows hold several samples
     work, padded_work = expected_workload(spec).workload, expected_workload(padded).workload
     assert work.padded_tokens == padded_work.padded_tokens  # the same GBS rows of seq_length
     assert work.real_tokens > 2 * padded_work.real_tokens and work.samples > work.sequences
+
+
+def test_a_buffer_packed_shape_follows_its_own_buffer_and_row() -> None:
+    """The shapes are cached per input: a sweep over the buffer or the row's multiple (precision, TP,
+    CP) must not get another point's rows (a CI run got a buffer of 1's for a buffer of 64)."""
+    from moe_vlm.perf.memory.micro_batch import micro_batch_shape
+
+    base = ("data=synthetic", "mbs=2", "seq_length=4096", "data.packing=buffer")
+    one, many = (micro_batch_shape(make_spec(*base, f"data.packing_buffer={n}")) for n in (1, 64))
+    assert "buffers of 1" in one.source and "buffers of 64" in many.source
+    assert one.mean_tokens is not None and many.mean_tokens is not None
+    assert many.mean_tokens > one.mean_tokens
+    odd = ("data=synthetic", "mbs=2", "seq_length=4004", "data.packing=buffer")
+    bf16, fp8 = (make_spec(*odd, f"precision={p}") for p in ("bf16", "fp8mx"))
+    assert bf16.packed_row_length != fp8.packed_row_length
+    assert micro_batch_shape(bf16).positions == 2 * bf16.packed_row_length
+    assert micro_batch_shape(fp8).positions == 2 * fp8.packed_row_length
 
 
 def test_the_packing_preset_compares_none_in_batch_and_buffer_on_real_data() -> None:

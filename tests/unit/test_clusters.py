@@ -17,7 +17,8 @@ from moe_vlm.base.errors import BadInput
 from moe_vlm.config.compose import compose_config
 from moe_vlm.config.spec import hybridep_topology
 from moe_vlm.launch import slurm
-from moe_vlm.perf.metrics import mfu_of, peak_of
+from moe_vlm.perf.metrics import mfu_of
+from moe_vlm.perf.peaks import peak_of
 from moe_vlm.rules import validate
 from tests.conftest import make_spec
 

@@ -112,6 +112,7 @@ def groups() -> list[str]:
 
 def typed_leaves(cfg: DictConfig, prefix: str = "") -> Iterator[tuple[str, ValueNode]]:
     for key in cfg:
+        assert isinstance(key, str)  # the schema's keys are field names (OmegaConf allows bytes, int...)
         node = cfg._get_node(key)
         if isinstance(node, ValueNode):
             yield f"{prefix}{key}", node

@@ -13,7 +13,7 @@ from transformers import Qwen3VLMoeForConditionalGeneration
 from moe_vlm.config.spec import RunSpec
 from moe_vlm.data import build_batches
 from moe_vlm.engines.hf_config import transformers_config
-from moe_vlm.engines.torch_model import packed_position_ids
+from moe_vlm.engines.torch_model import forward_inputs
 from tests.conftest import REPO, make_spec
 
 
@@ -27,10 +27,7 @@ def model() -> Qwen3VLMoeForConditionalGeneration:
 def _train_step(model: Qwen3VLMoeForConditionalGeneration, spec: RunSpec) -> float:
     batch = next(build_batches(spec, rank=0, world_size=1))
     model.zero_grad(set_to_none=True)
-    inputs = batch.model_inputs()
-    if batch.packed:
-        inputs["position_ids"] = packed_position_ids(model, batch)
-    loss = model(**inputs).loss
+    loss = model(**forward_inputs(model, batch)).loss
     loss.backward()
     if batch.stats.images:
         # The vision tower really ran: its patch embedding received gradient.

@@ -106,9 +106,12 @@ def test_scrub_files_writes_through_write_atomic(tmp_path: Path, monkeypatch: py
     path = tmp_path / "run.txt"
     path.write_text("token hf_abcdefghijklmnopqrstuvwxyz0123\n")
     written: list[Path] = []
-    monkeypatch.setattr(
-        safety, "write_atomic", lambda p, data: written.append(p) or files.write_atomic(p, data)
-    )
+
+    def write_atomic(p: Path, data: bytes | str) -> None:
+        written.append(p)
+        files.write_atomic(p, data)
+
+    monkeypatch.setattr(safety, "write_atomic", write_atomic)
     safety.scrub_files([path])
     assert written == [path] and "hf_abc" not in path.read_text()
     assert [p.name for p in tmp_path.iterdir()] == ["run.txt"]

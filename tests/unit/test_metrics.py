@@ -225,7 +225,7 @@ def test_a_cluster_without_the_formats_peak_says_so() -> None:
 
 def test_under_fp8_the_vision_tower_is_held_to_the_bf16_peak() -> None:
     """FP8: the decoder's FLOPs at the FP8 peak, the ViT's and merger's at the BF16 one (Bridge builds
-    the vision config without fp8: metrics.BF16_MODULES). MFU = the time each module's FLOPs take at
+    the vision config without fp8: peaks.BF16_MODULES). MFU = the time each module's FLOPs take at
     its own peak, over the measured time; dividing everything by the FP8 peak understates it."""
     s = spec(*GB200_30B, "precision=fp8mx")
     records = step_records(s, [3.0] * 8, sequences_per_rank=4, images_per_rank=4, patches_per_image=1024)

@@ -21,6 +21,8 @@ from hydra.types import RunMode
 from omegaconf import OmegaConf
 
 import train
+from moe_vlm.config import compose
+from moe_vlm.config.compose import compose_config
 from moe_vlm.config.one_run import RUN_MODE, KeepingLoader, OneRun
 from tests.conftest import REPO
 
@@ -137,3 +139,23 @@ def test_only_a_plain_single_run_is_composed_once(argv: list[str]) -> None:
 def test_a_plain_single_run_is(argv: list[str] | None = None) -> None:
     one = OneRun.of(train.task, train.CONFIG_PATH, train.CONFIG_NAME, ["dry_run=true", "-r"])
     assert one is not None and one.task_name == "train" and one.overrides == ["dry_run=true"]
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [["dry_run=true"], ["cluster=gb200", "model=qwen3_vl_30b_a3b", "recompute=selective", "mbs=2"]],
+)
+def test_the_task_config_read_in_place_is_the_copys_and_leaves_the_composition_as_it_was(
+    overrides: list[str],
+) -> None:
+    """compose._plain_task reads the composition without its hydra node, in place, where _task_of
+    copied it first: the same config and TrainConfig, and the composition after is the one before,
+    its keys in their order (Hydra's run_job copies and writes it next)."""
+    cfg = compose_config(overrides, hydra_node=True)
+    before = OmegaConf.to_yaml(cfg)
+    keys = list(cfg.keys())
+    config, train = compose._plain_task(cfg)
+    assert (config, train) == compose._plain(compose._task_of(cfg))
+    assert "hydra" not in config
+    assert list(cfg.keys()) == keys and "hydra" in keys
+    assert OmegaConf.to_yaml(cfg) == before

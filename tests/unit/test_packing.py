@@ -18,7 +18,7 @@ from torch.nn import functional
 from moe_vlm.config.spec import RunSpec
 from moe_vlm.data import build_batches
 from moe_vlm.data.batch import IGNORE_INDEX, Batch
-from moe_vlm.engines.torch_model import build_model, packed_position_ids
+from moe_vlm.engines.torch_model import build_model, forward_inputs
 from tests.conftest import make_spec
 
 # Relative. fp32 on CPU: the two layouts differ by ~1e-10 here; a leak across samples moves a later
@@ -71,9 +71,9 @@ def test_packed_and_padded_give_each_sample_the_same_loss(kind: str) -> None:
     model.eval()  # same weights, no dropout: the two layouts are the only difference
     with torch.no_grad():
         padded_out = model(**padded.model_inputs())
-        inputs = packed.model_inputs()
-        positions = packed_position_ids(model, packed)
-        packed_out = model(**inputs, position_ids=positions)
+        inputs = forward_inputs(model, packed)
+        positions = inputs["position_ids"]
+        packed_out = model(**inputs)
 
     ours = per_sample_losses(packed_out.logits, packed.labels, packed_spans(packed))
     theirs = per_sample_losses(padded_out.logits, padded.labels, padded_spans(padded))
@@ -102,7 +102,7 @@ def test_attention_leaking_across_samples_would_be_caught() -> None:
     model = build_model(spec.model, spec.recompute, torch.device("cpu"), seed=0)
     model.eval()
     with torch.no_grad():
-        confined = model(**packed.model_inputs(), position_ids=packed_position_ids(model, packed))
+        confined = model(**forward_inputs(model, packed))
         leaking = model(**packed.model_inputs())
     spans = packed_spans(packed)
     first_ok, *rest_ok = per_sample_losses(confined.logits, packed.labels, spans)

@@ -213,6 +213,7 @@ def test_a_run_whose_mean_step_is_above_its_p90_keeps_its_bar() -> None:
     rows.loc[first, "step_time_mean_s"] = rows.loc[first, "step_time_p90_s"] * 1.2
     plot = plots.throughput_vs_memory(rows, ["mbs", "recompute"])
     (bars,) = plot.figure.axes[0].containers
+    assert isinstance(bars, ErrorbarContainer)
     spans = sorted(
         (min(y for _, y in seg), max(y for _, y in seg)) for seg in bars.lines[2][0].get_segments()
     )

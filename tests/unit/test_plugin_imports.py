@@ -104,6 +104,27 @@ def test_a_cpu_dry_run_imports_neither_the_job_side_nor_the_run_records_resolver
     assert sorted(m for m in imported if m.startswith("moe_vlm.runtime")) == []
 
 
+# What a torch point's plan has no use for (issue 33, start-up; docs/configuration.md): the Megatron
+# engine's planning, a run record's writer (perf/peaks.py quotes the MFU peaks without it) and the
+# shard reader (only a real dataset's sizes are read). importlib.metadata is not asked either
+# (base/distributions.py reads the metadata directories' names), but this venv's
+# multi-storage-client Hydra plugin imports it in every Hydra command, so it is not checked here.
+NOT_FOR_A_TORCH_PLAN = (
+    "moe_vlm.engines.megatron",
+    "moe_vlm.record.records",
+    "moe_vlm.perf.metrics",
+    "moe_vlm.data.energon",
+)
+
+
+def test_a_cpu_dry_run_imports_no_megatron_planning_no_record_writer_and_no_shard_reader(
+    tmp_path: Path,
+) -> None:
+    imported = _modules_imported_by("dry_run=true", f"hydra.run.dir={tmp_path}")
+    assert "moe_vlm.perf.peaks" in imported
+    assert sorted(m for m in imported if m.startswith(NOT_FOR_A_TORCH_PLAN)) == []
+
+
 def test_a_cached_gpu_point_on_a_machine_without_megatron_imports_nothing_heavy(tmp_path: Path) -> None:
     """A login node without the Megatron stack: the stack probe is cached like any plan section, and
     the effective configuration is not attempted (it would import transformers and torch first, fail,

@@ -123,8 +123,8 @@ def test_strict_names_a_value_of_the_wrong_type(key: str, value: Any, says: str)
 
 
 def test_the_megatron_counts_are_batch_stats_and_make_the_same_line() -> None:
-    stats = StepStats(micro_batches=2, data_wait_s=0.25)
-    stats += counts()
+    stats: BatchStats = StepStats(micro_batches=2, data_wait_s=0.25)
+    stats += counts()  # BatchStats.__iadd__ returns self, typed BatchStats
     line = StepRecord.measured(
         stats, step=1, rank=0, warmup=False, time_unix_s=1.0, step_time_s=1.0, loss=1.0,
         grad_norm=1.0, lr=1e-4, peak_memory_gib=1.0, memory_kind="cuda_max_allocated",

@@ -6,12 +6,18 @@ from __future__ import annotations
 
 import subprocess
 from pathlib import Path
+from typing import Any
 
 from tests.conftest import REPO
 from tests.unit.test_report import run_report, table_rows, write_run
 
 TORCH = ("model=tiny_moe_vlm", "cluster=local", "engine=torch", "train_iters=6", "data=synthetic")
-WORK = {"sequences_per_rank": 8, "real_len": 300, "images_per_rank": 8, "patches_per_image": 64}
+WORK: dict[str, Any] = {
+    "sequences_per_rank": 8,
+    "real_len": 300,
+    "images_per_rank": 8,
+    "patches_per_image": 64,
+}
 
 
 def test_diff_explains_the_time_difference_by_component_and_knob(tmp_path: Path) -> None:

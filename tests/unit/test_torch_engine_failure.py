@@ -41,11 +41,11 @@ def test_a_failure_keeps_every_finished_step(tmp_path: Path, monkeypatch: pytest
     step 3 still leaves steps 1 and 2 in steps.jsonl (step 2 without a period)."""
     from moe_vlm.base.files import STEPS_JSONL
     from moe_vlm.engines import torch_engine
-    from moe_vlm.record.records import read_steps
+    from moe_vlm.record.records import StepRecord, read_steps
 
     real_step = torch_engine.Trainer.step
 
-    def failing_step(self: torch_engine.Trainer, step: int):  # type: ignore[no-untyped-def]
+    def failing_step(self: torch_engine.Trainer, step: int) -> StepRecord:
         if step == 3:
             raise RuntimeError("injected fault in step 3")
         return real_step(self, step)

@@ -9,7 +9,6 @@ import dataclasses
 import enum
 import functools
 import importlib
-import importlib.metadata
 import json
 import tempfile
 from collections.abc import Iterator

@@ -373,7 +373,7 @@ def effective_config(cfg: Any, spec: RunSpec, run_dir: Path | None = None, *, pl
 # get_vision_model_config, modelling_qwen3_vl/transformer_config.py:63-158). It copies the
 # decoder's recompute, TP size and CUDA-graph settings, takes its graph impl from
 # vision_cuda_graph_impl, and sets neither fp8 nor fp4, so the ViT and mergers run BF16 under an
-# FP8/FP4 decoder (moe_vlm.perf.metrics.BF16_MODULES holds them to the BF16 peak for that reason).
+# FP8/FP4 decoder (moe_vlm.perf.peaks.BF16_MODULES holds them to the BF16 peak for that reason).
 VISION_SECTION = "vision_model"
 # Shown whatever their value: the ViT's precision, CUDA graphs and recompute.
 VISION_FIELDS = (

@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from moe_vlm.base import noise
+from moe_vlm.base.distributions import metadata_dirs
 from moe_vlm.base.files import write_atomic
 from moe_vlm.base.inputs import CACHE_DIR_ENV, ENV_PATHS, env_path
 from moe_vlm.base.safety import scrub
@@ -105,22 +106,13 @@ def installed() -> Install:
     listing per path entry and one stat per distribution, not one metadata search each."""
     versions: dict[str, str] = {}
     digest = hashlib.sha256()
-    for entry in sys.path:
+    for found in metadata_dirs():
+        versions.setdefault(found.name, found.version)
         try:
-            names = sorted(os.listdir(entry or "."))
+            written = os.stat(os.path.join(found.entry or ".", found.item)).st_mtime_ns
         except OSError:
             continue
-        for item in names:
-            stem, dot, suffix = item.rpartition(".")
-            if suffix not in ("dist-info", "egg-info") or not dot:
-                continue
-            distribution, _, version = stem.partition("-")
-            versions.setdefault(re.sub(r"[-_.]+", "-", distribution).lower(), version.split("-py")[0])
-            try:
-                written = os.stat(os.path.join(entry or ".", item)).st_mtime_ns
-            except OSError:
-                continue
-            digest.update(f"{entry}\0{item}\0{written}\0".encode())
+        digest.update(f"{found.entry}\0{found.item}\0{written}\0".encode())
     return Install(versions, digest.hexdigest())
 
 

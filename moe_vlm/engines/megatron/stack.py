@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import functools
 import importlib
-import importlib.metadata
 import sys
 import traceback
 from dataclasses import dataclass
@@ -256,6 +255,8 @@ class Probe:
 
 
 def distribution_version(name: str) -> str | None:
+    import importlib.metadata  # a tenth of a CPU dry run's own start-up; only a stack probe asks
+
     try:
         return importlib.metadata.version(name)
     except importlib.metadata.PackageNotFoundError:

@@ -15,7 +15,6 @@ from pathlib import Path
 from moe_vlm.config.schema import DataKind
 from moe_vlm.config.spec import RunSpec
 from moe_vlm.data.bridge_mock import BRIDGE_MOCK
-from moe_vlm.data.energon import IMAGE_PARTS, iter_samples, read_meta
 from moe_vlm.perf.memory.estimate import REAL_DATA_SAMPLES_READ
 
 
@@ -69,6 +68,8 @@ def _synthetic_largest_image(spec: RunSpec) -> int:
 def real_image_sizes(path: str, samples: int) -> tuple[tuple[int, int], ...]:
     """(height, width) from the image headers of the first `samples` samples (nothing decoded)."""
     from PIL import Image
+
+    from moe_vlm.data.energon import IMAGE_PARTS, iter_samples, read_meta
 
     sizes: list[tuple[int, int]] = []
     for sample in iter_samples(read_meta(Path(path).expanduser())):

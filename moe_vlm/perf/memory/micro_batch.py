@@ -40,7 +40,6 @@ from moe_vlm.config.schema import DataKind, Packing
 from moe_vlm.config.spec import RunSpec
 from moe_vlm.data.bins import first_fit_decreasing, padded_length
 from moe_vlm.data.bridge_mock import bridge_mock
-from moe_vlm.data.energon import IMAGE_PARTS, iter_samples, read_meta
 from moe_vlm.perf.memory.images import patches_for_image
 
 PERCENTILE = 0.99  # of tokens (and patches) per micro-batch, when packed
@@ -95,12 +94,14 @@ class MicroBatchShape:
 
 def micro_batch_shape(spec: RunSpec) -> MicroBatchShape:
     data, model = spec.data, spec.model
-    key = (
+    key: tuple[object, ...] = (
         data.kind, data.packing, spec.mbs, spec.seq_length, data.path, data.min_images, data.max_images,
         data.min_long_side_px, data.max_long_side_px, tuple(data.aspect_ratios), data.min_text_tokens,
         data.max_text_tokens, data.min_pixels, data.max_pixels, model.vision_patch_size,
         model.vision_spatial_merge_size,
     )  # fmt: skip
+    if data.packing is Packing.buffer:  # _buffer_shape reads these too: points differing in one differ
+        key += (data.packing_buffer, spec.packed_row_length, spec.collate_padding_multiple)
     if key not in _SHAPES:
         _SHAPES[key] = _shape(spec)
     return _SHAPES[key]
@@ -125,13 +126,11 @@ def positions_source(spec: RunSpec) -> str:
 
 
 def attention_mask_elements(spec: RunSpec) -> int:
-    """Elements of the [rows, 1, s, s] mask transformers builds for a micro-batch: MBS x seq^2
-    padded, (packed row length)^2 packed (the per-sample mask over the one row)."""
+    """Elements of the [MBS, 1, seq, seq] padding mask transformers builds for a padded micro-batch.
+    A packed one has none: its attention runs causal per sample (torch_model._varlen_sdpa)."""
     if spec.data.packing is Packing.none:
         return spec.mbs * spec.seq_length**2
-    if spec.data.packing is Packing.buffer:
-        return spec.mbs * spec.packed_row_length**2
-    return micro_batch_positions(spec) ** 2
+    return 0
 
 
 _SHAPES: dict[tuple[object, ...], MicroBatchShape] = {}
@@ -248,9 +247,11 @@ def _real_shapes(path: str, samples: int) -> tuple[tuple[int, int, int], ...]:
     """(height, width, caption bytes) of the first `samples` samples (image headers only)."""
     if not path:
         return ()
-    # Here, not at the top: only a real dataset's images are opened, and Pillow's import was
-    # part of every plan's start-up (issue 33).
+    # Here, not at the top: only a real dataset's images are opened, and Pillow's and the shard
+    # reader's imports were part of every plan's start-up (issue 33).
     from PIL import Image
+
+    from moe_vlm.data.energon import IMAGE_PARTS, iter_samples, read_meta
 
     shapes: list[tuple[int, int, int]] = []
     try:

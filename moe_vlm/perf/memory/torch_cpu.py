@@ -8,7 +8,7 @@ docstring of moe_vlm.perf.memory lists what each term covers.
 
 from __future__ import annotations
 
-from moe_vlm.config.schema import Engine, ModelConfig, RecomputeGranularity, ShardingStrategy
+from moe_vlm.config.schema import Engine, ModelConfig, Packing, RecomputeGranularity, ShardingStrategy
 from moe_vlm.config.spec import RunSpec
 from moe_vlm.perf.memory.estimate import (
     ADAMW_MOMENTS_BYTES,
@@ -48,8 +48,8 @@ def torch_decoder_layer_elements(
     (router softmax, routed-token copies, SwiGLU in/out, top-k indices and weights). With the
     language model frozen only input-gradient tensors remain (2h + 3ad + 3gd + 2a + 2g + E + kh
     + 3kF + 10k + 3).
-    The attention mask itself is separate (torch_mask_bytes). The collator pads every row, and a packed
-    row carries a per-sample mask (data.packing=in_batch, MBS >= 2), so `padded` is the engine's case.
+    The attention mask itself is separate (torch_mask_bytes). The collator pads every row, so
+    `padded` is the engine's case unless the micro-batch is packed (no mask: torch_model._varlen_sdpa).
     """
     h, a, g, d = model.hidden_size, model.num_attention_heads, model.num_query_groups, model.head_dim
     e, k, f = model.num_experts, model.moe_top_k, model.moe_ffn_hidden_size
@@ -113,8 +113,11 @@ def torch_mask_bytes(spec: RunSpec, padded: bool = True) -> tuple[float, float, 
     When a row of the micro-batch has padding, transformers builds a boolean [mbs, 1, s, s]
     mask; SDPA's CPU kernel converts it to an additive float mask per layer and keeps it for
     backward. Recomputing core attention (or whole layers) keeps the boolean mask once instead.
-    Without padding (every row full) SDPA runs causal without a mask.
+    Without padding (every row full) SDPA runs causal without a mask; a packed micro-batch runs
+    causal per sample (torch_model._varlen_sdpa) and transformers builds it no mask.
     """
+    if spec.data.packing is not Packing.none:
+        return 0.0, 0.0, "packed: causal SDPA per sample, no mask"
     if not padded:
         return 0.0, 0.0, "no padding: causal SDPA without a mask"
     square = attention_mask_elements(spec)
@@ -131,8 +134,10 @@ def torch_decoder_bytes(
 ) -> tuple[float, float, str]:
     """(kept by autograd for one micro-batch, one layer's backward working set, how) for the decoder.
 
-    padded: some row of the micro-batch has padding (the planning default: the worst case).
+    padded: some row of the micro-batch has padding (the planning default: the worst case). A
+    packed micro-batch never has a padding mask (torch_model._sdpa_mask_unless_packed).
     """
+    masked = padded and spec.data.packing is Packing.none
     model = spec.model
     tokens = micro_batch_positions(spec)
     selective = selective_modules(spec.recompute)
@@ -141,7 +146,7 @@ def torch_decoder_bytes(
         return 0.0, 0.0, "language frozen and nothing before it trains: nothing kept"
     mask_per_layer, mask_once, mask_detail = torch_mask_bytes(spec, padded)
     per_layer = (
-        torch_decoder_layer_elements(model, training.language, selective, padded) * elem * tokens
+        torch_decoder_layer_elements(model, training.language, selective, masked) * elem * tokens
         + mask_per_layer
     )
     recomputed, rematerialised = full_recompute_layers(spec.recompute, layers)
@@ -151,14 +156,14 @@ def torch_decoder_bytes(
     kept = stored + kept_inputs + mask_once + non_layer
     if recomputed:
         # Backward rematerialises whole layers, float mask included.
-        full_layer = torch_decoder_layer_elements(model, training.language, set(), padded) * elem * tokens
-        mask = FP32 * attention_mask_elements(spec) if padded else 0.0
+        full_layer = torch_decoder_layer_elements(model, training.language, set(), masked) * elem * tokens
+        mask = FP32 * attention_mask_elements(spec) if masked else 0.0
         working = (full_layer + mask) * rematerialised
         how = f"full recompute: {recomputed} layer inputs kept, {rematerialised} layer(s) rematerialised"
     else:
         # Backward works on one layer at a time: its activation gradients come on top.
         working = per_layer - mask_per_layer
-        if "core_attn" in selective and padded:
+        if "core_attn" in selective and masked:
             # Recomputing core attention rebuilds one layer's float mask and repeated k, v; they live
             # while that attention runs backward, after the layer's MoE gradients are freed.
             a, g, d = model.num_attention_heads, model.num_query_groups, model.head_dim
