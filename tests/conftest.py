@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import copy
 import dataclasses
+import os
 import sys
 import typing
 from collections.abc import Generator, Iterator
@@ -14,7 +16,7 @@ import pluggy
 import pytest
 from omegaconf import DictConfig
 
-from moe_vlm.config.compose import CONF_DIR, compose_config
+from moe_vlm.config.compose import CONF_DIR, compose_config, compose_point
 from moe_vlm.config.schema import TrainConfig
 from moe_vlm.config.spec import RunSpec
 from moe_vlm.engines.megatron.plan_cache import CACHE_ENV
@@ -45,6 +47,25 @@ MEGATRON_REPORT = "megatron_report"
 
 
 # --- running in parallel (scripts/test.sh: the Slurm tests in one process, the rest on pytest-xdist) ---
+
+
+@pytest.hookimpl(trylast=True)  # after `-m` has deselected: the weights count what runs
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Files with the most `slow` tests first, the rest in collection order.
+
+    xdist's loadfile hands out whole files in the order it gets them (scripts/test.sh turns off its
+    own reorder, which puts files with the fewest tests last: the README test and the fast-path
+    corpus, minutes each, then ran at the end, where one long file keeps one worker busy after the
+    other has finished). Heavy files first let the many quick ones fill in around them. Only on
+    xdist's workers: a run in one process (the Slurm tests) keeps its order."""
+    if "PYTEST_XDIST_WORKER" not in os.environ:
+        return
+    slow: dict[str, int] = {}
+    for item in items:
+        file = item.nodeid.split("::")[0]
+        slow[file] = slow.get(file, 0) + bool(item.get_closest_marker("slow"))
+    order = {item.nodeid: i for i, item in enumerate(items)}
+    items.sort(key=lambda item: (-slow[item.nodeid.split("::")[0]], order[item.nodeid]))
 
 
 _REPORT_SENT = 0
@@ -108,7 +129,11 @@ def compose_cfg(*overrides: str) -> DictConfig:
 
 
 def make_spec(*overrides: str) -> RunSpec:
-    return RunSpec.from_config(compose_cfg(*overrides))
+    """The RunSpec train.py builds for these overrides: the product's own composition (compose_point,
+    each structural override set composed by Hydra once per process; tests/unit/
+    test_compose_fastpath.py holds it equal to Hydra's compose), on a copy, so a test that changes
+    its spec changes no other test's."""
+    return RunSpec.from_config(copy.deepcopy(compose_point(overrides).train))
 
 
 @pytest.fixture

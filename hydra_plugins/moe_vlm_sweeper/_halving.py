@@ -236,14 +236,34 @@ def run_rung(
     return results
 
 
-def wait(run_ids: set[str], sweep_dir: Path, poll_s: float, rung: int) -> None:
+# How long a finished run's Slurm task may take to record its end after the run's own last write.
+SETTLE_S = 120.0
+
+
+def wait(run_ids: set[str], sweep_dir: Path, poll_s: float, rung: int, settle_s: float = SETTLE_S) -> None:
     """Until none of the rung's runs is queued or running (Slurm's submit-and-exit returns at
-    once; `collect` also records jobs that vanished, so a lost job ends the wait)."""
+    once; `collect` also records jobs that vanished, so a lost job ends the wait), and then until
+    each Slurm task has recorded its end (`record_launch`, after the run's own last write of
+    run.json): measured before it, a run's node-seconds would be its steps', not its task's, and
+    the verdict's write of run.json would race the task's. A task killed before it could record
+    its end is waited for `settle_s`, then counted by its steps, and said."""
     said = -1
+    settling_since: float | None = None
     while True:
-        open_runs = [s for s in collect(sweep_dir) if s.point_id in run_ids and in_flight(s)]
+        statuses = [s for s in collect(sweep_dir) if s.point_id in run_ids]
+        open_runs = [s for s in statuses if in_flight(s)]
         if not open_runs:
-            return
+            unsettled = [s.point_id for s in statuses if not task_ended(Path(s.point_dir))]
+            if not unsettled:
+                return
+            settling_since = time.monotonic() if settling_since is None else settling_since
+            if time.monotonic() - settling_since >= settle_s:
+                print(
+                    f"moe_vlm: halving rung {rung}: {len(unsettled)} Slurm task(s) ended without recording "
+                    f"their end ({', '.join(sorted(unsettled))}); their node-seconds come from their steps",
+                    flush=True,
+                )
+                return
         if len(open_runs) != said:
             print(
                 f"moe_vlm: halving rung {rung}: waiting for {len(open_runs)} of {len(run_ids)} run(s)",
@@ -251,6 +271,16 @@ def wait(run_ids: set[str], sweep_dir: Path, poll_s: float, rung: int) -> None:
             )
             said = len(open_runs)
         time.sleep(poll_s)
+
+
+def task_ended(point_dir: Path) -> bool:
+    """Whether the point's task has recorded its end; only a Slurm task records it after the run
+    (the in-process launchers return when the task has ended)."""
+    submissions = (points.read_point(point_dir) or {}).get("submissions") or [{}]
+    if submissions[-1].get("executor") != "slurm":
+        return True
+    run = points.read_run(point_dir)
+    return run is None or run.launch.get("task_ended_unix_s") is not None
 
 
 def record_verdict(

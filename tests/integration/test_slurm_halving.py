@@ -1,16 +1,15 @@
 """Successive halving (`hydra.sweeper.search=halving`) on a real single-node Slurm, CPU runs.
 
-1. Against the grid, measured in the same sweep directory (scripts/bench_halving.py): 12 points
-   (MBS x recompute of the tiny model, equal work per step, about 3.5x apart in speed) searched
-   with eta=6 in 2 rungs, ties promoted up to 1.5x the top 1/eta, then the same sweep as a grid,
-   which runs the full length of every point the search stopped. What is asserted holds whatever
-   the timing: the search's best is the grid's best or inside its noise (their full-length
-   p10-p90 ranges overlap); no rung promoted more than its cap; the node-steps the search ran
-   are within its plan's bound, and that bound is at most 40 % of the grid's (the cap makes it
-   a bound: ties never turn the search into the grid). Every run records its rung and
-   decision; status and report show them. The node-seconds ratio is the benchmark's figure
-   (printed, not asserted: start-up counts in it, and a cost measured on a shared machine is
-   no test; docs/slurm.md records it at the benchmark's default length).
+1. The search alone: the 12 points of scripts/bench_halving.py (MBS x recompute of the tiny
+   model, equal work per step, about 3.5x apart in speed) at a lighter length, eta=6 in 2 rungs,
+   ties promoted up to 1.5x the top 1/eta. What is asserted holds whatever the timing: no rung
+   promoted more than its cap; the node-steps the search ran are within its plan's bound, and
+   that bound is at most 40 % of the grid's (the cap makes it a bound: ties never turn the search
+   into the grid); no stopped point lies inside the cut's noise unless its rung says the cap split
+   the ties. Every run records its rung and decision; status and report show them. Whether the
+   search finds the grid's best, and the node-seconds it saves, are speeds measured minutes apart:
+   the benchmark's figures (scripts/bench_halving.py runs the grid after the search; docs/slurm.md),
+   not a test's. tests/integration/test_halving_launchers.py compares a search with its grid.
 2. Faults, packed: four points in one job per rung (points_per_job=4), behind one canary for the
    whole sweep (rung 2 reuses rung 1's passed canary). In the first rung one
    point's rank is killed with SIGKILL: it is stopped with its failure class (killed). While
@@ -40,6 +39,7 @@ from moe_vlm.base.files import RunPaths
 from moe_vlm.launch.halving import Decision, HalvingState, node_steps
 from moe_vlm.launch.status import collect, render
 from moe_vlm.runtime import points
+from scripts.bench_halving import GRID as BENCH_POINTS
 from tests.integration.test_slurm_packing import running_step, task_pid
 from tests.integration.test_slurm_sweeps import (  # noqa: F401  (slurm is a fixture)
     REPO,
@@ -63,34 +63,38 @@ def sweep_dir(tmp_path: Path) -> Iterator[Path]:
         subprocess.run(["scancel", *sorted(jobs)], capture_output=True)
 
 
-# The search's best and the grid's are measured minutes apart: beside other tests' load a point's
-# speed drifts by more than its noise (a CI run measured one point at 6,694 tokens/s in the first
-# rung and 11,209 at full length), so this one runs alone (scripts/test.sh runs `quiet` last).
-@pytest.mark.quiet
-def test_halving_finds_the_grid_s_best_and_records_its_ladder(
+def test_halving_on_slurm_keeps_its_cap_and_bound_and_records_its_ladder(
     slurm: None,  # noqa: F811
     tmp_path: Path,
 ) -> None:
-    bench = [
-        sys.executable,
-        "scripts/bench_halving.py",
-        "--launcher",
-        "slurm",
-        "--dir",
-        str(tmp_path),
-        # Lighter steps than the benchmark's default (the test asserts the search, not its cost);
-        # long enough that the plan's node-steps bound is at most 40 % of the grid's.
-        *["--seq-length", "128", "--gbs", "8", "--train-iters", "80"],
-        *["--eta", "6", "--rungs", "2", "--first-steps", "10", "--tie-factor", "1.5"],
-        "--json",
+    # The 12 points of scripts/bench_halving.py at a lighter length (the test asserts the search, not
+    # its cost): long enough that the plan's node-steps bound is at most 40 % of the grid's. Whether
+    # the search finds the grid's best is a measurement of speeds minutes apart, so it is the
+    # benchmark's figure (docs/slurm.md), not a test's.
+    sweep_dir = tmp_path / "sweep"
+    shape = ["seq_length=128", "gbs=8", "train_iters=80"]
+    search = [
+        "hydra.sweeper.search=halving",
+        *["hydra.sweeper.halving.eta=6", "hydra.sweeper.halving.rungs=2"],
+        *["hydra.sweeper.halving.first_steps=10", "hydra.sweeper.halving.tie_factor=1.5"],
+        "hydra.sweeper.halving.poll_s=2",
     ]
-    done = subprocess.run(bench, cwd=REPO, capture_output=True, text=True, timeout=1800, env=ENV)
+    done = subprocess.run(
+        [
+            *[sys.executable, "train.py", "-m", "hydra/launcher=slurm", f"hydra.sweep.dir={sweep_dir}"],
+            *BENCH_POINTS,
+            *shape,
+            *search,
+            *["hydra.launcher.canary=false", "hydra.launcher.timeout_min=30", "hydra.launcher.mem_gb=2"],
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=1800,
+        env=ENV,
+    )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
-    figures = json.loads(done.stdout.strip().splitlines()[-1])
-    assert figures["within_noise"], figures
-    print(f"halving/grid node-seconds on this machine: {figures['ratio']:.2f}; {figures}")
 
-    sweep_dir = Path(figures["sweep_dir"])
     state = HalvingState.read(sweep_dir)
     assert state is not None and len(state.points) == 12 and all(r.decided for r in state.rungs)
     first, last = state.rungs
@@ -100,7 +104,7 @@ def test_halving_finds_the_grid_s_best_and_records_its_ladder(
     assert 1 <= len(first.promoted()) <= state.settings.cap(12) == 3
     bound = node_steps(state.settings, state.plan_points())
     assert (bound.grid, bound.worst) == (960, 372) and bound.ratio <= 0.4
-    assert state.node_steps() <= bound.worst and figures["node_steps"] == state.node_steps()
+    assert state.node_steps() <= bound.worst
     # The ranking, deterministically from the records: every point the search stopped is below
     # the cut's noise (no tie split), or the rung says the cap split it.
     for point, verdict in first.verdicts.items():

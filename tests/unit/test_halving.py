@@ -11,12 +11,14 @@ import os
 import random
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
-from hydra_plugins.moe_vlm_sweeper._halving import first_rung_order
+from hydra_plugins.moe_vlm_sweeper._halving import first_rung_order, wait
 from moe_vlm.base.errors import BadInput
 from moe_vlm.launch.halving import (
     STATE_JSON,
@@ -37,6 +39,7 @@ from moe_vlm.launch.halving import (
     search_of,
 )
 from moe_vlm.launch.status import PointStatus, in_flight
+from moe_vlm.record.records import RunRecord, RunStatus
 from moe_vlm.report import halving as halving_report
 from moe_vlm.run.plan import prediction_of
 from moe_vlm.runtime import points
@@ -423,3 +426,42 @@ def test_the_first_rung_starts_the_points_predicted_fastest() -> None:
         kept = [p.point_id for p in first_rung_order([*grid, cpu])]
     assert kept == ["full", "selective", "none", "cpu"]
     assert "in the grid's order: no prediction for cpu (no calibration for cluster=local" in said.getvalue()
+
+
+def finished_slurm_run(point_dir: Path) -> None:
+    """A run that has written its completed record while its Slurm task is still to record its end."""
+    points.write_point(point_dir, {"point_id": point_dir.name})
+    points.add_submission(point_dir, {"job_id": "7", "executor": "slurm"})
+    RunRecord(status=RunStatus.completed, config={}, point_id=point_dir.name).write(point_dir)
+
+
+def test_a_rung_is_decided_after_each_slurm_task_records_its_end(tmp_path: Path) -> None:
+    # The run's status turns `completed` before its task's record_launch adds the task's wall time:
+    # measured in between, the node-seconds were the steps' and the verdict's write raced the task's.
+    finished_slurm_run(tmp_path / "p")
+
+    def task_ends() -> None:
+        time.sleep(1.0)
+        run = points.read_run(tmp_path / "p")
+        assert run is not None
+        run.with_launch({"task_started_unix_s": 1.0, "task_ended_unix_s": 2.0}).write(tmp_path / "p")
+
+    ender = threading.Thread(target=task_ends)
+    ender.start()
+    said = io.StringIO()
+    with contextlib.redirect_stdout(said):
+        wait({"p"}, tmp_path, poll_s=0.1, rung=1, settle_s=60.0)
+    run = points.read_run(tmp_path / "p")  # as the rung's decision reads it, the moment the wait ends
+    ender.join()
+    assert run is not None and run.launch.get("task_ended_unix_s") == 2.0
+    assert "without recording" not in said.getvalue()
+
+
+def test_a_task_that_never_records_its_end_is_waited_for_a_while_and_said(tmp_path: Path) -> None:
+    finished_slurm_run(tmp_path / "p")
+    said = io.StringIO()
+    started = time.monotonic()
+    with contextlib.redirect_stdout(said):
+        wait({"p"}, tmp_path, poll_s=0.1, rung=2, settle_s=0.5)
+    assert time.monotonic() - started >= 0.5
+    assert "halving rung 2: 1 Slurm task(s) ended without recording their end (p)" in said.getvalue()

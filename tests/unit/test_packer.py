@@ -1,7 +1,7 @@
 """data.packing=buffer: what the packer guarantees (issue 34), each on the real packer and data path.
 
-(a) deterministic and resumable: a packer restored from its state, through JSON as a checkpoint
-    stores it, emits exactly the rows the uninterrupted one emits next, and counts no skip twice;
+(a) each skipped sample is counted once, in the batch that drew it (that the same stream gives the
+    same rows: tests/unit/test_buffer_packing.py);
 (b) over-length samples follow the encoder's one policy (text cut to seq_length, image tokens never;
     a sample whose images alone do not fit skipped and counted) exactly as the padded path does,
     and the counts reach what run.json records (DataStats);
@@ -25,8 +25,8 @@ from moe_vlm.config.spec import RunSpec
 from moe_vlm.data import build_batches, indexed_samples
 from moe_vlm.data.batch import IGNORE_INDEX, Batch, BatchStats
 from moe_vlm.data.indexed import rank_indices
-from moe_vlm.data.packer import Packer, PackerState, assemble_rows, packed_batches
-from moe_vlm.data.sequence import EncodedSample
+from moe_vlm.data.packer import Packer, packed_batches
+from moe_vlm.data.sequence import EncodedSample, SkipCounter
 from moe_vlm.data.stats import DataStats
 from moe_vlm.perf.rank_shapes import rank_shapes
 from moe_vlm.record.records import StepRecord
@@ -46,48 +46,18 @@ def fresh_stream(spec: RunSpec) -> Iterator[EncodedSample]:
     return source.stream(rank_indices(0, 1, spec.mbs))
 
 
-def test_a_packer_restored_from_its_json_state_emits_the_rows_the_uninterrupted_one_emits_next() -> None:
-    spec = make_spec(*SMALL, "seq_length=1024")
-    samples = list(islice(fresh_stream(spec), 40))
-    row, multiple, buffer = 1024, 8, 8
-
-    def packer(state: PackerState | None = None) -> Packer:
-        return Packer(iter(samples), row, buffer, sample_multiple=multiple, state=state)
-
-    whole = packer()
-    rows = [next(whole) for _ in range(12)]
-    assert keys(rows) == keys(list(islice(packer(), 12)))  # deterministic
-    assert sum(len(r) for r in rows) > 12  # rows of several samples: it packed
-    # Cuts at the start, inside the first buffer, at a buffer's end and inside a later one.
-    for cut in (0, 1, 3, 5, 8):
-        interrupted = packer()
-        for _ in range(cut):
-            next(interrupted)
-        saved = json.dumps(interrupted.state().to_json())
-        resumed = packer(PackerState.from_json(json.loads(saved)))
-        assert resumed.state() == interrupted.state()
-        after = [next(resumed) for _ in range(12 - cut)]
-        assert keys(after) == keys(rows[cut:]), f"resumed after {cut} rows"
-        if cut < 12 - 1:  # the same samples give the same tensors
-            ours = assemble_rows(after[:2], row, multiple, spec.model.pad_token_id, "synthetic")
-            theirs = assemble_rows(rows[cut : cut + 2], row, multiple, spec.model.pad_token_id, "synthetic")
-            assert torch.equal(ours.input_ids, theirs.input_ids) and torch.equal(ours.labels, theirs.labels)
-
-
-def packed(spec: RunSpec, state: PackerState | None = None) -> tuple[Packer, Iterator[Batch]]:
-    """The packer and its micro-batches over a fresh source, as data._buffer_packed builds them."""
+def packed(spec: RunSpec) -> tuple[Packer, Iterator[Batch], SkipCounter]:
+    """The packer, its micro-batches over a fresh source (as data._buffer_packed builds them) and
+    the source's running count of skipped samples."""
     source = indexed_samples(spec.model, spec.data, spec.seed, spec.seq_length)
     stream = source.stream(rank_indices(0, 1, spec.mbs))
-    packer = Packer(
-        stream, spec.packed_row_length, spec.data.packing_buffer, spec.collate_padding_multiple, state
-    )
-    return packer, packed_batches(
-        packer, source.skips, spec.mbs, spec.model.pad_token_id, spec.data.kind.value
-    )
+    packer = Packer(stream, spec.packed_row_length, spec.data.packing_buffer, spec.collate_padding_multiple)
+    batches = packed_batches(packer, source.skips, spec.mbs, spec.model.pad_token_id, spec.data.kind.value)
+    return packer, batches, source.skips
 
 
 def until_buffers_emptied(packer: Packer, batches: Iterator[Batch], buffers: int) -> list[Batch]:
-    out = []
+    out: list[Batch] = []
     while not out or packer.pending or packer.drawn < buffers * packer.buffer:
         out.append(next(batches))
     return out
@@ -99,7 +69,7 @@ OVER = (*IMAGES, "seq_length=256", "mbs=1")
 
 def test_over_length_samples_follow_the_one_policy_in_buffer_packing_and_reach_the_record() -> None:
     spec = make_spec(*OVER, "data.packing=buffer", "data.packing_buffer=8")
-    packer, batches = packed(spec)
+    packer, batches, _ = packed(spec)
     ours = until_buffers_emptied(packer, batches, buffers=2)
     samples = sum(b.stats.samples for b in ours)
     assert samples == 16
@@ -123,22 +93,16 @@ def test_over_length_samples_follow_the_one_policy_in_buffer_packing_and_reach_t
         assert record[name] == padded_record[name], name
 
 
-def test_a_resumed_packer_counts_each_skipped_sample_once() -> None:
+def test_each_skipped_sample_is_counted_once_in_the_batch_that_drew_it() -> None:
     spec = make_spec(*OVER, "data.packing=buffer", "data.packing_buffer=8")
-    packer, batches = packed(spec)
-    whole = until_buffers_emptied(packer, batches, buffers=3)
-    # Cut just after the batch that drew the second buffer, whose samples 11-13 are skipped (redrawn):
-    # the interrupted run has recorded those skips, the resumed one replays them.
-    interrupted, interrupted_batches = packed(spec)
-    first = [next(interrupted_batches)]
-    while interrupted.drawn < 2 * interrupted.buffer:
-        first.append(next(interrupted_batches))
-    assert interrupted.pending and sum(b.stats.skipped_samples for b in first) > 0
-    saved = PackerState.from_json(json.loads(json.dumps(interrupted.state().to_json())))
-    resumed, resumed_batches = packed(spec, saved)
-    rest = until_buffers_emptied(resumed, resumed_batches, buffers=3)
-    assert [b.sample_keys for b in first + rest] == [b.sample_keys for b in whole]
-    assert [b.stats.skipped_samples for b in first + rest] == [b.stats.skipped_samples for b in whole]
+    packer, batches, skips = packed(spec)
+    counted = 0
+    while packer.drawn < 3 * packer.buffer or packer.pending:
+        before = skips.total
+        batch = next(batches)
+        assert batch.stats.skipped_samples == skips.total - before
+        counted += batch.stats.skipped_samples
+    assert counted == skips.total > 0
 
 
 GRID = [(1, 1), (2, 1), (1, 2), (2, 2), (4, 1)]  # (tp, cp); Qwen3-VL's provider forces SP when TP > 1
