@@ -264,7 +264,7 @@ def wait(run_ids: set[str], sweep_dir: Path, poll_s: float, rung: int, settle_s:
                     flush=True,
                 )
                 return
-        if len(open_runs) != said:
+        if open_runs and len(open_runs) != said:
             print(
                 f"moe_vlm: halving rung {rung}: waiting for {len(open_runs)} of {len(run_ids)} run(s)",
                 flush=True,
