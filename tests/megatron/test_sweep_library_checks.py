@@ -14,9 +14,11 @@ from omegaconf import OmegaConf
 
 from hydra_plugins.moe_vlm_sweeper._planning import Planner, Point, check_library, library_worker
 from moe_vlm.config.spec import RunSpec
+from moe_vlm.engines.megatron import plan_cache
 from moe_vlm.engines.megatron.plan_cache import CACHE_ENV
 from moe_vlm.launch.status import refusal_detail
 from moe_vlm.rules import catalogue, validate
+from moe_vlm.run import library_worker as worker_module
 from moe_vlm.run.library_worker import LibraryWorker
 from tests.conftest import make_spec
 from tests.megatron.conftest import needs_stack
@@ -66,8 +68,15 @@ def test_a_worker_process_finds_what_the_sweeps_own_process_finds(
 ) -> None:
     """The points handed to the worker while the sweep plans (moe_vlm/run/library_worker.py) get,
     point by point and in order, the findings the sweep's own process gives them; once the plan
-    cache holds them, a sweep of the same points starts no worker at all."""
+    cache holds them, a sweep of the same points starts no worker at all. The worker keys its entries
+    as the sweep does, even when a fresh process reads another install stamp: what the sweep read at
+    its start is not what the worker would read after `pip install --dry-run -e .` (another CI test)
+    rewrote the project's egg-info, and a CI run once saw the cached sweep start a worker."""
     monkeypatch.setattr(catalogue, "CATALOGUE", [r for r in catalogue.CATALOGUE if r.code != "X009"])
+    found = plan_cache.installed()
+    read_at_start = plan_cache.Install(found.versions, found.stamp[::-1])
+    for module in (plan_cache, worker_module):
+        monkeypatch.setattr(module, "installed", lambda: read_at_start)
     monkeypatch.setenv(CACHE_ENV, str(tmp_path / "worker"))
     through_worker, worker = _three(), LibraryWorker()
     _handed_to(worker, through_worker)

@@ -194,13 +194,20 @@ def started_environment() -> dict[str, str]:
     return dict(_STARTED_WITH)
 
 
-def key_with_environment(environment: dict[str, str]) -> None:
-    """Compute keys with another process's starting environment: a worker checking a sweep's points
-    (run/library_worker.py) inherits the sweep's environment as it is when the worker starts, which
-    a library imported in between may have added to (Transformer Engine's NVTE_CUDA_INCLUDE_DIR);
-    its entries must be the ones the sweep's process looks up."""
+# The install a worker's keys use (key_like: the sweep's); empty: this process's own.
+_KEYED_INSTALL: list[Install] = []
+
+
+def key_like(environment: dict[str, str], install: Install) -> None:
+    """Compute keys as another process does, with its starting environment and the install it read:
+    a worker checking a sweep's points (run/library_worker.py) inherits the sweep's environment as it
+    is when the worker starts, which a library imported in between may have added to (Transformer
+    Engine's NVTE_CUDA_INCLUDE_DIR), and reads the install anew, after anything that rewrote a
+    metadata directory meanwhile (`pip install --dry-run -e .` rewrites the project's egg-info); its
+    entries must be the ones the sweep's process looks up."""
     _STARTED_WITH.clear()
     _STARTED_WITH.update(environment)
+    _KEYED_INSTALL[:] = [install]
 
 
 def _spec_key(spec: RunSpec) -> dict[str, Any]:
@@ -334,7 +341,7 @@ def _cached[T](
 
 
 def _python() -> dict[str, Any]:
-    found = installed()
+    found = _KEYED_INSTALL[0] if _KEYED_INSTALL else installed()
     return {
         "executable": sys.executable,
         "version": sys.version,
