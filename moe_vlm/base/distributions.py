@@ -12,7 +12,7 @@ import functools
 import os
 import re
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import NamedTuple
 
 
@@ -40,10 +40,15 @@ def metadata_dirs() -> Iterator[MetadataDir]:
             )
 
 
+def versions_of(found: Iterable[MetadataDir]) -> dict[str, str]:
+    """Each distribution's version by its normalised name, the first on the import path winning."""
+    versions: dict[str, str] = {}
+    for one in found:
+        versions.setdefault(one.name, one.version)
+    return versions
+
+
 @functools.cache
 def installed_versions() -> dict[str, str]:
     """Each installed distribution's version by its normalised name."""
-    versions: dict[str, str] = {}
-    for found in metadata_dirs():
-        versions.setdefault(found.name, found.version)
-    return versions
+    return versions_of(metadata_dirs())

@@ -25,7 +25,7 @@ from typing import Any
 from moe_vlm.base import noise
 from moe_vlm.config.schema import Engine
 from moe_vlm.config.spec import RunSpec
-from moe_vlm.engines.megatron.plan_cache import Install, installed, key_like, started_environment
+from moe_vlm.engines.megatron.plan_cache import Keying, key_like, keying
 from moe_vlm.rules import Finding
 from moe_vlm.run.plan import library_findings, stored_library_findings
 
@@ -48,11 +48,11 @@ def check_here(spec: RunSpec) -> Checked:
     return Checked(found, len(lines))
 
 
-def _serve(requests: Any, answers: Any, started_with: dict[str, str], install: Install) -> None:
+def _serve(requests: Any, answers: Any, sweeps: Keying) -> None:
     """The worker: check each (key, spec) it is sent, in order, until the sweep terminates it
-    (LibraryWorker.close); its plan cache keys are the sweep's (started_with: the environment the
-    sweep's process started with; install: what it read as installed)."""
-    key_like(started_with, install)
+    (LibraryWorker.close); its plan cache keys are the sweep's (the environment the sweep's process
+    started with, the install it read)."""
+    key_like(sweeps)
     while True:
         key, spec = requests.get()
         answers.put((key, check_here(spec)))
@@ -86,7 +86,7 @@ class LibraryWorker:
             self._requests, self._answers = context.Queue(), context.Queue()
             self._process = context.Process(
                 target=_serve,
-                args=(self._requests, self._answers, started_environment(), installed()),
+                args=(self._requests, self._answers, keying()),
                 name="moe_vlm-library-checks",
                 daemon=True,
             )

@@ -18,7 +18,6 @@ from moe_vlm.engines.megatron import plan_cache
 from moe_vlm.engines.megatron.plan_cache import CACHE_ENV
 from moe_vlm.launch.status import refusal_detail
 from moe_vlm.rules import catalogue, validate
-from moe_vlm.run import library_worker as worker_module
 from moe_vlm.run.library_worker import LibraryWorker
 from tests.conftest import make_spec
 from tests.megatron.conftest import needs_stack
@@ -75,8 +74,7 @@ def test_a_worker_process_finds_what_the_sweeps_own_process_finds(
     monkeypatch.setattr(catalogue, "CATALOGUE", [r for r in catalogue.CATALOGUE if r.code != "X009"])
     found = plan_cache.installed()
     read_at_start = plan_cache.Install(found.versions, found.stamp[::-1])
-    for module in (plan_cache, worker_module):
-        monkeypatch.setattr(module, "installed", lambda: read_at_start)
+    monkeypatch.setattr(plan_cache, "installed", lambda: read_at_start)
     monkeypatch.setenv(CACHE_ENV, str(tmp_path / "worker"))
     through_worker, worker = _three(), LibraryWorker()
     _handed_to(worker, through_worker)

@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from moe_vlm.base import noise
-from moe_vlm.base.distributions import metadata_dirs
+from moe_vlm.base.distributions import metadata_dirs, versions_of
 from moe_vlm.base.files import write_atomic
 from moe_vlm.base.inputs import CACHE_DIR_ENV, ENV_PATHS, env_path
 from moe_vlm.base.safety import scrub
@@ -104,16 +104,15 @@ class Install:
 def installed() -> Install:
     """Read from the metadata directories' names (as importlib.metadata resolves them): one
     listing per path entry and one stat per distribution, not one metadata search each."""
-    versions: dict[str, str] = {}
+    found = list(metadata_dirs())
     digest = hashlib.sha256()
-    for found in metadata_dirs():
-        versions.setdefault(found.name, found.version)
+    for one in found:
         try:
-            written = os.stat(os.path.join(found.entry or ".", found.item)).st_mtime_ns
+            written = os.stat(os.path.join(one.entry or ".", one.item)).st_mtime_ns
         except OSError:
             continue
-        digest.update(f"{found.entry}\0{found.item}\0{written}\0".encode())
-    return Install(versions, digest.hexdigest())
+        digest.update(f"{one.entry}\0{one.item}\0{written}\0".encode())
+    return Install(versions_of(found), digest.hexdigest())
 
 
 def library_versions() -> dict[str, str | None]:
@@ -183,31 +182,34 @@ def _environment(environ: Mapping[str, str]) -> dict[str, str]:
     return {k: v for k, v in sorted(environ.items()) if k.startswith(ENV_PREFIXES)}
 
 
+@dataclass(frozen=True)
+class Keying:
+    """What a process computes its keys with: the environment and the install."""
+
+    environment: dict[str, str]
+    install: Install
+
+
 # The environment as this process found it, before the libraries imported here set their own
 # (Transformer Engine sets NVTE_CUDA_INCLUDE_DIR at import): a plan that reads the stack check from
 # the cache imports nothing, and must compute the same key as one that imported the stack first.
 _STARTED_WITH = _environment(os.environ)
+_keyed_as: Keying | None = None  # key_like's; None: this process's own
 
 
-def started_environment() -> dict[str, str]:
-    """The environment the keys of this process are computed with."""
-    return dict(_STARTED_WITH)
+def keying() -> Keying:
+    """The environment and the install this process's keys are computed with."""
+    return _keyed_as or Keying(_STARTED_WITH, installed())
 
 
-# The install a worker's keys use (key_like: the sweep's); empty: this process's own.
-_KEYED_INSTALL: list[Install] = []
-
-
-def key_like(environment: dict[str, str], install: Install) -> None:
-    """Compute keys as another process does, with its starting environment and the install it read:
-    a worker checking a sweep's points (run/library_worker.py) inherits the sweep's environment as it
-    is when the worker starts, which a library imported in between may have added to (Transformer
-    Engine's NVTE_CUDA_INCLUDE_DIR), and reads the install anew, after anything that rewrote a
-    metadata directory meanwhile (`pip install --dry-run -e .` rewrites the project's egg-info); its
-    entries must be the ones the sweep's process looks up."""
-    _STARTED_WITH.clear()
-    _STARTED_WITH.update(environment)
-    _KEYED_INSTALL[:] = [install]
+def key_like(other: Keying) -> None:
+    """Compute keys as another process does: a worker checking a sweep's points
+    (run/library_worker.py) inherits the sweep's environment as it is when the worker starts, which
+    a library imported in between may have added to, and would read the install anew, after
+    anything that rewrote a metadata directory meanwhile (`pip install --dry-run -e .` rewrites the
+    project's egg-info); its entries must be the ones the sweep's process looks up."""
+    global _keyed_as
+    _keyed_as = other
 
 
 def _spec_key(spec: RunSpec) -> dict[str, Any]:
@@ -341,7 +343,7 @@ def _cached[T](
 
 
 def _python() -> dict[str, Any]:
-    found = _KEYED_INSTALL[0] if _KEYED_INSTALL else installed()
+    found = keying().install
     return {
         "executable": sys.executable,
         "version": sys.version,
@@ -387,7 +389,7 @@ def effective_inputs(spec: RunSpec) -> dict[str, Any]:
     return {
         "spec": _spec_key(spec),
         **_python(),
-        "environment": _STARTED_WITH,
+        "environment": keying().environment,
         "code": code_version(*EFFECTIVE_ROOTS),
     }
 

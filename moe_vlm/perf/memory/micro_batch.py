@@ -125,12 +125,16 @@ def positions_source(spec: RunSpec) -> str:
     return f"packed: p{100 * PERCENTILE:.0f} of the data's tokens per micro-batch, perf/memory/micro_batch.py"
 
 
-def attention_mask_elements(spec: RunSpec) -> int:
-    """Elements of the [MBS, 1, seq, seq] padding mask transformers builds for a padded micro-batch.
-    A packed one has none: its attention runs causal per sample (torch_model._varlen_sdpa)."""
-    if spec.data.packing is Packing.none:
-        return spec.mbs * spec.seq_length**2
-    return 0
+def has_padding_mask(spec: RunSpec, padded: bool = True) -> bool:
+    """Whether transformers builds a padding mask for the micro-batch: a padded one does when some
+    row holds padding (`padded`, the planning default: the worst case). A packed one never does:
+    its attention runs causal per sample (torch_model._varlen_sdpa)."""
+    return padded and spec.data.packing is Packing.none
+
+
+def attention_mask_elements(spec: RunSpec, padded: bool = True) -> int:
+    """Elements of the [MBS, 1, seq, seq] padding mask, 0 where there is none."""
+    return spec.mbs * spec.seq_length**2 if has_padding_mask(spec, padded) else 0
 
 
 _SHAPES: dict[tuple[object, ...], MicroBatchShape] = {}

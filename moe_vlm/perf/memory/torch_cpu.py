@@ -24,7 +24,12 @@ from moe_vlm.perf.memory.estimate import (
     Term,
 )
 from moe_vlm.perf.memory.images import ImageBudget
-from moe_vlm.perf.memory.micro_batch import attention_mask_elements, micro_batch_positions, positions_source
+from moe_vlm.perf.memory.micro_batch import (
+    attention_mask_elements,
+    has_padding_mask,
+    micro_batch_positions,
+    positions_source,
+)
 from moe_vlm.perf.memory.shared import (
     ParamCounts,
     Training,
@@ -116,11 +121,11 @@ def torch_mask_bytes(spec: RunSpec, padded: bool = True) -> tuple[float, float, 
     Without padding (every row full) SDPA runs causal without a mask; a packed micro-batch runs
     causal per sample (torch_model._varlen_sdpa) and transformers builds it no mask.
     """
-    if spec.data.packing is not Packing.none:
-        return 0.0, 0.0, "packed: causal SDPA per sample, no mask"
-    if not padded:
+    square = attention_mask_elements(spec, padded)
+    if not square:
+        if spec.data.packing is not Packing.none:
+            return 0.0, 0.0, "packed: causal SDPA per sample, no mask"
         return 0.0, 0.0, "no padding: causal SDPA without a mask"
-    square = attention_mask_elements(spec)
     recomputed = spec.recompute.granularity is RecomputeGranularity.full or "core_attn" in selective_modules(
         spec.recompute
     )
@@ -137,7 +142,7 @@ def torch_decoder_bytes(
     padded: some row of the micro-batch has padding (the planning default: the worst case). A
     packed micro-batch never has a padding mask (torch_model._sdpa_mask_unless_packed).
     """
-    masked = padded and spec.data.packing is Packing.none
+    masked = has_padding_mask(spec, padded)
     model = spec.model
     tokens = micro_batch_positions(spec)
     selective = selective_modules(spec.recompute)
@@ -157,7 +162,7 @@ def torch_decoder_bytes(
     if recomputed:
         # Backward rematerialises whole layers, float mask included.
         full_layer = torch_decoder_layer_elements(model, training.language, set(), masked) * elem * tokens
-        mask = FP32 * attention_mask_elements(spec) if masked else 0.0
+        mask = FP32 * attention_mask_elements(spec, padded)
         working = (full_layer + mask) * rematerialised
         how = f"full recompute: {recomputed} layer inputs kept, {rematerialised} layer(s) rematerialised"
     else:
@@ -167,7 +172,7 @@ def torch_decoder_bytes(
             # Recomputing core attention rebuilds one layer's float mask and repeated k, v; they live
             # while that attention runs backward, after the layer's MoE gradients are freed.
             a, g, d = model.num_attention_heads, model.num_query_groups, model.head_dim
-            attention_rebuilt = FP32 * attention_mask_elements(spec) + 2 * (a - g) * d * elem * tokens
+            attention_rebuilt = FP32 * attention_mask_elements(spec, padded) + 2 * (a - g) * d * elem * tokens
             working = max(working, attention_rebuilt)
         how = f"{per_layer / tokens / 1024:.1f} KiB/token/layer incl. {mask_detail}" + (
             f"; selective {', '.join(sorted(selective))}" if selective else ""
