@@ -185,3 +185,41 @@ def knob_override(knob: str, value: Any) -> str:
     if isinstance(value, list):
         return f"{knob}=[{','.join(str(v) for v in value)}]"
     return f"{knob}={value}"
+
+
+# A CPU machine's rates as `moe-vlm calibrate --probe` stores them (this machine's, rounded, on
+# 2026-12-07): the step model's inputs for cluster=local in tests that check its arithmetic, not
+# the probe (tests/unit/test_predict_probe.py runs the probe itself).
+CPU_RATES = {
+    "threads": 1,
+    "gemm_flops_per_s": 1.0e11,
+    "conv_flops_per_s": 3.0e10,
+    "attention_flops_per_s": 7.0e10,
+    "attention_half_length": 20.0,
+    "attention_head_dim": 16,
+    "attention_backward_ratio": 2.5,
+    "attention_masked_factor": 0.7,
+    "attention_causal_factor": 0.8,
+    "memory_bytes_per_s": 4.0e10,
+    "op_s": 2.5e-6,
+    "link_bytes_per_s": 7.0e8,
+    "link_latency_s": 5.0e-4,
+    "data_sample_s": 3.0e-4,
+    "data_patch_s": 1.0e-5,
+}
+
+
+@pytest.fixture
+def cpu_rates(calibration_file: Path) -> Iterator[Path]:
+    """The calibration file holds CPU_RATES for cluster=local (removed after the test)."""
+    from moe_vlm.predict import calibration as cal
+    from moe_vlm.predict.calibration import stack_of
+
+    stack = stack_of(make_spec().engine)
+    cal.store(
+        [cal.Calibration("local", stack, {}, None, 0, "test rates", rates={"1": CPU_RATES})], calibration_file
+    )
+    try:
+        yield calibration_file
+    finally:
+        calibration_file.unlink(missing_ok=True)

@@ -1,8 +1,11 @@
-"""`moe-vlm calibrate SWEEP_OR_RUN_DIR...`: fit the step-time model on recorded runs.
+"""`moe-vlm calibrate SWEEP_OR_RUN_DIR...`: scale the step model to recorded runs; `--probe`:
+measure this machine's rates.
 
 One calibration per (cluster, stack version) found among the completed runs, stored (added or
 replaced) in the calibration file the plan reads ($MOE_VLM_CALIBRATION, else
-~/.cache/moe_vlm/step_time_calibration.json), written atomically.
+~/.cache/moe_vlm/step_time_calibration.json), written atomically. A fit scales at most three groups
+of terms (compute, data movement, host time) and keeps the rates it scales; on a cluster with no
+published rates (cluster=local) the probe measures them first.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ import argparse
 import sys
 from collections import defaultdict
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from moe_vlm.base import inputs
 from moe_vlm.base.errors import EXIT_INVALID, BadInput
@@ -18,20 +22,27 @@ from moe_vlm.base.inputs import json_has, output_file, refuse
 from moe_vlm.config.compose import compose_config
 from moe_vlm.config.preflight import COMPOSE_ERRORS, explain
 from moe_vlm.config.spec import RunSpec
-from moe_vlm.predict.calibration import calibrate, calibration_path, read_calibrations, store
-from moe_vlm.predict.model import has_defaults
-from moe_vlm.predict.probe import probe as run_probe
+
+if TYPE_CHECKING:
+    from moe_vlm.predict.probe import ProbeResult
+from moe_vlm.predict.calibration import (
+    GROUPS,
+    calibrate,
+    calibration_path,
+    find,
+    read_calibrations,
+    store,
+    with_rates,
+)
+from moe_vlm.predict.model import hardware_for, has_defaults
 from moe_vlm.predict.runs import RecordedRun, find_runs, recorded
-from moe_vlm.predict.terms import NOMINAL_CPU_FLOPS, NOMINAL_CPU_LINK, NOMINAL_CPU_MEMORY, Term
 from moe_vlm.rules import validate
 
 PROG = "moe-vlm calibrate"
 # What a printed scale is, in the words a reader needs to use it.
 SCALES_MEAN = (
-    "scale = measured seconds / the term's base seconds (its work at the cluster's datasheet rates; "
-    f"cluster=local: a nominal {NOMINAL_CPU_FLOPS / 1e9:g} GFLOP/s, {NOMINAL_CPU_LINK / 1e9:g} GB/s links, "
-    f"{NOMINAL_CPU_MEMORY / 1e9:g} GB/s memory): 1 = as fast as those rates, 2 = twice as slow; "
-    "a term not listed has no scale (its work is absent here)"
+    "scale = measured seconds / the group's seconds at the rates (published, or measured by the probe): "
+    "1 = as the rates say, 2 = twice as slow; a group the runs do not exercise is not fitted"
 )
 
 
@@ -92,17 +103,28 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_INVALID
     made = []
     for (cluster, stack), runs in sorted(groups.items()):
-        source = f"fitted on the runs under {', '.join(map(str, paths))}"
-        fitted = calibrate(cluster, stack, [r.sample() for r in runs], source)
+        existing = find(cluster, stack, out)
+        hw, where = hardware_for(runs[0].spec, existing)
+        if hw is None:
+            print(f"{PROG}: cluster={cluster}: no rates yet; measuring this machine's (as --probe does)")
+            existing = with_rates(existing, _measure(runs[0].spec).calibration())
+            hw, where = hardware_for(runs[0].spec, existing)
+        assert hw is not None
+        source = f"fitted on the runs under {', '.join(map(str, paths))} at {where}"
+        fitted = calibrate(
+            cluster, stack, [r.sample(hw) for r in runs], source, rates=existing.rates if existing else None
+        )
         made.append(fitted)
         spread = (
             f"{fitted.sigma:.1%} (leave-one-out)" if fitted.sigma is not None else "none (fewer than 3 runs)"
         )
         print(f"cluster={cluster} {stack}: {len(runs)} run(s), spread {spread}")
         print(f"  {SCALES_MEAN}")
-        for term, scale in sorted(fitted.scales.items()):
-            if scale > 0:
-                print(f"  {term:<12} scale {scale:<8.4g} {Term(term).meaning}")
+        for group, terms in GROUPS.items():
+            if terms[0].value in fitted.scales:
+                scale = fitted.scales[terms[0].value]
+                finding = "  FINDING: fitted to 0 (the runs do not separate it)" if scale <= 1e-6 else ""
+                print(f"  {group:<9} scale {scale:<8.4g} ({', '.join(t.value for t in terms)}){finding}")
     if args.dry_run:
         return 0
     print(f"wrote {store(made, out)}")
@@ -128,7 +150,7 @@ def probe(overrides: list[str], out: Path, dry_run: bool, store_anyway: bool) ->
     if bad:
         print(f"{PROG}: error: the point is invalid: {bad[0].brief()}", file=sys.stderr)
         return EXIT_INVALID
-    result = run_probe(spec)
+    result = _measure(spec)
     found = result.calibration()
     print(f"cluster={found.cluster} {found.stack}:")
     for line in result.lines():
@@ -137,10 +159,16 @@ def probe(overrides: list[str], out: Path, dry_run: bool, store_anyway: bool) ->
         return 0
     if has_defaults(spec) and not store_anyway:
         print(
-            f"not stored: cluster={spec.cluster.name} predicts from the defaults fitted on published whole "
-            "steps, which a probe of GEMMs and collectives alone does not beat (docs/step-time-prediction.md); "
-            "--store stores it anyway"
+            f"not stored: cluster={spec.cluster.name} is predicted at its published rates "
+            "(moe_vlm/predict/hardware.py); --store stores this node's measured rates instead"
         )
         return 0
-    print(f"wrote {store([found], out)}")
+    print(f"wrote {store([with_rates(find(found.cluster, found.stack, out), found)], out)}")
     return 0
+
+
+def _measure(spec: RunSpec) -> ProbeResult:
+    # Here, not at the top: the probe imports torch, which `calibrate --help` need not.
+    from moe_vlm.predict.probe import probe
+
+    return probe(spec)

@@ -10,7 +10,11 @@ SUBCOMMANDS = {
         "per-point state of a sweep (queued/running/completed/failed/rejected)",
     ),
     "advise": ("moe_vlm.cli.advise", "what to run first, or what to try next after a sweep"),
-    "calibrate": ("moe_vlm.cli.calibrate", "fit the step-time prediction on recorded runs"),
+    "calibrate": (
+        "moe_vlm.cli.calibrate",
+        "measure this machine's rates, or scale the step model to recorded runs",
+    ),
+    "explain": ("moe_vlm.cli.explain", "why the step model ranks one point above another, term by term"),
     "recipes": (
         "moe_vlm.knobs.recipes",
         "the Bridge perf recipes recipe=<name> reproduces (layout, GPUs, published figure)",

@@ -25,6 +25,7 @@ Sources (megatron-bridge 0.6.2, site-packages):
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -148,7 +149,23 @@ def layer_kind(model: ModelConfig, index: int) -> LayerKind:
 
 
 def layer_kinds(model: ModelConfig) -> tuple[LayerKind, ...]:
-    return tuple(layer_kind(model, i) for i in range(model.num_layers))
+    return _layer_kinds(
+        Arch(model.arch), model.num_layers, model.full_attention_interval, model.num_dense_layers
+    )
+
+
+@functools.cache
+def _layer_kinds(arch: Arch, layers: int, interval: int, dense: int) -> tuple[LayerKind, ...]:
+    # Cached: the step model and the FLOPs read every layer's kind several times per point, and a
+    # big dry run predicts thousands of points (scripts/bench_predict.py --speed).
+    linear = profile(arch).linear_attention
+    return tuple(
+        LayerKind(
+            Mixer.linear_attention if linear and (i + 1) % max(interval, 1) else Mixer.full_attention,
+            Mlp.dense if i < dense else Mlp.moe,
+        )
+        for i in range(layers)
+    )
 
 
 @dataclass(frozen=True)

@@ -75,10 +75,7 @@ def _predicted(record: Mapping[str, Any]) -> str:
     if step is None:
         note = predicted.get("note")
         return f"none: {note}" if isinstance(note, str) else "none"
-    if predicted.get("lower_bound") is True:
-        text = f">= {step:.3f} s (a probe's lower bound)"
-    else:
-        text = f"{step:.3f} s +-{sigma or 0:.0%}"
+    text = f"{step:.3f} s +-{sigma or 0:.0%}"
     if error is not None:
         text += f"; measured p50 {error:+.0%} vs predicted"
     flag = section.get("flag") or section.get("note")

@@ -126,7 +126,7 @@ def check_gpus(spec: RunSpec) -> str:
 
 def probe_here(spec: RunSpec) -> str:
     """Time the point here and store the calibration where it is the best there is; what was done."""
-    from moe_vlm.predict.calibration import find, store
+    from moe_vlm.predict.calibration import find, store, with_rates
     from moe_vlm.predict.model import has_defaults
     from moe_vlm.predict.probe import probe
 
@@ -138,12 +138,10 @@ def probe_here(spec: RunSpec) -> str:
     for line in result.lines():
         print(f"{PROBE_PREFIX} {line}", flush=True)
     if has_defaults(spec):
-        return "; probe printed, not stored (the published-row defaults predict this cluster)"
+        return "; probe printed, not stored (this cluster is predicted at its published rates)"
     found = result.calibration()
     existing = find(found.cluster, found.stack)
-    if existing is not None and not existing.lower_bound:
-        return f"; probe not stored: a calibration fitted on {existing.runs} run(s) exists"
-    return f"; probe calibration stored in {store([found])}"
+    return f"; probe rates stored in {store([with_rates(existing, found)])}"
 
 
 def refuse_point(point_dir: Path, overrides: list[str]) -> str | None:

@@ -1,18 +1,17 @@
-"""Calibration of the step-time model: one scale per term, fitted on recorded runs.
+"""Calibration of the step-time model on recorded runs, and the calibration file.
 
-Per (cluster, stack version): runs of one cluster preset and one engine stack share their
-efficiencies; another cluster or another library version is another calibration. The fit is a
-non-negative least squares on relative residuals (every run weighs the same whatever its step
-time), in two stages so that a handful of runs cannot overfit a dozen scales:
+The step model (step.py) predicts from rates alone; a calibration can add two things, per
+(cluster, stack version):
 
-1. one scale for all compute, one for all data movement (collectives + optimizer), and the
-   per-step constant; with a prior (the defaults), a ridge pulls each toward it;
-2. one scale per term, ridged toward its stage-1 group scale (λ = RIDGE): a term the runs do not
-   separate keeps its group's scale.
+- ``rates``: a CPU machine's measured rates (the probe's MeasuredRates, by intra-op thread count),
+  which cluster=local predicts from. Nothing fitted.
+- ``scales``: three fitted numbers at most, one per group of terms (compute, data movement, host
+  time), by non-negative least squares on relative residuals (every run weighs the same whatever
+  its step time), ridged toward 1 (the rates as published or measured). A scale missing is 1.
 
 The uncertainty is the leave-one-out spread: each run predicted by a fit on the others. ``sigma``
 records their root mean square; the band a prediction prints is band.py's conformal quantile of
-the same errors (too few of them: UNCALIBRATED_BAND, said so).
+the same errors (too few of them: the band of the point's family, said so).
 """
 
 from __future__ import annotations
@@ -21,7 +20,7 @@ import functools
 import json
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -37,19 +36,22 @@ from moe_vlm.base.inputs import (
 )
 from moe_vlm.config.schema import Engine
 from moe_vlm.predict.band import COVERAGE, UNCALIBRATED_BAND, conformal_width, describe, score_of_error
-from moe_vlm.predict.terms import COMM, COMPUTE, Term
+from moe_vlm.predict.hardware import MeasuredRates
+from moe_vlm.predict.terms import COMM, COMPUTE, HOST, Term
 
 if TYPE_CHECKING:
     import numpy as np
 
-FILE_VERSION = 1
+# 2: scales are relative to the rates (1 = as published or measured); version-1 files held scales
+# on nominal rates of the constant model and are ignored (calibrate again).
+FILE_VERSION = 2
 RIDGE = 0.05
 MIN_RUNS_FOR_SPREAD = 3
 
 GROUPS: dict[str, tuple[Term, ...]] = {
     "compute": COMPUTE,
     "movement": (*COMM, Term.optimizer),
-    "overhead": (Term.overhead,),
+    "host": HOST,
 }
 
 
@@ -72,24 +74,27 @@ def stack_of(engine: Engine | str, versions: Mapping[str, Any] | None = None) ->
 class Calibration:
     cluster: str
     stack: str
-    scales: dict[str, float]  # Term value -> scale on its base seconds
+    scales: dict[str, float]  # Term value -> scale on its seconds at the rates (missing: 1)
     sigma: float | None  # relative 1-sigma spread of the step time (leave-one-out); None: none known
     runs: int
     source: str  # in words: what it was fitted on
     residuals: dict[str, float] = field(default_factory=dict)  # run dir -> leave-one-out relative error
-    # A probe's (moe_vlm/predict/probe.py): the probed kernels and collectives alone, so a whole
-    # step takes longer by what it spends between them. It ranks points; it neither bands nor flags.
-    lower_bound: bool = False
-    # The band's relative half-width where it was measured elsewhere (the GPU defaults: the
-    # published rows' family-left-out errors) and in words what on; None: from `residuals`.
+    # The band's relative half-width where it was measured elsewhere (a family's out-of-sample
+    # errors) and in words what on; None: from `residuals`.
     width: float | None = None
     width_basis: str = ""
+    # A CPU machine's measured rates by intra-op thread count (MeasuredRates.to_json()).
+    rates: dict[str, dict[str, float]] = field(default_factory=dict)
 
     def scale(self, term: Term) -> float:
-        if term.value not in self.scales and term is Term.gdn:
-            # A calibration stored before Gated DeltaNet had its own term timed it with attention.
-            return float(self.scales.get(Term.attention.value, 0.0))
-        return float(self.scales.get(term.value, 0.0))
+        return float(self.scales.get(term.value, 1.0))
+
+    def measured_rates(self, threads: int) -> MeasuredRates | None:
+        """The rates measured at `threads` intra-op threads, else at the nearest count measured."""
+        if not self.rates:
+            return None
+        key = min(self.rates, key=lambda t: (abs(int(t) - threads), int(t)))
+        return MeasuredRates.from_json(self.rates[key])
 
     @property
     def band(self) -> float:
@@ -125,9 +130,12 @@ class Calibration:
             runs=int(raw.get("runs", 0)),
             source=str(raw.get("source", "")),
             residuals={str(k): float(v) for k, v in dict(raw.get("residuals") or {}).items()},
-            lower_bound=bool(raw.get("lower_bound", False)),
             width=None if raw.get("width") is None else float(raw["width"]),
             width_basis=str(raw.get("width_basis", "")),
+            rates={
+                str(k): {str(n): float(x) for n, x in dict(v).items()}
+                for k, v in dict(raw.get("rates") or {}).items()
+            },
         )
 
 
@@ -151,55 +159,37 @@ def _solve(rows: list[list[float]], targets: list[float]) -> np.ndarray:
 
 
 def _fit_groups(samples: Sequence[Sample], prior: Mapping[Term, float] | None) -> dict[str, float]:
-    names = list(GROUPS)
+    """Each group's scale, ridged toward the prior's mean over the group (default 1)."""
+    names = [g for g in GROUPS if any(s.base.get(t, 0.0) > 0 for s in samples for t in GROUPS[g])]
     rows = [[sum(s.base.get(t, 0.0) for t in GROUPS[g]) / s.measured_s for g in names] for s in samples]
     targets = [1.0] * len(samples)
-    if prior:
-        for j, group in enumerate(names):
-            mean_prior = [prior[t] for t in GROUPS[group] if t in prior and prior[t] > 0]
-            if mean_prior:
-                value = sum(mean_prior) / len(mean_prior)
-                row = [0.0] * len(names)
-                row[j] = math.sqrt(RIDGE) / value
-                rows.append(row)
-                targets.append(math.sqrt(RIDGE))
+    for j, group in enumerate(names):
+        given = [prior[t] for t in GROUPS[group] if prior and prior.get(t, 0.0) > 0]
+        value = sum(given) / len(given) if given else 1.0
+        row = [0.0] * len(names)
+        row[j] = math.sqrt(RIDGE) / value
+        rows.append(row)
+        targets.append(math.sqrt(RIDGE))
     solution = _solve(rows, targets)
     return dict(zip(names, (float(v) for v in solution), strict=True))
 
 
-def fit_scales(
-    samples: Sequence[Sample], prior: Mapping[Term, float] | None = None, per_term: bool = True
-) -> dict[Term, float]:
-    """Scales per term (see the module docstring); `prior`: the defaults a ridge pulls toward;
-    per_term False: stage 1 only (one scale per group)."""
+def fit_scales(samples: Sequence[Sample], prior: Mapping[Term, float] | None = None) -> dict[Term, float]:
+    """One scale per group of terms (GROUPS) that the samples exercise; `prior`: what a ridge
+    pulls each toward (default 1: the rates)."""
     group = _fit_groups(samples, prior)
-    start = {t: group[g] for g, terms in GROUPS.items() for t in terms}
-    if not per_term:
-        return start
-    terms = [t for t in Term if any(s.base.get(t, 0.0) > 0 for s in samples)]
-    rows = [[s.base.get(t, 0.0) / s.measured_s for t in terms] for s in samples]
-    targets = [1.0] * len(samples)
-    for j, term in enumerate(terms):
-        if start[term] > 0:
-            row = [0.0] * len(terms)
-            row[j] = math.sqrt(RIDGE) / start[term]
-            rows.append(row)
-            targets.append(math.sqrt(RIDGE))
-    solution = _solve(rows, targets)
-    return {**start, **dict(zip(terms, (float(v) for v in solution), strict=True))}
+    return {t: group[g] for g, terms in GROUPS.items() for t in terms if g in group}
 
 
 def predicted_s(scales: Mapping[Term, float], base: Mapping[Term, float]) -> float:
     return sum(scales.get(t, 0.0) * seconds for t, seconds in base.items())
 
 
-def leave_one_out(
-    samples: Sequence[Sample], prior: Mapping[Term, float] | None = None, per_term: bool = True
-) -> dict[str, float]:
+def leave_one_out(samples: Sequence[Sample], prior: Mapping[Term, float] | None = None) -> dict[str, float]:
     """Each run's relative error when the others calibrate: (predicted - measured) / measured."""
     errors: dict[str, float] = {}
     for i, sample in enumerate(samples):
-        scales = fit_scales([s for j, s in enumerate(samples) if j != i], prior, per_term)
+        scales = fit_scales([s for j, s in enumerate(samples) if j != i], prior)
         errors[sample.name] = predicted_s(scales, sample.base) / sample.measured_s - 1.0
     return errors
 
@@ -210,10 +200,10 @@ def calibrate(
     samples: Sequence[Sample],
     source: str,
     prior: Mapping[Term, float] | None = None,
-    per_term: bool = True,
+    rates: dict[str, dict[str, float]] | None = None,
 ) -> Calibration:
-    scales = fit_scales(samples, prior, per_term)
-    residuals = leave_one_out(samples, prior, per_term) if len(samples) >= MIN_RUNS_FOR_SPREAD else {}
+    scales = fit_scales(samples, prior)
+    residuals = leave_one_out(samples, prior) if len(samples) >= MIN_RUNS_FOR_SPREAD else {}
     sigma = math.sqrt(sum(e * e for e in residuals.values()) / len(residuals)) if residuals else None
     return Calibration(
         cluster=cluster,
@@ -223,6 +213,7 @@ def calibrate(
         runs=len(samples),
         source=source,
         residuals=residuals,
+        rates=dict(rates or {}),
     )
 
 
@@ -245,6 +236,8 @@ def read_calibrations(path: Path | None = None) -> list[Calibration]:
 def _read(file: str, _mtime_ns: int, _size: int) -> tuple[Calibration, ...]:
     check_calibration_file(Path(file))
     raw = json.loads(Path(file).read_text())
+    if raw.get("version") != FILE_VERSION:
+        return ()  # the constant model's scales mean nothing to the step model: calibrate again
     try:
         return tuple(Calibration.from_json(entry) for entry in raw["calibrations"])
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
@@ -267,3 +260,11 @@ def store(found: Sequence[Calibration], path: Path | None = None) -> Path:
     payload = {"version": FILE_VERSION, "calibrations": [c.to_json() for c in [*kept, *found]]}
     write_json_atomic(file, payload)
     return file
+
+
+def with_rates(existing: Calibration | None, probed: Calibration) -> Calibration:
+    """`existing` (a fit on runs, or an earlier probe) with the probe's rates added by thread count:
+    a fit's scales and band stay, a probe at another thread count stays beside this one."""
+    if existing is None:
+        return probed
+    return replace(existing, rates={**existing.rates, **probed.rates})

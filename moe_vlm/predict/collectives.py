@@ -1,22 +1,10 @@
-"""The collective probe: an all-to-all at the job's EP size and an all-gather at its DP size.
+"""Collectives timed between ranks started on this node (the probe's link rates).
 
 Starts ranks on this node (one per GPU with NCCL; CPU processes over gloo where there is no GPU),
-times each collective at the point's own message size for about a second, and reports its rate
-in the convention of the step-time model's terms (moe_vlm/predict/terms.py): bytes each rank sends
-or receives over the links, size x (n - 1) / n, per second. The calibration probe
-(moe_vlm/predict/probe.py) turns the rates into the data-movement scales.
-
-Message sizes, per rank:
-
-all-to-all   one MoE layer's dispatch in one micro-batch: the rank's tokens (MBS x seq / (TP x CP))
-             x hidden x top-k x the activation's bytes, what the EP term counts per layer and pass
-all-gather   one layer's parameters gathered, as FSDP gathers a unit at a time: (the dense share
-             over TP x PP + the experts' over EP x ETP x PP) / layers x the parameter's bytes
-
-Both are capped at MAX_MESSAGE_BYTES (a probe is seconds, not a step). Group sizes are the job's
-(EP; DP x CP) capped by the ranks this node can start, and at least 2 when the node has 2: a sweep
-that varies EP needs an all-to-all rate even when its first point runs EP=1. One node measures the
-links inside it only (inside the NVLink domain on GPU clusters); what crosses nodes is not probed.
+times each case for about a second and reports its rate in the step model's convention: bytes each
+rank moves over the links, size x (n - 1) / n, per second. The probe (moe_vlm/predict/probe.py)
+times all-gathers at two sizes and solves for the link's latency and bandwidth. One node measures
+the links inside it only; what crosses nodes is not probed.
 """
 
 from __future__ import annotations
@@ -34,10 +22,6 @@ import torch.distributed as dist
 
 from moe_vlm.base.processes import die_with_parent, run_local_ranks
 from moe_vlm.config.spec import RunSpec
-from moe_vlm.predict.terms import param_split
-
-MAX_MESSAGE_BYTES = 256 * 2**20
-MIN_MESSAGE_BYTES = 2**16
 
 
 class Collective(StrEnum):
@@ -74,30 +58,6 @@ class CollectiveRate:
             f"{self.op} over {self.ranks} ranks ({self.backend}), {self.message_bytes / 2**20:.3g} MiB "
             f"per rank: {self.seconds_per_call * 1e3:.3g} ms, {self.bytes_per_s / 1e9:.3g} GB/s per rank"
         )
-
-
-def _clamp(n: float) -> int:
-    return int(min(max(n, MIN_MESSAGE_BYTES), MAX_MESSAGE_BYTES))
-
-
-def cases(spec: RunSpec, ranks_here: int, gpu: bool) -> list[CollectiveCase]:
-    """What to time for this point with `ranks_here` ranks on the node (none below 2)."""
-    if ranks_here < 2:
-        return []
-    lay, model = spec.layout, spec.model
-    width = 2 if gpu else 4  # bf16 activations and parameters on GPUs, fp32 on CPU ranks
-    tokens = spec.mbs * spec.seq_length / max(lay.tp * lay.cp, 1)
-    dispatch = tokens * model.hidden_size * max(model.moe_top_k, 1) * width
-    dense_local, experts_local = param_split(spec)
-    per_layer = (dense_local + experts_local) / max(model.num_layers // max(lay.pp, 1), 1) * width
-
-    def group(size: int) -> int:
-        return min(max(size, 2), ranks_here)
-
-    out = [CollectiveCase(Collective.all_gather, group(lay.dp * lay.cp), _clamp(per_layer))]
-    if model.num_experts:
-        out.insert(0, CollectiveCase(Collective.all_to_all, group(lay.ep), _clamp(dispatch)))
-    return out
 
 
 def _time_case(case: CollectiveCase, rank: int, device: torch.device, seconds: float) -> float:

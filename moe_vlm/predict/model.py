@@ -1,9 +1,10 @@
 """The predicted step time of a point, with its band, tokens/s/GPU and MFU (named peak).
 
-``predict(spec)`` adds the terms of moe_vlm/predict/terms.py, each times its calibrated scale:
-the user's own calibration for (cluster, stack) when the calibration file has one (``moe-vlm
-calibrate``), else the defaults fitted on published measured rows (GPU clusters; DEFAULT_SOURCE),
-else none (cluster=local before any calibration: no number, and why).
+``predict(spec)`` runs the step model (step.py) on the point's hardware: a GPU preset's published
+rates (hardware.py), or on cluster=local the rates the probe measured on this machine (stored in
+the calibration file). A calibration fitted on the user's own runs (``moe-vlm calibrate``) scales
+groups of terms; without one, nothing is fitted. The band is the point's family's out-of-sample
+error (families.py), or the calibration's held-out errors once it has enough of them.
 """
 
 from __future__ import annotations
@@ -13,64 +14,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from moe_vlm.config.arch import Mixer, Mlp, layer_kinds
-from moe_vlm.config.schema import Precision
+from moe_vlm.config.arch import Mlp, layer_kinds
 from moe_vlm.config.spec import RunSpec
 from moe_vlm.perf.flops import Workload, step_flops
 from moe_vlm.perf.peaks import peak_of
-from moe_vlm.predict.band import COVERAGE, UNCALIBRATED_BAND
-from moe_vlm.predict.calibration import Calibration, find, stack_of
-from moe_vlm.predict.terms import COMM, COMPUTE, ROUTING_NOT_MODELLED, Term, ep_term, loads, routing_load
+from moe_vlm.predict.band import COVERAGE, UNCALIBRATED_BAND, conformal_width, score_of_error
+from moe_vlm.predict.calibration import GROUPS, Calibration, find, stack_of
+from moe_vlm.predict.families import band_for
+from moe_vlm.predict.hardware import Hardware, gpu_hardware, rank_threads
+from moe_vlm.predict.step import loads, not_modelled
+from moe_vlm.predict.terms import ROUTING_NOT_MODELLED, Term, ep_term, routing_load
 from moe_vlm.predict.workload import expected_workload
 
-# Defaults for GPU clusters: published.default_fit() on the 11 published measured rows the model
-# covers (moe_vlm/predict/published_rows.json; `python scripts/bench_predict.py --families`): one
-# scale for all compute (1 / the share of the peaks a whole step reaches) and none for the
-# collectives or a per-step constant, which those rows do not separate from compute.
-# tests/unit/test_predict_out_of_sample.py refits and compares.
-DEFAULT_COMPUTE_SCALE = 3.706  # 1 / 27.0% of the peaks
-DEFAULT_COMM_SCALE = 0.0
-DEFAULT_SOURCE = "defaults fitted on 11 published rows (moe_vlm/predict/published_rows.json)"
-# The defaults' band (band.py): the 80 % conformal quantile of the 44 errors the 11 rows make when
-# their own family is left out of the fit, one per grouping (published.default_band). Its coverage
-# measured by nested leave-out is in docs/step-time-prediction.md.
-DEFAULT_BAND = 0.1784
-DEFAULT_BAND_BASIS = "44 out-of-sample errors on 11 published rows, each with its family left out of the fit"
-# Where no published row stands for the point, the band is what leaving a whole family out of the
-# fit cost on the rows that have one (scripts/bench_predict.py --families; the test recomputes):
-# a Gated DeltaNet hybrid (Qwen3.5: its one row, never fitted on, is -58 % to -63 %, so truth is up
-# to 2.7x the prediction), a GPU generation left out (Blackwell from Hopper: worst -25.7 %), a
-# precision left out (MXFP8 from BF16: worst -24.0 %).
-HYBRID_BAND = 1.71  # rounded up: the largest need is 170.1 %
-UNPUBLISHED_GPU_BAND = 0.35
-UNPUBLISHED_PRECISION_BAND = 0.32
-PUBLISHED_CLUSTERS = ("h100", "b200", "gb200")  # the GPUs of the published rows
-PUBLISHED_PRECISIONS = (Precision.bf16, Precision.fp8mx)
-
-
-def uncalibrated(spec: RunSpec) -> tuple[str, float] | None:
-    """(what, band) when no published row stands for this point's architecture, GPU or precision:
-    the widest applies."""
-    found = []
-    if any(kind.mixer is Mixer.linear_attention for kind in layer_kinds(spec.model)):
-        found.append(("uncalibrated for this architecture (Gated DeltaNet hybrid)", HYBRID_BAND))
-    if spec.cluster.name not in PUBLISHED_CLUSTERS:
-        found.append(
-            (f"uncalibrated for this GPU ({spec.cluster.name}: no published row)", UNPUBLISHED_GPU_BAND)
-        )
-    if spec.precision.format not in PUBLISHED_PRECISIONS:
-        found.append(
-            (f"uncalibrated for this precision ({spec.precision.format.value})", UNPUBLISHED_PRECISION_BAND)
-        )
-    return max(found, key=lambda f: f[1]) if found else None
-
-
-def default_scales() -> dict[Term, float]:
-    scales = {t: DEFAULT_COMPUTE_SCALE for t in COMPUTE}
-    scales |= {t: DEFAULT_COMM_SCALE for t in COMM}
-    scales[Term.optimizer] = DEFAULT_COMM_SCALE  # the data-movement group's scale
-    scales[Term.overhead] = 0.0
-    return scales
+RATES_SOURCE = "published rates (moe_vlm/predict/hardware.py); nothing fitted"
 
 
 @dataclass(frozen=True)
@@ -84,11 +40,11 @@ class TermTime:
 class Prediction:
     """What the plan, run.json and the report say about a point's speed before it runs."""
 
-    step_time_s: float | None  # None: no calibration applies (`note` says why)
+    step_time_s: float | None  # None: no rates for this cluster (`note` says why)
     # The relative half-width of the step time's band (band.py: what it holds, measured out of
     # sample; `band_basis` says on what). run.json keeps the key "sigma" for its readers.
     sigma: float
-    source: str  # which calibration, in words
+    source: str  # which rates and calibration, in words
     workload: str  # where the expected tokens and patches come from
     effective_tokens_per_s_per_gpu: float | None
     mfu: float | None
@@ -96,12 +52,12 @@ class Prediction:
     terms: tuple[TermTime, ...]
     note: str | None = None
     unit: str = "GPU"  # "rank" for CPU ranks
-    lower_bound: bool = False  # from a probe's calibration: at least this long; no band, no flag
     band_basis: str = ""  # the band in words: its coverage and what it was measured on
+    not_modelled: tuple[str, ...] = ()
 
     def band(self, value: float | None, rate: bool = False) -> tuple[float, float] | None:
-        """(low, high) of the band; a rate moves opposite to the step time. None for a lower bound."""
-        if value is None or self.lower_bound:
+        """(low, high) of the band; a rate moves opposite to the step time."""
+        if value is None:
             return None
         if rate:
             return value / (1 + self.sigma), value / max(1 - self.sigma, 1e-9)
@@ -112,10 +68,9 @@ class Prediction:
         return {
             "step_time_s": self.step_time_s,
             "step_time_band_s": None if band is None else list(band),  # JSON's shape, read back equal
-            "sigma": None if self.lower_bound else self.sigma,
-            "band_coverage": None if self.lower_bound else COVERAGE,
-            "band_basis": None if self.lower_bound else self.band_basis,
-            "lower_bound": self.lower_bound,
+            "sigma": self.sigma,
+            "band_coverage": COVERAGE,
+            "band_basis": self.band_basis,
             "source": self.source,
             "workload": self.workload,
             "effective_tokens_per_s_per_gpu": self.effective_tokens_per_s_per_gpu,
@@ -123,22 +78,17 @@ class Prediction:
             "peak": self.peak_name,
             "terms": {t.term: t.seconds for t in self.terms},
             "note": self.note,
+            "not_modelled": list(self.not_modelled),
         }
 
     def range_text(self, value: float, fmt: str, unit: str, rate: bool = False) -> str:
-        if self.lower_bound:
-            return (
-                "(at most: a probe's bound)"
-                if rate
-                else "(at least: a probe's lower bound, no band; it ranks points)"
-            )
         low, high = self.band(value, rate) or (0.0, 0.0)
         head = f"{COVERAGE:.0%} band +/-{self.sigma:.0%}: " if not rate else ""
         if self.sigma >= 1:  # an uncalibrated band: no lower end worth printing
             return f"(+/-{self.sigma:.0%}: uncalibrated, see below)"
         return f"({head}{low:{fmt}}-{high:{fmt}}{unit})"
 
-    def lines(self) -> list[str]:
+    def lines(self, full: bool = False) -> list[str]:
         head = "-- predicted speed (moe_vlm/predict; docs/step-time-prediction.md) --"
         if self.step_time_s is None:
             return [head, f"not predicted: {self.note}"]
@@ -158,14 +108,19 @@ class Prediction:
             )
         else:
             out.append("MFU            none: the cluster declares no peak")
-        out.append(f"calibration    {self.source}")
-        if not self.lower_bound and self.band_basis:
+        out.append(f"rates          {self.source}")
+        if self.band_basis:
             out.append(f"band           {self.band_basis}")
         out.append(f"workload       {self.workload}")
         shown = sorted((t for t in self.terms if t.seconds > 0), key=lambda t: -t.seconds)
         out += [f"  {t.term:<12} {t.seconds:10.4g} s  {t.why}" for t in shown]
         if self.note:
             out.append(self.note)
+        if self.not_modelled:
+            if full:
+                out += ["not modelled:", *(f"  {item}" for item in self.not_modelled)]
+            else:
+                out.append(f"not modelled   {len(self.not_modelled)} knob(s) (dry_run=full lists them)")
         return out
 
 
@@ -187,27 +142,34 @@ def _routing(
 
 
 def has_defaults(spec: RunSpec) -> bool:
-    """Whether the published-row defaults apply: a cluster with a datasheet peak."""
-    return spec.cluster.peak_bf16_flops > 0 and DEFAULT_COMPUTE_SCALE > 0
+    """Whether published rates predict this cluster (a GPU preset of hardware.GPU_RATES)."""
+    return gpu_hardware(spec.cluster) is not None
 
 
 def calibration_for(spec: RunSpec, path: Path | None = None) -> Calibration | None:
-    """The user's calibration for this cluster and installed stack, else the GPU defaults, else None."""
-    found = find(spec.cluster.name, stack_of(spec.engine), path)
-    if found is not None:
-        return found
-    if has_defaults(spec):
-        return Calibration(
-            cluster=spec.cluster.name,
-            stack="any",
-            scales={t.value: v for t, v in default_scales().items()},
-            sigma=None,
-            runs=0,
-            source=DEFAULT_SOURCE,
-            width=DEFAULT_BAND,
-            width_basis=DEFAULT_BAND_BASIS,
+    """The user's calibration for this cluster and installed stack, if any."""
+    return find(spec.cluster.name, stack_of(spec.engine), path)
+
+
+def hardware_for(spec: RunSpec, calibration: Calibration | None) -> tuple[Hardware | None, str]:
+    """The rates this point is predicted at, and where they come from, in words."""
+    measured = calibration.measured_rates(rank_threads(spec)) if calibration is not None else None
+    if measured is not None:
+        threads = rank_threads(spec)
+        hw = measured.hardware(spec.cluster.name)
+        note = (
+            ""
+            if measured.threads == threads
+            else f" (measured at {measured.threads} thread(s), the rank runs {threads})"
         )
-    return None
+        return hw, f"measured on this machine by the probe{note}"
+    found = gpu_hardware(spec.cluster)
+    if found is not None:
+        return found, RATES_SOURCE
+    return None, (
+        f"no rates for cluster={spec.cluster.name} ({stack_of(spec.engine)}): measure this machine's with "
+        "`moe-vlm calibrate --probe` (the Slurm canary does it for a sweep)"
+    )
 
 
 def predict(
@@ -223,22 +185,15 @@ def predict(
     if calibration is None and lookup:
         calibration = calibration_for(spec)
     peak = peak_of(spec)
-    if calibration is None:
+    hw, rates = hardware_for(spec, calibration)
+    if hw is None:
         return Prediction(
-            None,
-            UNCALIBRATED_BAND,
-            "none",
-            described,
-            None,
-            None,
-            peak["name"],
-            (),
-            note=f"no calibration for cluster={spec.cluster.name} ({stack_of(spec.engine)}) and no datasheet "
-            "peak to start from: run a sweep, then `moe-vlm calibrate <sweep dir>`",
+            None, UNCALIBRATED_BAND, "none", described, None, None, peak["name"], (), note=rates
         )
+    scale = calibration.scale if calibration is not None else (lambda _term: 1.0)
     parts = tuple(
-        TermTime(load.term.value, calibration.scale(load.term) * load.base_s, load.why)
-        for load in loads(spec, work)
+        TermTime(load.term.value, scale(load.term) * load.base_s, load.why)
+        for load in loads(spec, work, hw, expected.spread)
     )
     step = sum(t.seconds for t in parts)
     world = max(spec.layout.world_size, 1)
@@ -246,25 +201,27 @@ def predict(
     mfu = None
     if peak["flops"] and step > 0:
         mfu = step_flops(spec, work).model / (step * world) / peak["flops"]
-    source = (
-        f"{calibration.source}; {calibration.runs} run(s), cluster={calibration.cluster}, {calibration.stack}"
-        if calibration.runs
-        else calibration.source
-    )
-    unit = "GPU" if spec.cluster.is_gpu_cluster else "rank"
-    band, note, basis = calibration.band, None, calibration.band_text
-    wide = uncalibrated(spec) if calibration.runs == 0 and not calibration.lower_bound else None
-    if wide is not None:
-        what, band = wide[0], max(wide[1], band)
-        note = f"{what}: +/-{band:.0%}, from the published rows' out-of-sample error (docs/step-time-prediction.md)"
-        source += f"; {what}: +/-{band:.0%}"
-        basis = f"{what}: +/-{band:.0%}, the worst out-of-sample error of its kind, not a measured {COVERAGE:.0%} band"
+    source = rates
+    family = band_for(spec)
+    band, basis, note = family.width, family.basis, None
+    if calibration is not None and calibration.scales:
+        fitted = ", ".join(f"{g} x{v:.3g}" for g, v in _group_scales(calibration).items())
+        source += f"; scaled by a calibration on {calibration.runs} run(s) ({fitted}): {calibration.source}"
+        held_out = conformal_width(score_of_error(e) for e in calibration.residuals.values())
+        if held_out is not None:
+            band, basis = (
+                held_out,
+                f"{COVERAGE:.0%} band of the calibration's {len(calibration.residuals)} held-out errors",
+            )
+    if family.uncalibrated:
+        note = f"uncalibrated for {family.uncalibrated}: +/-{band:.0%} (docs/step-time-prediction.md)"
     routing_note, routed_band = _routing(spec, parts, step, band)
     if routing_note:
         note = f"{note}\n{routing_note}" if note else routing_note
     if routed_band != band:
         band = routed_band
         basis += f"; widened to +/-{band:.0%} for the assumed routing load"
+    unit = "GPU" if spec.cluster.is_gpu_cluster else "rank"
     return Prediction(
         step,
         band,
@@ -276,9 +233,15 @@ def predict(
         parts,
         note=note,
         unit=unit,
-        lower_bound=calibration.lower_bound,
         band_basis=basis,
+        not_modelled=not_modelled(spec, hw),
     )
+
+
+def _group_scales(calibration: Calibration) -> dict[str, float]:
+    return {
+        g: calibration.scale(terms[0]) for g, terms in GROUPS.items() if terms[0].value in calibration.scales
+    }
 
 
 # A run slower than predicted by this many half-widths of its band (band.py; run.json's "sigmas",
@@ -338,8 +301,6 @@ def record_section(spec: RunSpec, summary: Mapping[str, Any] | None) -> dict[str
         return out
     error, sigmas = deviation(found.step_time_s, found.sigma, measured)
     out["error"] = error
-    if found.lower_bound:  # a probe's bound: a whole step is slower by design, never a fault
-        return out
     out["sigmas"] = sigmas
     if steps is not None and steps < MIN_JUDGED_STEPS:
         out["flag"] = None

@@ -1,69 +1,56 @@
-"""The calibration probe: a first calibration before any point has run, from seconds of timing.
+"""The calibration probe: this machine's rates, measured in seconds, for the step model.
 
-On this node, for the point's shapes and in the dtype the engine computes in (fp32 on CPU, bf16
-on GPUs):
+On this node, in the dtype the engine computes in (fp32 on CPU, bf16 on GPUs) and with the
+intra-op threads one of the point's ranks gets:
 
-GEMMs        the decoder's attention projection and one routed expert's projection at the
-             micro-batch's tokens, the ViT MLP (about `seconds` / 2)
-memory       a large tensor copy (what the optimizer step is bound by)
-collectives  an all-to-all at the job's EP size and an all-gather at its DP size, on ranks started
-             on this node (moe_vlm/predict/collectives.py; about a second each)
+GEMMs        the decoder's attention projection, one routed expert's projection and the ViT MLP at
+             the micro-batch's tokens: FLOP/s over their fast-tail call times
+conv         the patch embedding's Conv3d (stride = kernel) over a micro-batch's patches
+attention    SDPA forward at three lengths (a rate and the length of half of it: the shape
+             kernels.attention_s uses) and its backward at the longest, with the decoder's heads
+memory       a large tensor copy (what norms, activations and the optimizer are bound by)
+eager ops    a small module's forward and backward over its op count (dispatch, autograd, Python)
+collectives  all-gathers at two sizes between ranks started on this node: latency and bandwidth
+data         the data loader's host time: the point's samples and text-only ones, per sample and
+             per ViT patch
 
-Each rate becomes the scale of the terms it stands for: base rate / measured rate (the terms'
-base rates, moe_vlm/predict/terms.py), so a scale is 1 / the fraction of the datasheet (or
-nominal CPU) rate reached. The all-to-all stands for the three EP dispatchers' terms (HybridEP's
-and DeepEP's kernels are not NCCL's all-to-all: the probe gives them its rate), the all-gather for
-FSDP, the 3D data-parallel gradient and the TP collectives; a collective not timed (one rank here)
-borrows the other's rate, and with none both stay 0, said in the source. The per-step constant
-is not probed (0), so the calibration is a lower bound (`Calibration.lower_bound`): its
-predictions rank points, carry no band and never flag a run.
-
-Where the probe's calibration is worth storing: clusters without the defaults fitted on published
-whole-step rows (cluster=local, a site's own preset without a datasheet peak). On GPU clusters those defaults predict the published rows within 8.5-12.1 % out of sample
-(mean absolute error, a whole family left out), and a probe of GEMMs and collectives alone misses what a whole step spends between
-them (docs/step-time-prediction.md), so there it is printed against the datasheet, not stored,
-unless asked.
+The result is a ``MeasuredRates`` (hardware.py): the step model's rates for cluster=local, stored
+in the calibration file by ``moe-vlm calibrate --probe`` (and by the Slurm canary). Nothing is
+fitted to whole steps: a whole step is predicted from these rates alone (docs/step-time-prediction.md
+measures how well, knob by knob). On a GPU cluster the datasheet rates apply (hardware.GPU_RATES);
+the probe prints how this node compares to them.
 """
 
 from __future__ import annotations
 
+import itertools
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from functools import partial
 
 import torch
+import torch.nn.functional as F
+from torch import nn
 
-from moe_vlm.base.processes import cores_here
 from moe_vlm.config.arch import attention_shape, moe_shape
+from moe_vlm.config.schema import DataKind
 from moe_vlm.config.spec import RunSpec
 from moe_vlm.predict.calibration import Calibration, stack_of
-from moe_vlm.predict.collectives import Collective, CollectiveRate, cases, measure, ranks_on_node
-from moe_vlm.predict.hardware import links_of
-from moe_vlm.predict.terms import COMPUTE, NOMINAL_CPU_FLOPS, NOMINAL_CPU_LINK, NOMINAL_CPU_MEMORY, Term
+from moe_vlm.predict.collectives import Collective, CollectiveCase, CollectiveRate, measure, ranks_on_node
+from moe_vlm.predict.hardware import MeasuredRates, gpu_hardware, rank_threads
+from moe_vlm.predict.kernels import attention_flops
 
-# The terms each collective's rate stands for.
-STANDS_FOR: dict[Collective, tuple[Term, ...]] = {
-    Collective.all_to_all: (Term.ep_alltoall, Term.ep_deepep, Term.ep_hybridep),
-    Collective.all_gather: (Term.fsdp, Term.dp_grad, Term.tp),
-}
+# Per kernel: at least this many timed calls, and the 10th percentile of their times. A mean over a
+# timed loop counts every wait for the CPU: on a shared 2-core node a descheduled thread or another
+# job's time slice costs more than a hundred of these kernels (issue 32: a mean read 0.386 GFLOP/s
+# where a lone matmul runs at tens of GFLOP/s). The fast tail is the kernel's own time.
+MIN_TIMED_CALLS = 9
+WARMUP_CALLS = 3
+ATTENTION_LENGTHS = (256, 1024, 2048)
 COPY_BYTES_GPU, COPY_BYTES_CPU = 2**30, 64 * 2**20
-
-
-def gemm_shapes(spec: RunSpec) -> list[tuple[int, int, int]]:
-    """(m, k, n) of the probed GEMMs: tokens x in x out."""
-    model = spec.model
-    tokens = max(spec.mbs * spec.seq_length // max(spec.layout.tp * spec.layout.cp, 1), 1)
-    moe = moe_shape(model)
-    shapes = [
-        (tokens, model.hidden_size, attention_shape(model).query),
-        (
-            tokens * model.moe_top_k // max(model.num_experts // max(spec.layout.ep, 1), 1) or 1,
-            model.hidden_size,
-            max(moe.active_routed_ffn // max(model.moe_top_k, 1), 1),
-        ),
-    ]
-    if model.vision_depth:
-        shapes.append((tokens, model.vision_hidden_size, model.vision_intermediate_size))
-    return shapes
+LINK_SIZES = (2**16, 2**23)  # all-gather sizes for the latency and the bandwidth term
+DATA_MICRO_BATCHES = 4
 
 
 def _on_gpu(spec: RunSpec) -> bool:
@@ -75,60 +62,134 @@ def _sync(gpu: bool) -> None:
         torch.cuda.synchronize()
 
 
-# Per GEMM: at least this many timed calls, and the 10th percentile of their times. A mean over a
-# timed loop (the probe before issue 32) counts every wait for the CPU: on a shared 2-core node a
-# descheduled intra-op thread or another job's time slice costs more than a hundred of these
-# GEMMs, and the canary's probe read 0.386 GFLOP/s where a lone matmul runs at tens of GFLOP/s.
-# Even the median is a wait under load (measured: 1.9 GFLOP/s median, 129 GFLOP/s fastest, one
-# 4096x64x64 GEMM at load 10); the probe is a lower bound of the step, so it takes the kernel's
-# own time, the fast tail.
-MIN_TIMED_CALLS = 9
-WARMUP_CALLS = 3  # the first calls pick and JIT a kernel for the shape and fault the output pages in
-
-
-def rank_threads(spec: RunSpec) -> int:
-    """The intra-op threads one CPU rank of the point computes with (the torch engine's
-    run_rank: the cores here over the ranks per node), so the probe times the GEMMs as a rank
-    runs them rather than with a thread per core while the ranks share the cores."""
-    return max(1, cores_here() // max(spec.layout.ranks_per_node, 1))
-
-
-def gemm_seconds(a: torch.Tensor, b: torch.Tensor, gpu: bool, seconds: float) -> float:
-    """The 10th-percentile time of one a @ b over at least MIN_TIMED_CALLS calls within about
-    `seconds`: the kernel's time without the waits for a CPU."""
+def fast_tail(call: Callable[[], object], gpu: bool, seconds: float) -> float:
+    """The 10th-percentile time of `call` over at least MIN_TIMED_CALLS calls within ~`seconds`."""
     for _ in range(WARMUP_CALLS):
-        a @ b
+        call()
     _sync(gpu)
     times: list[float] = []
     start = time.perf_counter()
     while len(times) < MIN_TIMED_CALLS or time.perf_counter() - start < seconds:
         began = time.perf_counter()
-        a @ b
+        call()
         _sync(gpu)
         times.append(time.perf_counter() - began)
     times.sort()
     return times[len(times) // 10]
 
 
-def measured_flops(spec: RunSpec, seconds: float = 3.0) -> float:
-    """FLOP/s over the probed shapes: their FLOPs (2 m k n each) over the sum of their fast-tail call
-    times (gemm_seconds), on CPU with the threads one of the point's ranks gets."""
-    gpu = _on_gpu(spec)
-    device, dtype = ("cuda", torch.bfloat16) if gpu else ("cpu", torch.float32)
+def gemm_shapes(spec: RunSpec) -> list[tuple[int, int, int]]:
+    """(m, k, n) of the probed GEMMs: tokens x in x out."""
+    model = spec.model
+    tokens = max(spec.mbs * spec.seq_length // max(spec.layout.tp * spec.layout.cp, 1), 1)
+    moe = moe_shape(model)
+    shapes = [
+        (tokens, model.hidden_size, attention_shape(model).query),
+        (
+            max(tokens * model.moe_top_k // max(model.num_experts // max(spec.layout.ep, 1), 1), 1),
+            model.hidden_size,
+            max(moe.active_routed_ffn // max(model.moe_top_k, 1), 1),
+        ),
+    ]
+    if model.vision_depth:
+        shapes.append((tokens, model.vision_hidden_size, model.vision_intermediate_size))
+    return shapes
+
+
+class _Threads:
+    """The intra-op threads of one of the point's CPU ranks, for the duration of a measurement."""
+
+    def __init__(self, spec: RunSpec, gpu: bool) -> None:
+        self.want = None if gpu else rank_threads(spec)
+        self.had = torch.get_num_threads()
+
+    def __enter__(self) -> None:
+        if self.want is not None:
+            torch.set_num_threads(self.want)
+
+    def __exit__(self, *_: object) -> None:
+        torch.set_num_threads(self.had)
+
+
+def _device(spec: RunSpec) -> tuple[torch.device, torch.dtype]:
+    return (torch.device("cuda"), torch.bfloat16) if _on_gpu(spec) else (torch.device("cpu"), torch.float32)
+
+
+def measured_flops(spec: RunSpec, seconds: float = 2.0) -> float:
+    """FLOP/s over the point's GEMM shapes: their FLOPs over the sum of their fast-tail times."""
+    device, dtype = _device(spec)
+    flops = spent = 0.0
     shapes = gemm_shapes(spec)
-    threads = torch.get_num_threads()
-    if not gpu:
-        torch.set_num_threads(rank_threads(spec))
-    try:
-        flops = spent = 0.0
-        for m, k, n in shapes:
-            a = torch.randn(m, k, device=device, dtype=dtype)
-            b = torch.randn(k, n, device=device, dtype=dtype)
-            spent += gemm_seconds(a, b, gpu, seconds / 2 / len(shapes))
-            flops += 2.0 * m * k * n
-    finally:
-        torch.set_num_threads(threads)
+    for m, kk, n in shapes:
+        a = torch.randn(m, kk, device=device, dtype=dtype)
+        b = torch.randn(kk, n, device=device, dtype=dtype)
+        spent += fast_tail(partial(torch.matmul, a, b), device.type == "cuda", seconds / len(shapes))
+        flops += 2.0 * m * kk * n
     return flops / spent
+
+
+def measured_conv(spec: RunSpec, seconds: float = 0.5) -> float:
+    """FLOP/s of the patch embedding's Conv3d over one micro-batch's worth of patches."""
+    model = spec.model
+    device, dtype = _device(spec)
+    if model.vision_depth <= 0:
+        return measured_flops(spec, seconds)
+    t, p = model.vision_temporal_patch_size, model.vision_patch_size
+    patches = 2048
+    conv = nn.Conv3d(3, model.vision_hidden_size, (t, p, p), stride=(t, p, p), bias=False).to(device, dtype)
+    pixels = torch.randn(patches, 3, t, p, p, device=device, dtype=dtype)
+    with torch.no_grad():
+        spent = fast_tail(lambda: conv(pixels), device.type == "cuda", seconds)
+    return 2.0 * patches * 3 * t * p * p * model.vision_hidden_size / spent
+
+
+@dataclass(frozen=True)
+class AttentionRate:
+    flops_per_s: float  # at long sequences
+    half_length: float
+    backward_ratio: float
+    masked_factor: float
+    causal_factor: float
+
+
+def measured_attention(spec: RunSpec, seconds: float = 2.0) -> AttentionRate:
+    """SDPA with the decoder's heads: 1 / rate = (1 + half / s) / R over ATTENTION_LENGTHS (a line
+    in 1 / s, solved by least squares), and backward over forward at the longest length."""
+    shape = attention_shape(spec.model)
+    heads, dim = max(shape.heads // max(spec.layout.tp, 1), 1), shape.head_dim
+    device, dtype = _device(spec)
+    gpu = device.type == "cuda"
+    xs, ys = [], []
+    for length in ATTENTION_LENGTHS:
+        q, kk, v = (torch.randn(1, heads, length, dim, device=device, dtype=dtype) for _ in range(3))
+        with torch.no_grad():
+            fwd = fast_tail(partial(F.scaled_dot_product_attention, q, kk, v), gpu, seconds / 4)
+        xs.append(1.0 / length)
+        ys.append(fwd / attention_flops(length * length, heads, dim, causal=False))
+    leaves = [
+        torch.randn(1, heads, length, dim, device=device, dtype=dtype, requires_grad=True) for _ in range(3)
+    ]
+    out = F.scaled_dot_product_attention(leaves[0], leaves[1], leaves[2])
+    grad = torch.ones_like(out)
+    backward = fast_tail(lambda: torch.autograd.grad(out, leaves, grad, retain_graph=True), gpu, seconds / 4)
+    backward_ratio = backward / fwd
+    # The same longest square with a dense mask (a padded row's) and with is_causal.
+    q, kk, v = (t.detach() for t in leaves)
+    dense = torch.ones(1, 1, length, length, dtype=torch.bool, device=device).tril()
+    with torch.no_grad():
+        masked = fast_tail(
+            lambda: F.scaled_dot_product_attention(q, kk, v, attn_mask=dense), gpu, seconds / 8
+        )
+        causal = fast_tail(lambda: F.scaled_dot_product_attention(q, kk, v, is_causal=True), gpu, seconds / 8)
+    n = len(xs)
+    mean_x, mean_y = sum(xs) / n, sum(ys) / n
+    slope = sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys, strict=True)) / sum(
+        (x - mean_x) ** 2 for x in xs
+    )
+    intercept = max(mean_y - slope * mean_x, 1e-18)
+    return AttentionRate(
+        1.0 / intercept, max(slope / intercept, 0.0), backward_ratio, fwd / masked, fwd / 2 / causal
+    )
 
 
 def measured_memory(spec: RunSpec, seconds: float = 0.5) -> float:
@@ -137,99 +198,163 @@ def measured_memory(spec: RunSpec, seconds: float = 0.5) -> float:
     size = COPY_BYTES_GPU if gpu else COPY_BYTES_CPU
     src = torch.ones(size // 4, device="cuda" if gpu else "cpu")
     dst = torch.empty_like(src)
-    dst.copy_(src)
-    _sync(gpu)
-    copies, start = 0, time.perf_counter()
-    while time.perf_counter() - start < seconds or copies == 0:
-        dst.copy_(src)
-        copies += 1
-        _sync(gpu)
-    return 2.0 * size * copies / (time.perf_counter() - start)
+    return 2.0 * size / fast_tail(lambda: dst.copy_(src), gpu, seconds)
 
 
-@dataclass(frozen=True)
-class BaseRates:
-    """The terms' base rates for this cluster: the datasheet's, else the nominal CPU bases."""
+class _Block(nn.Module):
+    """A small pre-norm MLP block: a dozen eager ops forward, as many backward."""
 
-    flops: float
-    link: float
-    memory: float
-    named: bool  # datasheet figures (a GPU cluster) rather than nominal CPU bases
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(width)
+        self.up = nn.Linear(width, 2 * width)
+        self.down = nn.Linear(2 * width, width)
 
-    @classmethod
-    def of(cls, spec: RunSpec) -> BaseRates:
-        peak, links = spec.cluster.peak_bf16_flops, links_of(spec.cluster.name)
-        return cls(
-            flops=peak if peak > 0 else NOMINAL_CPU_FLOPS,
-            link=links.nvlink_bytes_per_s if links else NOMINAL_CPU_LINK,
-            memory=links.hbm_bytes_per_s if links else NOMINAL_CPU_MEMORY,
-            named=peak > 0 and links is not None,
-        )
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.down(F.gelu(self.up(self.norm(x))))
+
+
+def measured_op(spec: RunSpec, seconds: float = 0.5) -> float:
+    """Seconds per eager op with autograd: a tiny module's forward + backward over its op count."""
+    from torch.utils._python_dispatch import TorchDispatchMode  # private to torch: the count only
+
+    device, dtype = _device(spec)
+    block = nn.Sequential(*(_Block(8) for _ in range(4))).to(device, dtype)
+    x = torch.randn(4, 8, device=device, dtype=dtype)
+
+    def step() -> None:
+        block(x).sum().backward()
+
+    class Count(TorchDispatchMode):
+        ops = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            Count.ops += 1
+            return func(*args, **(kwargs or {}))
+
+    with Count():
+        step()
+    return fast_tail(step, device.type == "cuda", seconds) / max(Count.ops, 1)
+
+
+def measured_link(spec: RunSpec, ranks: int, seconds: float = 0.5) -> tuple[float, float] | None:
+    """(bytes/s one way, seconds per call) of all-gathers between `ranks` ranks on this node."""
+    if ranks < 2:
+        return None
+    rates = measure([CollectiveCase(Collective.all_gather, ranks, size) for size in LINK_SIZES], seconds)
+    small, large = sorted(rates, key=lambda r: r.message_bytes)
+    moved = [r.message_bytes * (r.ranks - 1) / r.ranks for r in (small, large)]
+    beta = (large.seconds_per_call - small.seconds_per_call) / max(moved[1] - moved[0], 1.0)
+    bandwidth = 1.0 / beta if beta > 0 else large.bytes_per_s
+    latency = max(small.seconds_per_call - moved[0] / bandwidth, 0.0)
+    return bandwidth, latency
+
+
+def measured_data(spec: RunSpec) -> tuple[float, float]:
+    """(seconds per sample, seconds per ViT patch) of the data loader's host work: the point's own
+    samples, and text-only samples of the same lengths to tell the two apart."""
+    from moe_vlm.data import build_batches  # the torch data path: only the probe times it here
+
+    def per_micro_batch(probed: RunSpec) -> tuple[float, float, float]:
+        stream = build_batches(probed, 0, max(probed.layout.dp, 1))
+        next(stream)  # the first builds the processor and tokenizer
+        started = time.perf_counter()
+        taken = list(itertools.islice(stream, DATA_MICRO_BATCHES))
+        spent = time.perf_counter() - started
+        samples = sum(b.stats.sequences for b in taken)
+        patches = sum(int(b.pixel_values.shape[0]) if b.pixel_values is not None else 0 for b in taken)
+        return spent, float(samples), float(patches)
+
+    spent, samples, patches = per_micro_batch(spec)
+    text_spent, text_samples, _ = per_micro_batch(replace(spec, data=replace(spec.data, kind=DataKind.mock)))
+    per_sample = text_spent / max(text_samples, 1.0)
+    per_patch = max(spent - per_sample * samples, 0.0) / patches if patches else 0.0
+    return per_sample, per_patch
 
 
 @dataclass(frozen=True)
 class ProbeResult:
     spec: RunSpec
-    gemm_flops_per_s: float
-    memory_bytes_per_s: float
+    rates: MeasuredRates
     collectives: tuple[CollectiveRate, ...]
-    note: str  # why a collective was not timed, or ""
-    device: str = "cpu, fp32"  # where the GEMMs and the copy ran
-
-    def rate_of(self, op: Collective) -> CollectiveRate | None:
-        """The collective's measured rate, else the other's as its stand-in, else None."""
-        own = [c for c in self.collectives if c.op is op]
-        found = own or list(self.collectives)
-        return found[0] if found else None
-
-    def scales(self) -> dict[str, float]:
-        base = BaseRates.of(self.spec)
-        scales = {t.value: 0.0 for t in Term}
-        scales |= {t.value: base.flops / self.gemm_flops_per_s for t in COMPUTE}
-        scales[Term.optimizer.value] = base.memory / self.memory_bytes_per_s
-        for op, terms in STANDS_FOR.items():
-            rate = self.rate_of(op)
-            if rate is not None:
-                scales |= {t.value: base.link / rate.bytes_per_s for t in terms}
-        return scales
+    note: str  # why something was not measured, or ""
+    device: str = "cpu, fp32"
 
     def lines(self) -> list[str]:
-        """What was measured, against the datasheet where the cluster has one."""
-        base = BaseRates.of(self.spec)
+        r = self.rates
+        hw = gpu_hardware(self.spec.cluster)
 
-        def of(value: float, ref: float, what: str) -> str:
-            return f" ({value / ref:.1%} of {what})" if base.named else ""
+        def of(value: float, ref: float | None, what: str) -> str:
+            return f" ({value / ref:.1%} of {what})" if ref else ""
 
+        peak = hw.peak(self.spec.precision.format) if hw else None
         out = [
-            f"GEMMs at the model's shapes ({self.device}): {self.gemm_flops_per_s / 1e12:.4g} TFLOP/s"
-            + of(self.gemm_flops_per_s, base.flops, "the dense BF16 peak"),
-            f"memory copy: {self.memory_bytes_per_s / 1e9:.4g} GB/s"
-            + of(self.memory_bytes_per_s, base.memory, "HBM"),
+            f"GEMMs at the model's shapes ({self.device}, {r.threads} thread(s)): "
+            f"{r.gemm_flops_per_s / 1e9:.4g} GFLOP/s" + of(r.gemm_flops_per_s, peak, "the dense peak"),
+            f"patch-embedding conv: {r.conv_flops_per_s / 1e9:.4g} GFLOP/s",
+            f"attention (SDPA): {r.attention_flops_per_s / 1e9:.4g} GFLOP/s at long sequences, half of it at "
+            f"{r.attention_half_length:,.0f} tokens; backward {r.attention_backward_ratio:.2f}x the forward; with a "
+            f"dense mask x{r.attention_masked_factor:.2f}, causal x{r.attention_causal_factor:.2f} per FLOP",
+            f"memory copy: {r.memory_bytes_per_s / 1e9:.4g} GB/s"
+            + of(r.memory_bytes_per_s, hw.memory_bytes_per_s if hw else None, "the preset's"),
+            f"eager op (dispatch + autograd): {r.op_s * 1e6:.3g} us",
+            f"link between ranks: {r.link_bytes_per_s / 1e9:.3g} GB/s, {r.link_latency_s * 1e6:.3g} us per call"
+            if r.link_bytes_per_s > 0
+            else "link between ranks: not timed",
+            f"data loader: {r.data_sample_s * 1e3:.3g} ms per sample + {r.data_patch_s * 1e6:.3g} us per ViT patch",
         ]
-        out += [c.line() + of(c.bytes_per_s, base.link, "NVLink, one direction") for c in self.collectives]
         return out + ([self.note] if self.note else [])
 
     def calibration(self) -> Calibration:
-        timed = ", ".join(f"{c.op} x{c.ranks}" for c in self.collectives) or "no collective"
         return Calibration(
             cluster=self.spec.cluster.name,
             stack=stack_of(self.spec.engine),
-            scales=self.scales(),
+            scales={},
             sigma=None,
             runs=0,
             source=(
-                f"probe: GEMMs {self.gemm_flops_per_s / 1e9:.3g} GFLOP/s, copy {self.memory_bytes_per_s / 1e9:.3g} "
-                f"GB/s, {timed}; per-step constant not probed"
+                f"probe: this machine's rates ({self.rates.threads} thread(s)/rank: GEMMs "
+                f"{self.rates.gemm_flops_per_s / 1e9:.3g} GFLOP/s, attention {self.rates.attention_flops_per_s / 1e9:.3g} "
+                f"GFLOP/s, op {self.rates.op_s * 1e6:.3g} us, link {self.rates.link_latency_s * 1e6:.3g} us/call); nothing fitted"
             ),
-            lower_bound=True,
+            rates={str(self.rates.threads): self.rates.to_json()},
         )
 
 
-def probe(spec: RunSpec, seconds: float = 3.0, collectives: bool = True) -> ProbeResult:
-    """Time this point's GEMMs, a copy and (with `collectives`) its collectives on this node."""
+def probe(spec: RunSpec, seconds: float = 2.0, collectives: bool = True) -> ProbeResult:
+    """Measure this node's rates for the point (collectives: between ranks started here)."""
+    gpu = _on_gpu(spec)
     ranks = ranks_on_node(spec) if collectives else 0
-    todo = cases(spec, ranks, _on_gpu(spec))
-    rates = tuple(measure(todo))
-    note = "" if todo or not collectives else f"collectives not timed: {ranks} rank(s) on this node"
-    device = "cuda, bf16" if _on_gpu(spec) else "cpu, fp32"
-    return ProbeResult(spec, measured_flops(spec, seconds), measured_memory(spec), rates, note, device)
+    with _Threads(spec, gpu):
+        gemm = measured_flops(spec, seconds)
+        conv = measured_conv(spec, seconds / 4)
+        attention = measured_attention(spec, seconds)
+        memory = measured_memory(spec, seconds / 4)
+        op = measured_op(spec, seconds / 4)
+        per_sample, per_patch = measured_data(spec)
+    link = measured_link(spec, ranks)
+    note = (
+        ""
+        if link is not None
+        else f"collectives not timed: {ranks} rank(s) on this node; a link of 0 latency assumed"
+    )
+    bandwidth, latency = link if link is not None else (0.0, 0.0)
+    rates = MeasuredRates(
+        threads=1 if gpu else rank_threads(spec),
+        gemm_flops_per_s=gemm,
+        conv_flops_per_s=conv,
+        attention_flops_per_s=attention.flops_per_s,
+        attention_half_length=attention.half_length,
+        attention_head_dim=attention_shape(spec.model).head_dim,
+        attention_backward_ratio=attention.backward_ratio,
+        attention_masked_factor=attention.masked_factor,
+        attention_causal_factor=attention.causal_factor,
+        memory_bytes_per_s=memory,
+        op_s=op,
+        link_bytes_per_s=bandwidth,
+        link_latency_s=latency,
+        data_sample_s=per_sample,
+        data_patch_s=per_patch,
+    )
+    device = "cuda, bf16" if gpu else "cpu, fp32"
+    return ProbeResult(spec, rates, (), note, device)

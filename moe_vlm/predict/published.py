@@ -1,71 +1,82 @@
-"""The published measured rows (published_rows.json) and the predictor's out-of-sample validation.
+"""The published measurements the step model is validated on: whole-step rows and A/B pairs.
 
-Each row is a figure someone measured and published (TFLOP/s/GPU, tokens/s/GPU or seconds per
-step), its source, and the overrides that compose it as this tool's point. Its measured step time:
+Rows (published_rows.json): a figure someone measured and published (TFLOP/s/GPU, tokens/s/GPU or
+seconds per step), its source, and the overrides that compose it as this tool's point. Its
+measured step time:
 
 tflops_per_gpu        Bridge's own FLOP count of the step (``step_flops(...).bridge``, the figure
                       Megatron logs) over the published rate x GPUs
-tokens_per_s_per_gpu  Bridge's nominal tokens, GBS x seq_length (megatron-bridge.md: tokens/s is
-                      nominal), over the published rate x GPUs
+tokens_per_s_per_gpu  Bridge's nominal tokens, GBS x seq_length, over the published rate x GPUs
 step_time_s           as published
 
-``out_of_sample(grouping)`` leaves out one family at a time (every row sharing a model family, a
-GPU generation, a data kind or a precision), fits the group scales (compute, data movement,
-per-step constant: calibration.fit_scales) on the other rows, and predicts the family's rows.
-Each row's band is band.py's: the conformal quantile of the scores the same family-left-out
-procedure gives on the rows outside the row's family only (nested leave-out: neither the fit nor
-the band's width saw the row or its family), so the table's coverage is measured, not assumed.
+Pairs (published_pairs.json): one knob, or one stated recipe stack, changed on the same model and
+GPUs; the measured ratio of step times or of throughputs.
+
+The step model fits nothing on either (hardware.py: rates with sources; step.py: the step), so
+every error here is out of sample. ``family_bands`` turns the rows' errors into the bands a point
+of each family gets (families.py); ``row_results`` judges each row against the band its families
+get from the OTHER rows (leave-one-row-out), so the coverage it reports is measured, not assumed.
 """
 
 from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Iterator
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from moe_vlm.config.arch import Mixer, layer_kinds
 from moe_vlm.config.compose import compose_config
 from moe_vlm.config.spec import RunSpec
 from moe_vlm.perf.flops import step_flops
-from moe_vlm.predict.band import COVERAGE, UNCALIBRATED_BAND, conformal_width, score
-from moe_vlm.predict.calibration import Calibration, Sample, calibrate, fit_scales, predicted_s
-from moe_vlm.predict.terms import Term, loads
+from moe_vlm.predict.band import COVERAGE, conformal_width, score
+from moe_vlm.predict.families import GROUPINGS, HYBRID_FAMILIES, FamilyBand, families_of
+from moe_vlm.predict.hardware import gpu_hardware
+from moe_vlm.predict.step import loads
 from moe_vlm.predict.workload import expected_workload
 
 ROWS_FILE = Path(__file__).with_name("published_rows.json")
+PAIRS_FILE = Path(__file__).with_name("published_pairs.json")
 # What every row runs unless it says otherwise: Bridge's perf recipes' sequence length, forced
-# routing (every sister-skill benchmark row forces it: sister-skills.md 2.5) and no CUDA graphs
-# (the model has no graph term).
+# routing (every sister-skill benchmark row forces it: sister-skills.md 2.5), no CUDA graphs.
 BASE = ("seq_length=4096", "cuda_graph=none", "router=forced_balance")
-GROUPINGS = ("model", "gpu", "data", "precision")
 FIGURES = ("tflops_per_gpu", "tokens_per_s_per_gpu", "step_time_s")
+
+
+@functools.cache
+def _spec(overrides: tuple[str, ...]) -> RunSpec:
+    return RunSpec.from_config(compose_config(list(overrides)))
+
+
+def predicted_s(spec: RunSpec) -> float:
+    """The step model's seconds for the point at its published rates, nothing fitted."""
+    hw = gpu_hardware(spec.cluster)
+    if hw is None:
+        raise ValueError(f"cluster={spec.cluster.name}: no published rates")
+    return sum(load.base_s for load in loads(spec, expected_workload(spec).workload, hw))
+
+
+def bridge_flops(spec: RunSpec) -> float:
+    return step_flops(spec, expected_workload(spec).workload).bridge
 
 
 @dataclass(frozen=True)
 class PublishedRow:
     name: str
-    source: str  # file and line (or the URL the reference gives)
-    model: str
-    gpu: str
+    source: str
     gpus: int
     layout: str
-    precision: str
-    data: str
     figure: str  # one of FIGURES
     value: float
     overrides: tuple[str, ...]
-    families: dict[str, str]  # grouping -> family
+    excluded: str = ""  # why the row is shown but neither bands nor scores the model ("": it does)
 
     def spec(self) -> RunSpec:
         return _spec((*BASE, *self.overrides))
 
     @property
-    def covered(self) -> bool:
-        """Whether the defaults are fitted on it: not a hybrid (Gated DeltaNet) model, whose
-        layers no other row measures (is_hybrid)."""
-        return not is_hybrid(self.spec())
+    def families(self) -> dict[str, str]:
+        return families_of(self.spec())
 
     def measured_s(self) -> float:
         """The row's step time in seconds (module docstring)."""
@@ -74,27 +85,7 @@ class PublishedRow:
             return self.value
         if self.figure == "tokens_per_s_per_gpu":
             return spec.gbs * spec.seq_length / (self.value * self.gpus)
-        work = expected_workload(spec).workload
-        return step_flops(spec, work).bridge / (self.value * 1e12 * self.gpus)
-
-    def sample(self) -> Sample:
-        spec = self.spec()
-        work = expected_workload(spec).workload
-        # Compute only: on these rows the collectives and the per-step constant are not separable
-        # from compute (a free scale for each overfits a family of 3 rows), so the defaults are one
-        # scale, 1 / the share of the peaks a step reaches.
-        base = {load.term: load.base_s for load in loads(spec, work) if load.term.is_compute}
-        return Sample(self.name, base, self.measured_s())
-
-
-def is_hybrid(spec: RunSpec) -> bool:
-    """A model with Gated DeltaNet (linear attention) layers: the Qwen3.5 family."""
-    return any(kind.mixer is Mixer.linear_attention for kind in layer_kinds(spec.model))
-
-
-@functools.cache
-def _spec(overrides: tuple[str, ...]) -> RunSpec:
-    return RunSpec.from_config(compose_config(list(overrides)))
+        return bridge_flops(spec) / (self.value * 1e12 * self.gpus)
 
 
 def published_rows(path: Path = ROWS_FILE) -> tuple[PublishedRow, ...]:
@@ -103,33 +94,28 @@ def published_rows(path: Path = ROWS_FILE) -> tuple[PublishedRow, ...]:
         PublishedRow(
             name=str(r["name"]),
             source=str(r["source"]),
-            model=str(r["model"]),
-            gpu=str(r["gpu"]),
             gpus=int(r["gpus"]),
             layout=str(r["layout"]),
-            precision=str(r["precision"]),
-            data=str(r["data"]),
             figure=str(r["figure"]),
             value=float(r["value"]),
             overrides=tuple(str(o) for o in r["overrides"]),
-            families={str(k): str(v) for k, v in dict(r["families"]).items()},
+            excluded=str(r.get("excluded", "")),
         )
         for r in raw["rows"]
     )
     for row in rows:
-        if row.figure not in FIGURES or set(row.families) != set(GROUPINGS):
-            raise ValueError(f"{path}: row {row.name!r}: figure in {FIGURES}, families {GROUPINGS}")
+        if row.figure not in FIGURES:
+            raise ValueError(f"{path}: row {row.name!r}: figure in {FIGURES}")
     return rows
 
 
 @dataclass(frozen=True)
 class RowResult:
     row: PublishedRow
-    family: str
     measured_s: float
     predicted_s: float
-    band: float  # relative half-width of the row's band (band.py), from rows outside its family
-    scores: int  # how many out-of-sample errors measured it; 0: no held-out evidence, uncalibrated
+    band: float  # the band its families get from the other rows (leave-one-row-out)
+    band_basis: str
 
     @property
     def error(self) -> float:
@@ -137,191 +123,195 @@ class RowResult:
         return self.predicted_s / self.measured_s - 1.0
 
     @property
-    def measured_band(self) -> bool:
-        """Whether the width was measured (enough out-of-sample errors), not the uncalibrated one."""
-        return self.scores > 0
+    def score(self) -> float:
+        return score(self.predicted_s, self.measured_s)
 
     @property
     def inside(self) -> bool:
-        """Whether the measured step lies in the predicted band, predicted x (1 +/- band)."""
-        return score(self.predicted_s, self.measured_s) <= self.band
+        return self.score <= self.band
+
+
+def family_bands(scored: dict[str, tuple[dict[str, str], float]]) -> dict[tuple[str, str], FamilyBand]:
+    """Per (grouping, family): the 80 % conformal width of its rows' scores, or with too few rows
+    their worst. `scored`: row name -> (its families, its score). A Gated DeltaNet hybrid's rows
+    band only their own model family: no published rate stands for its kernels (step.py), so its
+    error says nothing about the GPUs, data or dispatchers it shares with the others."""
+    out: dict[tuple[str, str], FamilyBand] = {}
+    for grouping in GROUPINGS:
+        for family in sorted({f[grouping] for f, _ in scored.values()}):
+            scores = [
+                s
+                for f, s in scored.values()
+                if f[grouping] == family and (grouping == "model" or f["model"] not in HYBRID_FAMILIES)
+            ]
+            if not scores:
+                continue
+            width = conformal_width(scores)
+            out[(grouping, family)] = FamilyBand(
+                round(width if width is not None else max(scores), 4), len(scores), width is not None
+            )
+    return out
+
+
+def band_from(
+    bands: dict[tuple[str, str], FamilyBand], families: dict[str, str], widest: float
+) -> tuple[float, str]:
+    known = {g: bands[(g, f)] for g, f in families.items() if (g, f) in bands}
+    missing = [g for g in GROUPINGS if g not in known]
+    if missing:
+        return widest, f"uncalibrated ({', '.join(missing)})"
+    grouping, found = max(known.items(), key=lambda item: item[1].width)
+    return (
+        found.width,
+        f"{grouping} {families[grouping]}: {'80% of' if found.conformal else 'worst of'} {found.rows}",
+    )
+
+
+def _scored(rows: tuple[PublishedRow, ...]) -> dict[str, tuple[dict[str, str], float]]:
+    """Row name -> (its families, its score), over the rows that score the model."""
+    return {
+        r.name: (r.families, score(predicted_s(r.spec()), r.measured_s())) for r in rows if not r.excluded
+    }
+
+
+def row_results(rows: tuple[PublishedRow, ...] | None = None) -> list[RowResult]:
+    """Every row predicted (nothing fitted), and the band the other rows give its families."""
+    rows = rows if rows is not None else published_rows()
+    scored = _scored(rows)
+    out = []
+    for row in rows:
+        others = {name: entry for name, entry in scored.items() if name != row.name}
+        widest = max(s for f, s in others.values() if f["model"] not in HYBRID_FAMILIES)
+        band, basis = band_from(family_bands(others), row.families, widest)
+        out.append(RowResult(row, row.measured_s(), predicted_s(row.spec()), band, basis))
+    return out
+
+
+def all_family_bands(
+    rows: tuple[PublishedRow, ...] | None = None,
+) -> tuple[dict[tuple[str, str], FamilyBand], float]:
+    """families.FAMILY_BANDS and WIDEST_BAND, from every row."""
+    rows = rows if rows is not None else published_rows()
+    scored = _scored(rows)
+    covered = [s for f, s in scored.values() if f["model"] not in HYBRID_FAMILIES]
+    return family_bands(scored), round(max(covered), 4)
 
 
 @dataclass(frozen=True)
-class FamilySummary:
-    grouping: str
-    family: str
-    rows: int
-    mean_abs_error: float
-    worst_error: float  # signed, the largest in size
-    coverage: float  # share of rows inside their band
-    measured_rows: int = 0  # rows whose band width was measured (not the uncalibrated one)
-    measured_coverage: float | None = None  # share of those inside their band
+class PublishedPair:
+    name: str
+    source: str
+    base: tuple[str, ...]
+    change: tuple[str, ...]
+    figure: str  # step_time | throughput
+    measured: float  # B / A
+    noise: float
+    excluded: str = ""  # why the pair is shown but not judged
+
+    def specs(self) -> tuple[RunSpec, RunSpec]:
+        return _spec((*BASE, *self.base)), _spec((*BASE, *self.base, *self.change))
+
+    def predicted(self) -> float:
+        a, b = self.specs()
+        ratio = predicted_s(b) / predicted_s(a)
+        if self.figure == "step_time":
+            return ratio
+        return bridge_flops(b) / bridge_flops(a) / ratio
 
     @property
-    def band_needed(self) -> float:
-        """The relative band that holds every row of this family predicted out of sample: the
-        largest |measured / predicted - 1| (the plan's '+/-X %' where the family is uncalibrated)."""
-        return abs(1.0 / (1.0 + self.worst_error) - 1.0)
+    def effect_exceeds_noise(self) -> bool:
+        return abs(self.measured - 1.0) > self.noise
+
+    def judged(self) -> tuple[bool | None, float]:
+        """(direction right, or None for a tie inside the noise; size error in points)."""
+        guess = self.predicted()
+        direction = (guess > 1.0) == (self.measured > 1.0) if self.effect_exceeds_noise else None
+        return direction, (guess - self.measured) * 100
 
 
-def _family_fits(
-    grouping: str, rows: tuple[PublishedRow, ...], samples: dict[str, Sample]
-) -> Iterator[tuple[str, list[PublishedRow], dict[Term, float]]]:
-    """(family, its rows, the group scales fitted on the covered rows outside it), per family."""
-    for family in sorted({row.families[grouping] for row in rows}):
-        inside = [row for row in rows if row.families[grouping] == family]
-        # A hybrid row is never fitted on (the defaults are not): it is only predicted.
-        train = [samples[row.name] for row in rows if row.families[grouping] != family and row.covered]
-        if train:
-            yield family, inside, fit_scales(train, per_term=False)
+def ratio_band(pairs: tuple[PublishedPair, ...]) -> float:
+    """The relative error of a predicted A/B ratio that 80 % of the judged pairs stay within (their
+    empirical quantile: too few pairs for a conformal one, whose rank would be the worst of 8)."""
+    scores = sorted(abs(p.predicted() / p.measured - 1) for p in pairs if not p.excluded)
+    return round(scores[math.ceil(COVERAGE * len(scores)) - 1], 4)
 
 
-def out_of_sample_scores(
-    rows: tuple[PublishedRow, ...], samples: dict[str, Sample] | None = None
-) -> list[float]:
-    """Every covered row's band score (band.score) under every grouping, each predicted by the fit
-    on the covered rows outside its family: the evidence a band's width is measured on."""
-    samples = samples if samples is not None else {row.name: row.sample() for row in rows}
-    return [
-        score(predicted_s(scales, samples[row.name].base), samples[row.name].measured_s)
-        for grouping in GROUPINGS
-        for _, inside, scales in _family_fits(grouping, rows, samples)
-        for row in inside
-        if row.covered
-    ]
-
-
-def out_of_sample(grouping: str, rows: tuple[PublishedRow, ...] | None = None) -> list[RowResult]:
-    """Every row predicted by the group scales fitted on the rows outside its family, its band
-    measured on those rows alone (nested: out_of_sample_scores of the rows outside the family)."""
-    rows = rows if rows is not None else published_rows()
-    samples = {row.name: row.sample() for row in rows}
-    out: list[RowResult] = []
-    for family, inside, scales in _family_fits(grouping, rows, samples):
-        others = tuple(row for row in rows if row.families[grouping] != family)
-        scores = out_of_sample_scores(others, samples)
-        width = conformal_width(scores)
-        for row in inside:
-            sample = samples[row.name]
-            out.append(
-                RowResult(
-                    row,
-                    family,
-                    sample.measured_s,
-                    predicted_s(scales, sample.base),
-                    UNCALIBRATED_BAND if width is None else width,
-                    0 if width is None else len(scores),
-                )
-            )
-    return out
-
-
-def default_band(rows: tuple[PublishedRow, ...] | None = None) -> tuple[float, int]:
-    """The GPU defaults' band (predict/model.py DEFAULT_BAND) and how many out-of-sample errors
-    measured it: band.py's quantile of every covered row's errors with its family left out."""
-    rows = rows if rows is not None else published_rows()
-    scores = out_of_sample_scores(rows)
-    width = conformal_width(scores)
-    if width is None:
-        raise ValueError(f"{len(scores)} out-of-sample errors: too few for a {COVERAGE:.0%} band")
-    return width, len(scores)
-
-
-def default_fit(rows: tuple[PublishedRow, ...] | None = None) -> Calibration:
-    """The GPU defaults (predict/model.py): the group scales on every covered row, with their
-    leave-one-out spread."""
-    rows = rows if rows is not None else published_rows()
-    samples = [row.sample() for row in rows if row.covered]
-    return calibrate("gpu", "published", samples, "published rows", per_term=False)
-
-
-def summaries(grouping: str, results: list[RowResult], covered: bool = True) -> list[FamilySummary]:
-    """Per family; `covered`: over the rows the defaults cover (hybrid rows apart: their band is
-    the plan's uncalibrated one, set from their own error, so counting them would be circular)."""
-    out = []
-    for family in sorted({r.family for r in results}):
-        mine = [r for r in results if r.family == family and r.row.covered == covered]
-        if not mine:
-            continue
-        worst = max(mine, key=lambda r: abs(r.error))
-        measured = [r for r in mine if r.measured_band]
-        out.append(
-            FamilySummary(
-                grouping,
-                family,
-                len(mine),
-                sum(abs(r.error) for r in mine) / len(mine),
-                worst.error,
-                sum(r.inside for r in mine) / len(mine),
-                len(measured),
-                sum(r.inside for r in measured) / len(measured) if measured else None,
-            )
+def published_pairs(path: Path = PAIRS_FILE) -> tuple[PublishedPair, ...]:
+    raw = json.loads(path.read_text())
+    return tuple(
+        PublishedPair(
+            name=str(p["name"]),
+            source=str(p["source"]),
+            base=tuple(p["base"]),
+            change=tuple(p["change"]),
+            figure=str(p["figure"]),
+            measured=float(p["measured"]),
+            noise=float(p["noise"]),
+            excluded=str(p.get("excluded", "")),
         )
-    return out
+        for p in raw["pairs"]
+    )
 
 
-def coverage(results: list[RowResult]) -> float:
-    """The share of covered rows inside their band: the figure the >= 80 % target is on."""
-    covered = [r for r in results if r.row.covered]
-    return sum(r.inside for r in covered) / len(covered)
-
-
-def _band_cell(r: RowResult) -> str:
-    if not r.row.covered:
-        return "uncalibrated"
-    if not r.measured_band:
-        return f"{r.band:.0%} uncalibrated (no family left to hold out)"
-    return f"{r.band:.0%} (from {r.scores} errors)"
-
-
-def table(grouping: str, results: list[RowResult]) -> list[str]:
-    """Markdown: every row (predicted, published, error, inside the band) and each family's summary."""
-    lines = [
-        f"Left out by {grouping}: each family predicted by the fit on the other families' rows; its "
-        f"{COVERAGE:.0%} band measured on those rows alone (nested leave-out).",
-        "",
-        f"| family | row | GPUs | published | measured s | predicted s | error | band ({COVERAGE:.0%}) "
-        "| inside | source |",
-        "|---|---|---|---|---|---|---|---|---|---|",
-    ]
+def rows_table(results: list[RowResult]) -> list[str]:
     units = {"tflops_per_gpu": "TFLOP/s/GPU", "tokens_per_s_per_gpu": "tokens/s/GPU", "step_time_s": "s/step"}
-    for r in results:
-        inside = ("yes" if r.inside else "NO") if r.row.covered else "-"
-        lines.append(
-            f"| {r.family} | {r.row.name} | {r.row.gpus} | {r.row.value:g} {units[r.row.figure]} "
-            f"| {r.measured_s:.2f} | {r.predicted_s:.2f} | {r.error:+.1%} | {_band_cell(r)} | {inside} | {r.row.source} |"
-        )
-    lines += [
-        "",
-        "| family | rows | mean abs error | worst | band coverage | rows with a measured band: coverage |",
-        "|---|---|---|---|---|---|",
+    lines = [
+        f"| row | GPUs | published | measured s | predicted s | error | {COVERAGE:.0%} band (from the other rows) | inside | source |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
-    for s in summaries(grouping, results):
-        held = "-" if s.measured_coverage is None else f"{s.measured_coverage:.0%}"
-        lines.append(
-            f"| {s.family} | {s.rows} | {s.mean_abs_error:.1%} | {s.worst_error:+.1%} | {s.coverage:.0%} "
-            f"| {s.measured_rows}: {held} |"
-        )
-    covered = [r for r in results if r.row.covered]
-    errors = [abs(r.error) for r in covered]
-    measured = [r for r in covered if r.measured_band]
-    on_measured = (
-        f"{sum(r.inside for r in measured) / len(measured):.0%} of the {len(measured)} whose band was measured"
-        if measured
-        else "no row's band measured"
-    )
-    lines.append(
-        f"\nThe {len(covered)} covered rows out of sample by {grouping}: mean abs error "
-        f"{sum(errors) / len(errors):.1%}, worst {max(errors):.1%}, band coverage "
-        f"{coverage(results):.0%} ({on_measured}; {len(covered) - len(measured)} judged against the "
-        f"uncalibrated {UNCALIBRATED_BAND:.0%})."
-    )
     for r in results:
-        if not r.row.covered:
-            lines.append(
-                f"Uncalibrated architecture (Gated DeltaNet hybrid, never fitted on): {r.row.name} "
-                f"{r.error:+.1%}: a band of +/-{summaries(grouping, [r], covered=False)[0].band_needed:.0%} holds it "
-                "(the plan prints the widest over the groupings)."
-            )
+        inside = "excluded" if r.row.excluded else ("yes" if r.inside else "NO")
+        lines.append(
+            f"| {r.row.name} | {r.row.gpus} | {r.row.value:g} {units[r.row.figure]} | {r.measured_s:.2f} "
+            f"| {r.predicted_s:.2f} | {r.error:+.1%} | +/-{r.band:.0%} ({r.band_basis}) | {inside} "
+            f"| {r.row.source} |"
+        )
+    lines.append("")
+    for label, judged in (
+        ("every scoring row", scored_results(results)),
+        ("without the hybrid", covered_results(results)),
+    ):
+        errors = [abs(r.error) for r in judged]
+        lines.append(
+            f"{label}: {len(judged)} rows, nothing fitted: mean absolute error {sum(errors) / len(errors):.1%}, "
+            f"worst {max(errors):.1%}, {sum(r.inside for r in judged)} of {len(judged)} inside their band "
+            f"({sum(r.inside for r in judged) / len(judged):.0%})."
+        )
+    for r in results:
+        if r.row.excluded:
+            lines.append(f"Excluded: {r.row.name} ({r.error:+.0%}): {r.row.excluded}.")
+    return lines
+
+
+def scored_results(results: list[RowResult]) -> list[RowResult]:
+    return [r for r in results if not r.row.excluded]
+
+
+def covered_results(results: list[RowResult]) -> list[RowResult]:
+    """The rows of architectures the rates cover (no Gated DeltaNet hybrid): the targets' basis."""
+    return [r for r in scored_results(results) if r.row.families["model"] not in HYBRID_FAMILIES]
+
+
+def pairs_table(pairs: tuple[PublishedPair, ...]) -> list[str]:
+    lines = [
+        "| pair | figure (B / A) | measured | predicted | direction | size error | noise | source |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for p in pairs:
+        direction, points = p.judged()
+        verdict = "tie (inside the noise)" if direction is None else ("right" if direction else "WRONG")
+        verdict = f"excluded: {p.excluded}" if p.excluded else verdict
+        lines.append(
+            f"| {p.name} | {p.figure} | {p.measured:.3f} | {p.predicted():.3f} | {verdict} | {points:+.1f} pts "
+            f"| +/-{p.noise:.0%} | {p.source} |"
+        )
+    judged = [p.judged() for p in pairs if not p.excluded]
+    right = sum(1 for d, _ in judged if d)
+    wrong = sum(1 for d, _ in judged if d is False)
+    within = sum(1 for _, pts in judged if abs(pts) <= 10)
+    lines.append("")
+    lines.append(
+        f"{len(judged)} pairs judged ({len(pairs) - len(judged)} excluded): direction right {right}, wrong {wrong}, "
+        f"ties {len(judged) - right - wrong}; size within 10 points: {within} of {len(judged)}."
+    )
     return lines

@@ -13,8 +13,9 @@ from moe_vlm.config.spec import RunSpec
 from moe_vlm.perf.flops import Workload
 from moe_vlm.perf.metrics import by_step, steady_window, workload_of
 from moe_vlm.predict.calibration import Sample, stack_of
+from moe_vlm.predict.hardware import Hardware
 from moe_vlm.predict.model import measured_window
-from moe_vlm.predict.terms import loads
+from moe_vlm.predict.step import loads
 from moe_vlm.record.records import RunRecord, RunStatus, read_steps
 from moe_vlm.record.shape import RecordError
 
@@ -29,10 +30,11 @@ class RecordedRun:
     cluster: str
     stack: str
 
-    def sample(self) -> Sample:
+    def sample(self, hw: Hardware) -> Sample:
+        """The run's terms on the workload it recorded, at `hw`'s rates, and its measured step."""
         return Sample(
             str(self.run_dir),
-            {load.term: load.base_s for load in loads(self.spec, self.workload)},
+            {load.term: load.base_s for load in loads(self.spec, self.workload, hw)},
             self.measured_s,
         )
 

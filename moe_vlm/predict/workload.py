@@ -22,6 +22,7 @@ first-fit-decreasing fits (its mean fill from perf/memory/micro_batch.py).
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 from moe_vlm.config.schema import DataKind, Packing
@@ -38,13 +39,55 @@ IMAGE_FRAME_TOKENS = 2  # <|vision_start|> and <|vision_end|> around each image'
 
 
 @dataclass(frozen=True)
+class SampleSpread:
+    """One sample's ViT work as a random variable: P its patches, Q the sum of its images' squared
+    patch counts (what the attention per image costs). Ranks draw different samples, so a step
+    waits on the rank that drew the most (step.py's straggler term)."""
+
+    p_mean: float = 0.0
+    q_mean: float = 0.0
+    p_var: float = 0.0
+    q_var: float = 0.0
+    pq_cov: float = 0.0
+
+
+@functools.cache
+def _spread_of(values: tuple[float, ...], images: tuple[int, int]) -> SampleSpread:
+    return _spread(list(values), images)
+
+
+def _spread(values: list[float], images: tuple[int, int]) -> SampleSpread:
+    """Moments of a compound sum: a sample holds N images, N uniform on [low, high], each image's
+    patch count drawn from `values`."""
+    if not values:
+        return SampleSpread()
+    counts = list(range(images[0], images[1] + 1))
+    n_mean = sum(counts) / len(counts)
+    n_var = sum((c - n_mean) ** 2 for c in counts) / len(counts)
+    m = len(values)
+    p1 = sum(values) / m
+    p2 = sum(v**2 for v in values) / m
+    p3 = sum(v**3 for v in values) / m
+    p4 = sum(v**4 for v in values) / m
+    return SampleSpread(
+        p_mean=n_mean * p1,
+        q_mean=n_mean * p2,
+        p_var=n_mean * (p2 - p1 * p1) + n_var * p1 * p1,
+        q_var=n_mean * (p4 - p2 * p2) + n_var * p2 * p2,
+        pq_cov=n_mean * (p3 - p1 * p2) + n_var * p1 * p2,
+    )
+
+
+@dataclass(frozen=True)
 class ExpectedWorkload:
     workload: Workload
     source: str  # in words: where the figures come from
+    spread: SampleSpread = SampleSpread()  # per sample; zero where every sample is alike
 
 
-def _synthetic_patches(spec: RunSpec) -> tuple[float, float]:
-    """(E[patches], E[patches^2]) of one synthetic image (cached: a big dry run asks per point)."""
+def _synthetic_patches(spec: RunSpec) -> list[float]:
+    """The patch counts of synthetic images over the drawn ranges, evenly spaced (cached: a big
+    dry run asks per point)."""
     data, model = spec.data, spec.model
     key = (
         data.min_long_side_px,
@@ -60,10 +103,10 @@ def _synthetic_patches(spec: RunSpec) -> tuple[float, float]:
     return _PATCHES[key]
 
 
-_PATCHES: dict[tuple[object, ...], tuple[float, float]] = {}
+_PATCHES: dict[tuple[object, ...], list[float]] = {}
 
 
-def _draw_patches(spec: RunSpec) -> tuple[float, float]:
+def _draw_patches(spec: RunSpec) -> list[float]:
     data = spec.data
     ratios = list(data.aspect_ratios) or [1.0]
     lo, hi = data.min_long_side_px, data.max_long_side_px
@@ -75,12 +118,15 @@ def _draw_patches(spec: RunSpec) -> tuple[float, float]:
             height, width = (
                 (max(1, round(side / ratio)), side) if ratio >= 1.0 else (side, max(1, round(side * ratio)))
             )
-            values.append(patches_for_image(spec, height, width))
-    mean = sum(values) / len(values)
-    return mean, sum(v * v for v in values) / len(values)
+            values.append(float(patches_for_image(spec, height, width)))
+    return values
 
 
-def _real_patches(spec: RunSpec) -> tuple[float, float] | None:
+def _moments(values: list[float]) -> tuple[float, float]:
+    return sum(values) / len(values), sum(v * v for v in values) / len(values)
+
+
+def _real_patches(spec: RunSpec) -> list[float] | None:
     if not spec.data.path:
         return None
     try:
@@ -89,8 +135,7 @@ def _real_patches(spec: RunSpec) -> tuple[float, float] | None:
         return None
     if not sizes:
         return None
-    values = [patches_for_image(spec, h, w) for h, w in sizes]
-    return sum(values) / len(values), sum(v * v for v in values) / len(values)
+    return [float(patches_for_image(spec, h, w)) for h, w in sizes]
 
 
 def _ceil(value: int, multiple: int) -> int:
@@ -109,6 +154,7 @@ def expected_workload(spec: RunSpec) -> ExpectedWorkload:
     rows = spec.gbs  # sequences per step (every DP rank's micro-batches)
     merge = model.vision_spatial_merge_size**2
     lengths: list[int] = []  # each sample's real tokens, where the data kind's draw is known
+    spread = SampleSpread()
     if data.kind is DataKind.mock:
         low, high = seq // 2, seq
         mean_len = (low + high) / 2
@@ -127,12 +173,15 @@ def expected_workload(spec: RunSpec) -> ExpectedWorkload:
         )
     else:
         found = _real_patches(spec) if data.kind is DataKind.real else None
-        if found is not None:
-            images, (patches, patches_sq) = 1.0, found
+        if found:
+            images, (patches, patches_sq) = 1.0, _moments(found)
+            spread = _spread(found, (1, 1))
             source = f"real: mean of {REAL_DATA_SAMPLES_READ} image headers in {data.path}, 1 image/sample"
         else:
             images = (data.min_images + data.max_images) / 2
-            patches, patches_sq = _synthetic_patches(spec)
+            drawn = _synthetic_patches(spec)
+            patches, patches_sq = _moments(drawn)
+            spread = _spread_of(tuple(drawn), (data.min_images, data.max_images))
             source = (
                 f"{data.kind.value}: {images:g} image(s)/sample x {patches:.0f} patches expected "
                 f"({data.min_long_side_px}-{data.max_long_side_px} px)"
@@ -141,7 +190,8 @@ def expected_workload(spec: RunSpec) -> ExpectedWorkload:
         mean_len = min(text + images * (patches / merge + IMAGE_FRAME_TOKENS), seq)
         mean_sq = mean_len * mean_len
     if data.packing is Packing.buffer and mean_len > 0:
-        return _buffer_workload(spec, rows, mean_len, mean_sq, images, patches, patches_sq, source)
+        buffered = _buffer_workload(spec, rows, mean_len, mean_sq, images, patches, patches_sq, source)
+        return ExpectedWorkload(buffered.workload, buffered.source, spread)
     packed = data.packing is Packing.in_batch and mean_len > 0
     real = rows * mean_len
     multiple = spec.collate_padding_multiple
@@ -165,6 +215,7 @@ def expected_workload(spec: RunSpec) -> ExpectedWorkload:
             samples=rows if packed else 0,
         ),
         source + ("; samples packed per micro-batch" if packed else f"; rows padded to {seq}"),
+        spread,
     )
 
 

@@ -338,7 +338,7 @@ def prediction_lines(spec: RunSpec, found: Prediction | str | None = None) -> li
     found = prediction_of(spec) if found is None else found
     if isinstance(found, str):
         return ["-- predicted speed --", f"not predicted: {found} (see the findings)"]
-    return found.lines()
+    return found.lines(full=True)
 
 
 def prediction_cell(found: Prediction | str) -> str:
@@ -346,8 +346,6 @@ def prediction_cell(found: Prediction | str) -> str:
     if isinstance(found, str) or found.step_time_s is None:
         return "-"
     tokens = found.effective_tokens_per_s_per_gpu or 0.0
-    if found.lower_bound:
-        return f">={found.step_time_s:.3g} s (probe), <={tokens:,.0f} tok/s"
     return f"{found.step_time_s:.3g} s +-{found.sigma:.0%}, {tokens:,.0f} tok/s"
 
 
@@ -524,6 +522,8 @@ def _prediction_summary(found: Prediction | str) -> list[str]:
         # What the number does not model or how far it is trusted (routing, an uncalibrated
         # family), next to it: the whole plan's prediction section has the rest.
         *(f"               {line}" for line in (found.note or "").splitlines()),
+        f"               {len(found.not_modelled)} knob(s) not modelled (dry_run=full lists them); "
+        "why one point beats another: moe-vlm explain A B",
     ]
 
 

@@ -419,13 +419,13 @@ def test_the_first_rung_starts_the_points_predicted_fastest() -> None:
         ordered = [p.point_id for p in first_rung_order(grid)]
     assert ordered == sorted(rates, key=lambda name: -rates[name]) and ordered != [p.point_id for p in grid]
     assert "predicted fastest first" in said.getvalue()
-    # A point without a prediction (no calibration for the CPU cluster): the grid's order, and why.
+    # A point without a prediction (no rates measured for the CPU cluster): the grid's order, and why.
     cpu = SimpleNamespace(point_id="cpu", spec=make_spec("model=tiny_moe_vlm"), label=lambda: "cpu")
     said = io.StringIO()
     with contextlib.redirect_stdout(said):
         kept = [p.point_id for p in first_rung_order([*grid, cpu])]
     assert kept == ["full", "selective", "none", "cpu"]
-    assert "in the grid's order: no prediction for cpu (no calibration for cluster=local" in said.getvalue()
+    assert "in the grid's order: no prediction for cpu (no rates for cluster=local" in said.getvalue()
 
 
 def finished_slurm_run(point_dir: Path) -> None:
