@@ -64,6 +64,8 @@ class Hardware:
     attention_masked_factor: float = 1.0
     attention_causal_factor: float = 1.0
     conv_efficiency: float = 1.0  # the patch embedding's Conv3d relative to a GEMM of its FLOPs
+    host_link_bytes_per_s: float = 0.0  # GPU <-> host memory, one way (optimizer offload)
+    host_memory_bytes_per_s: float = 0.0  # the host memory bandwidth one GPU's share of the CPUs streams
     # Host time to build one sample in the data loader: per sample (text, collate) and per ViT patch
     # (draw or decode, resize, normalise). 0: not measured (the plan lists it as not modelled).
     data_sample_s: float = 0.0
@@ -100,6 +102,10 @@ SOURCES: dict[str, str] = {
     "48-49 GB/s per NDR NIC (0.96); NCCL tuning.cc: 14 us per network hop (Simple)",
     "launch": "HolisticTraceAnalysis docs/source/features/cuda_kernel_launch_stats.rst: CPU launch time is "
     "usually 5-20 us; taken at their geometric middle, 10 us",
+    "host": "host link: PCIe Gen5 x16, 128 GB/s both ways (H100 SXM datasheet; HGX B200), NVLink-C2C 900 GB/s "
+    "both ways (GB200/GB300 NVL72 datasheets); host memory per GPU: DGX H100 2x Xeon 8480C, 8 x DDR5-4800 "
+    "channels per socket (614 GB/s / 8 GPUs), DGX B200 2x Xeon 8570, DDR5-5600 (717 GB/s / 8), one Grace "
+    "LPDDR5X at up to 512 GB/s per 2 GPUs (GB200/GB300); streamed at the same 0.8 as HBM",
     "kernel_floor": "a kernel's launch-to-completion floor on the device, ~2.5 us (Primus "
     "collective_args.py uses 2.8 us per launch, AMD-calibrated)",
 }
@@ -140,15 +146,17 @@ class GpuRates:
     memory_tb_s: float
     nvlink_gb_s_one_way: float
     nic_gb_s: float
+    host_link_gb_s_one_way: float
+    host_memory_gb_s: float  # per GPU
 
 
 GPU_RATES: dict[str, GpuRates] = {
-    "h100": GpuRates(HOPPER_EFFICIENCY, "gemm_hopper", 132, 3.35, 450, 50),
-    "h200": GpuRates(HOPPER_EFFICIENCY, "gemm_hopper", 132, 4.8, 450, 50),
-    "b200": GpuRates(BLACKWELL_EFFICIENCY, "gemm_blackwell", 148, 8.0, 900, 50),
-    "gb200": GpuRates(BLACKWELL_EFFICIENCY, "gemm_blackwell", 148, 8.0, 900, 50),
-    "b300": GpuRates(BLACKWELL_EFFICIENCY, "gemm_blackwell", 148, 8.0, 900, 100),
-    "gb300": GpuRates(BLACKWELL_EFFICIENCY, "gemm_blackwell", 148, 8.0, 900, 100),
+    "h100": GpuRates(HOPPER_EFFICIENCY, "gemm_hopper", 132, 3.35, 450, 50, 64, 77),
+    "h200": GpuRates(HOPPER_EFFICIENCY, "gemm_hopper", 132, 4.8, 450, 50, 64, 77),
+    "b200": GpuRates(BLACKWELL_EFFICIENCY, "gemm_blackwell", 148, 8.0, 900, 50, 64, 90),
+    "gb200": GpuRates(BLACKWELL_EFFICIENCY, "gemm_blackwell", 148, 8.0, 900, 50, 450, 256),
+    "b300": GpuRates(BLACKWELL_EFFICIENCY, "gemm_blackwell", 148, 8.0, 900, 100, 64, 90),
+    "gb300": GpuRates(BLACKWELL_EFFICIENCY, "gemm_blackwell", 148, 8.0, 900, 100, 450, 256),
 }
 
 _GPU: dict[tuple[str, float, float, float], Hardware] = {}
@@ -176,11 +184,13 @@ def gpu_hardware(cluster: ClusterConfig) -> Hardware | None:
             scale_out=Link(rates.nic_gb_s * GB * NIC_EFFICIENCY, NCCL_BASE_S, NIC_HOP_S),
             launch_s=LAUNCH_S,
             kernel_floor_s=KERNEL_FLOOR_S,
+            host_link_bytes_per_s=rates.host_link_gb_s_one_way * GB,
+            host_memory_bytes_per_s=rates.host_memory_gb_s * GB * MEMORY_EFFICIENCY,
             sources={
                 "peaks": f"conf/cluster/{cluster.name}.yaml",
                 "gemm": SOURCES[rates.gemm_source],
                 **{k: SOURCES[k] for k in ("attention", "attention_backward", "sms", "memory")},
-                **{k: SOURCES[k] for k in ("nvlink", "nic", "launch", "kernel_floor")},
+                **{k: SOURCES[k] for k in ("nvlink", "nic", "launch", "kernel_floor", "host")},
             },
         )
     return _GPU[key]

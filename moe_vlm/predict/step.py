@@ -44,6 +44,11 @@ BF16_BYTES, FP32_BYTES = 2, 4
 # Adam with fp32 main weights, per trainable parameter: read param, grad, m, v (4 x 4 B), write
 # param, m, v (3 x 4 B) and the bf16 model copy (2 B) (megatron/core/optimizer/distrib_optimizer.py).
 ADAM_BYTES_PER_PARAM = 4 * 4 + 3 * 4 + 2
+# On the host (MCore's HybridDeviceOptimizer steps offloaded parameters with torch.optim.AdamW,
+# megatron/core/optimizer/__init__.py:11, 512), torch runs AdamW one tensor at a time on CPU tensors
+# (torch/optim/adam.py _single_tensor_adam): the weight decay, lerp_, mul_ + addcmul_, sqrt, the
+# divide, add_(eps) and addcdiv_ each stream whole fp32 tensors: 12 reads and 8 writes per parameter.
+HOST_ADAM_BYTES_PER_PARAM = (12 + 8) * 4
 # Memory-bound bytes per token per decoder layer, forward, in units of the activation's width:
 # two RMSNorms (read + write h each), two residual adds (read 2h, write h), rotary on q and k; per
 # routed token the SwiGLU (read 2f, write f) and the permute and unpermute copies (read + write h
@@ -81,13 +86,16 @@ EP_KERNEL_SHARE = {Term.ep_hybridep: 0.56, Term.ep_deepep: 0.42}
 # The share of the expert GEMMs' SMs a DeepEP/HybridEP kernel holds while it overlaps them.
 NOT_MODELLED = (
     "cuda_graph.warmup_steps: capture happens in warm-up, outside the steady window",
-    "HSDP (parallelism.dp_outer): the outer replicas' all-reduce is priced as the inner DP's",
+    "HSDP (parallelism.dp_outer): no published rate for Megatron FSDP's outer replicas; their all-reduce "
+    "is priced as the inner DP's",
     "CP's KV exchange (cp > 1): no published rate for the ring attention's overlap",
-    "offload (activations, optimizer): host-device copies have no published step-time rate here",
-    "gc (manual / auto): Python garbage-collection pauses",
-    "fusion knobs (moe_permute_fusion, moe_router_fusion, cross_entropy, bias_activation_fusion): "
-    "their kernel counts are folded into the fixed counts above",
-    "dispatcher.num_sms and HybridEP chunking: the EP kernels run at their published default-SM rate",
+    "offload.activation_layers: TE's activation offload overlaps its copies with compute at a share "
+    "no source measures (sister-skills.md 2.5 gives only the optimizer's)",
+    "gc (manual / auto): Python garbage-collection pauses depend on the host's heap, which no source measures",
+    "fusion knobs (moe_permute_fusion, moe_router_fusion, cross_entropy, bias_activation_fusion): no "
+    "published per-kernel A/B; their kernels are in the fixed counts",
+    "dispatcher.num_sms and HybridEP chunking: published rates exist at 16-48 SMs but not their cost to "
+    "the overlapped GEMMs; the EP kernels run at their recipes' default-SM rate",
 )
 
 
@@ -803,11 +811,23 @@ def _optimizer(model: StepModel) -> Tally:
     frozen = (params.vision if spec.freeze.vision else 0) + (params.projector if spec.freeze.projector else 0)
     trainable = params.total - frozen - (params.language if spec.freeze.language else 0)
     local = trainable / max(lay.world_size, 1)
-    seconds = k.memory_s(hw, local * ADAM_BYTES_PER_PARAM)
+    offloaded = spec.offload.optimizer_fraction if spec.engine is Engine.megatron else 0.0
+    seconds = k.memory_s(hw, (1 - offloaded) * local * ADAM_BYTES_PER_PARAM)
+    why = f"{local:,.3g} trainable params/rank x {ADAM_BYTES_PER_PARAM} B"
     if hw.synchronous:
         # torch's AdamW, one tensor at a time over the sharded parameters: ~12 ops per tensor.
         seconds += model.ops(12 * _tensor_count(spec.model))
-    out.add(Term.optimizer, seconds, f"{local:,.3g} trainable params/rank x {ADAM_BYTES_PER_PARAM} B")
+    if offloaded > 0 and hw.host_memory_bytes_per_s > 0:
+        # MCore's HybridDeviceOptimizer: the offloaded share steps on the host, its gradients copied
+        # down and its parameters up, one after the other (overlap_cpu_optimizer_d2h_h2d is off).
+        shard = offloaded * local
+        host = shard * HOST_ADAM_BYTES_PER_PARAM / hw.host_memory_bytes_per_s
+        copies = shard * (grad_bytes(spec)[0] + BF16_BYTES) / hw.host_link_bytes_per_s
+        seconds += host + copies
+        why += (
+            f"; {offloaded:.0%} on the host: {host * 1e3:,.3g} ms of Adam, {copies * 1e3:,.3g} ms of copies"
+        )
+    out.add(Term.optimizer, seconds, why)
     return out
 
 

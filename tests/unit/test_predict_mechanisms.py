@@ -116,3 +116,20 @@ def test_every_term_is_finite_and_the_plan_lists_what_it_does_not_model(override
     assert found.step_time_s and all(t.seconds >= 0 for t in found.terms)
     assert found.not_modelled and any("CP" in item for item in found.not_modelled)
     assert "not modelled" in "\n".join(found.lines())
+
+
+def test_optimizer_offload_moves_adam_to_the_host_at_its_bandwidth() -> None:
+    base = (
+        "model=qwen3_vl_30b_a3b",
+        "cluster=h100",
+        "nodes=2",
+        "parallelism=3d",
+        "tp=2",
+        "pp=2",
+        "ep=4",
+        "data=mock",
+    )
+    steps = [terms(*base, f"offload.optimizer_fraction={f}")[Term.optimizer] for f in (0.0, 0.5, 1.0)]
+    assert steps[0] < steps[1] < steps[2]
+    # Linear in the fraction: the host's Adam and the copies both scale with the share offloaded.
+    assert steps[2] - steps[1] == pytest.approx(steps[1] - steps[0], rel=0.05)
