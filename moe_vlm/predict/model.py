@@ -22,7 +22,7 @@ from moe_vlm.predict.band import COVERAGE, UNCALIBRATED_BAND, conformal_width, s
 from moe_vlm.predict.calibration import GROUPS, Calibration, find, stack_of
 from moe_vlm.predict.families import band_for
 from moe_vlm.predict.hardware import Hardware, gpu_hardware, rank_threads
-from moe_vlm.predict.step import loads, not_modelled
+from moe_vlm.predict.step_time import loads, not_modelled
 from moe_vlm.predict.terms import ROUTING_NOT_MODELLED, Term, ep_term, routing_load
 from moe_vlm.predict.workload import expected_workload
 

@@ -32,7 +32,7 @@ from moe_vlm.perf.flops import step_flops
 from moe_vlm.predict.band import COVERAGE, conformal_width, score
 from moe_vlm.predict.families import GROUPINGS, HYBRID_FAMILIES, FamilyBand, families_of
 from moe_vlm.predict.hardware import gpu_hardware
-from moe_vlm.predict.step import loads
+from moe_vlm.predict.step_time import loads
 from moe_vlm.predict.workload import expected_workload
 
 ROWS_FILE = Path(__file__).with_name("published_rows.json")

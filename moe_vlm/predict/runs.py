@@ -15,7 +15,7 @@ from moe_vlm.perf.metrics import by_step, steady_window, workload_of
 from moe_vlm.predict.calibration import Sample, stack_of
 from moe_vlm.predict.hardware import Hardware
 from moe_vlm.predict.model import measured_window
-from moe_vlm.predict.step import loads
+from moe_vlm.predict.step_time import loads
 from moe_vlm.record.records import RunRecord, RunStatus, read_steps
 from moe_vlm.record.shape import RecordError
 

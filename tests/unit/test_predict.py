@@ -27,7 +27,7 @@ from moe_vlm.predict.model import (
 )
 from moe_vlm.predict.report_section import row_fields, section
 from moe_vlm.predict.runs import find_runs, measured_step_s, recorded
-from moe_vlm.predict.step import loads
+from moe_vlm.predict.step_time import loads
 from moe_vlm.predict.terms import Term
 from moe_vlm.predict.workload import expected_workload
 from moe_vlm.record.records import read_steps

@@ -70,6 +70,7 @@ def test_collectives_pay_a_latency_per_step_and_bandwidth_per_byte() -> None:
 
 def test_the_torch_engines_op_counts_are_what_its_model_runs() -> None:
     torch = pytest.importorskip("torch")
+    from torch.nn import Module
     from torch.utils._python_dispatch import TorchDispatchMode
 
     from moe_vlm.data import build_batches
@@ -82,11 +83,11 @@ def test_the_torch_engines_op_counts_are_what_its_model_runs() -> None:
     current = [0]
 
     class Count(TorchDispatchMode):
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             current[0] += 1
             return func(*args, **(kwargs or {}))
 
-    def around(name: str, module: torch.nn.Module) -> None:
+    def around(name: str, module: Module) -> None:
         start: list[int] = []
         module.register_forward_pre_hook(lambda *_: start.append(current[0]))
         module.register_forward_hook(lambda *_: counted.__setitem__(name, current[0] - start.pop()))

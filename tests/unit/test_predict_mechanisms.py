@@ -10,7 +10,7 @@ import pytest
 
 from moe_vlm.predict.hardware import gpu_hardware
 from moe_vlm.predict.model import predict
-from moe_vlm.predict.step import loads
+from moe_vlm.predict.step_time import loads
 from moe_vlm.predict.terms import Term
 from moe_vlm.predict.workload import expected_workload
 from tests.conftest import make_spec
