@@ -45,6 +45,7 @@ from omegaconf import DictConfig, OmegaConf
 from hydra_plugins.moe_vlm_sweeper import _halving as halving
 from moe_vlm.base import noise
 from moe_vlm.base.errors import EXIT_INVALID, BadInput
+from moe_vlm.base.files import file_in_the_way
 from moe_vlm.base.provenance import git_state
 from moe_vlm.base.safety import scrub, scrub_text, secret_values
 from moe_vlm.config.compose import compose_sweep_point, override_key, quote_override_value
@@ -292,6 +293,13 @@ class Planner:
     def _sweep(self, arguments: list[str]) -> Any:
         assert self.config is not None and self.launcher is not None
         sweep_dir = Path(str(self.config.hydra.sweep.dir)).absolute()
+        blocked = file_in_the_way(sweep_dir)
+        if blocked is not None:  # before any planning: nothing is written, nothing is lost
+            raise BadInput(
+                f"hydra.sweep.dir={sweep_dir}: {blocked} is a file, not a directory; a sweep writes a directory "
+                f"per point under it. Fix: name a directory that is one or does not exist yet (e.g. "
+                f"hydra.sweep.dir={str(sweep_dir).replace(str(blocked), f'{blocked}.d', 1)}), or move the file away."
+            )
         search = search_of(self.search)
         settings = halving.settings_of(self.halving) if search is Search.halving else None
         # With predict_keep < 1 only the kept points are checked, after the keeping: no worker.

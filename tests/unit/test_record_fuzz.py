@@ -191,9 +191,12 @@ def mutate_point(point: Path, rng: random.Random) -> list[str]:
     return done
 
 
-def call(main: Callable[[list[str]], int], argv: list[str], what: str) -> tuple[int, str]:
-    """main(argv) in process: its exit status and stderr; any exception fails the test, naming the mutation."""
-    out, err = io.StringIO(), io.StringIO()
+def call(
+    main: Callable[[list[str]], int], argv: list[str], what: str, out: io.StringIO | None = None
+) -> tuple[int, str]:
+    """main(argv) in process: its exit status and stderr (its stdout into `out`); any exception fails
+    the test, naming the mutation."""
+    out, err = out or io.StringIO(), io.StringIO()
     try:
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             code = main(argv)
@@ -228,11 +231,14 @@ def test_no_mutation_of_a_real_sweeps_records_crashes_a_command(tmp_path: Path) 
         except RecordError as exc:
             point_bad = exc
 
-        code, err = call(status.main, [str(sweep)], what)
+        shown = io.StringIO()
+        code, err = call(status.main, [str(sweep)], what, shown)
         assert code == 0, f"status found no point on: {what}\n{err}"  # the other point is intact
         first = point_bad or bad  # status reads point.json first
-        if first is not None:
-            assert f"moe-vlm status: skipped {first.path}: " in err, what
+        if first is not None:  # listed and counted, never left out as if the sweep were smaller
+            table = shown.getvalue()
+            assert f": {len(POINTS)} point(s), 1 with a record that cannot be read" in table, what
+            assert f"{status.UNREADABLE} " in table and f"{first.path.name}: {first.why}" in table, what
         code, err = call(advise_main, [f"sweep={sweep}"], what)
         assert code == 0, f"advise read no run on: {what}\n{err}"
         other = sweep / next(p for p in POINTS if p != target.name)
