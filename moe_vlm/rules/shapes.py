@@ -40,7 +40,10 @@ def shape_rule(code: str, level: Level, title: str) -> Callable[[ShapeCheck], Sh
     return register
 
 
-@shape_rule("S000", Level.warning, "the shape check did not run here")
+NOT_RUN = "S000"
+
+
+@shape_rule(NOT_RUN, Level.warning, "the shape check did not run here")
 def _not_run(spec: RunSpec, found: ShapeEvidence) -> Iterator[Violation]:
     if found.not_run:
         yield Violation(

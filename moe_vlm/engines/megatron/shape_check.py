@@ -26,6 +26,7 @@ from typing import Any
 from moe_vlm.config.precision import quantized
 from moe_vlm.config.schema import DataKind, Packing, Precision
 from moe_vlm.config.spec import RunSpec
+from moe_vlm.engines.megatron.stack import transformer_engine_problem
 from moe_vlm.perf.rank_shapes import Operand, RankShapes, ShapeEvidence, Verdict, rank_shapes, shape_key
 
 _CACHE: dict[tuple[object, ...], ShapeEvidence] = {}
@@ -137,10 +138,14 @@ def _evidence(spec: RunSpec) -> ShapeEvidence:
     except (ImportError, LookupError) as exc:
         return ShapeEvidence(None, not_run=f"{type(exc).__name__}: {exc}")
     shapes = rank_shapes(spec, rows, packed, source)
+    if quantized(spec.precision.format):
+        # TE's import can fail other than with ImportError: a half-installed TE (its Python package
+        # without its torch extension) raises FileNotFoundError (transformer_engine/common/__init__.py:154).
+        problem = transformer_engine_problem()
+        if problem is not None:
+            return ShapeEvidence(shapes, not_run=problem)
     try:
         refused, checked = te_verdicts(spec, shapes)
-    except ImportError as exc:
-        return ShapeEvidence(shapes, not_run=f"Transformer Engine does not import here ({exc})")
     except RuntimeError as exc:  # a TE build that cannot make the quantizer on this machine
         return ShapeEvidence(shapes, not_run=f"Transformer Engine's quantizer: {type(exc).__name__}: {exc}")
     return ShapeEvidence(shapes, refused, checked)
