@@ -205,8 +205,18 @@ WITHOUT_TE = (
 def library_side(spec: RunSpec) -> list[Finding]:
     """The checks that run the library: its own checks, then the shape check. Where a half-installed
     Transformer Engine stops both, one warning names the broken install, the fix and what was skipped
-    in place of their two."""
-    found = [*library_findings(spec), *shape_check(spec)]
+    in place of their two. A refusal of the library's that a shape rule reports with the point's own
+    micro-batch (TE's userbuffer fill: LIB-TE-UB on the buffers Bridge sizes, S004 on the batch) is
+    said once, by the shape rule."""
+    shaped = shape_check(spec)
+    if shaped:
+        from moe_vlm.engines.megatron.shape_check import shape_evidence
+
+        explained = [v.error for v in shape_evidence(spec).refused]
+        library = [f for f in library_findings(spec) if not any(error in f.message for error in explained)]
+    else:
+        library = library_findings(spec)
+    found = [*library, *shaped]
     from moe_vlm.engines.megatron.library_checks import Check
 
     if not any(f.code == Check.stack.value for f in found):

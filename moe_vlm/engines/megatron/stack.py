@@ -326,7 +326,11 @@ def half_installed(probes: Iterable[Probe]) -> HalfInstalled | None:
 
 def transformer_engine_problem() -> str | None:
     """One line when Transformer Engine's PyTorch side does not import here, naming the broken
-    install and the fix (None when it imports). Cached with the stack probe's own import."""
+    install and the fix (None when it imports). Cached with the stack probe's own import. torch first,
+    as every run imports them (Megatron Core does): it loads the pip NCCL that TE's core library links,
+    and a bare `import transformer_engine.pytorch` fails on libnccl.so.2 without it."""
+    import torch  # noqa: F401
+
     found = probe_module(TRANSFORMER_ENGINE)
     if found.error is None:
         return None
