@@ -50,7 +50,8 @@ def _not_run(spec: RunSpec, found: ShapeEvidence) -> Iterator[Violation]:
         yield Violation(
             ("engine", "data"),
             f"the shape check did not build or check this point's micro-batch: {found.not_run}.",
-            "plan on a machine with the Megatron stack (the canary runs it again on the cluster's own stack).",
+            "plan on a machine with the Megatron stack; a Slurm sweep's canary runs it on the cluster's stack for "
+            "every point (one micro-batch per distinct shape) and holds a point it refuses.",
         )
 
 
