@@ -337,7 +337,7 @@ def _moe(cfg: Any, spec: RunSpec) -> None:
     from megatron.core.transformer.moe.moe_layer import MoELayer
 
     with contextlib.suppress(_Ok):
-        MoELayer.forward(_MoeLayer(model, model.tensor_model_parallel_size), None)  # type: ignore[arg-type]
+        MoELayer.forward(_MoeLayer(model, model.tensor_model_parallel_size), None)
 
 
 # --- Megatron-LM's training argument validation -----------------------------------------------
