@@ -308,14 +308,16 @@ def test_status_on_a_directory_that_is_not_a_sweep_is_one_line_exit_2(tmp_path: 
         assert done.returncode == 2 and done.stdout == ""
         assert done.stderr.count("\n") == 1 and f"{directory}: not a sweep directory" in done.stderr
         assert hint in done.stderr
-    # A sweep whose every record is unusable: each named, then exit 2.
+    # A sweep whose every record is unusable: each listed (state unreadable, the file and why), then
+    # one line and exit 2.
     sweep = tmp_path / "sweep"
     shutil.copytree(FIXTURE, sweep)
     for point in POINTS:
         (sweep / point / RUN_JSON).write_text("[]")
     done = subprocess.run([moe_vlm, "status", str(sweep)], capture_output=True, text=True, timeout=120)
-    assert done.returncode == 2
-    assert [line.split(": skipped ")[0] for line in done.stderr.splitlines()[:-1]] == ["moe-vlm status"] * 2
+    assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+    rows = [line for line in done.stdout.splitlines() if line.startswith(f"{status.UNREADABLE} ")]
+    assert len(rows) == len(POINTS) and all(f"{RUN_JSON}: " in row for row in rows), done.stdout
 
 
 def test_read_steps_keeps_the_steps_and_skips_what_is_no_step(tmp_path: Path) -> None:
