@@ -45,6 +45,7 @@ from omegaconf import DictConfig, OmegaConf
 from hydra_plugins.moe_vlm_sweeper import _halving as halving
 from moe_vlm.base import noise
 from moe_vlm.base.errors import EXIT_INVALID, BadInput
+from moe_vlm.base.files import file_in_the_way
 from moe_vlm.base.provenance import git_state
 from moe_vlm.base.safety import scrub, scrub_text, secret_values
 from moe_vlm.config.compose import compose_sweep_point, override_key, quote_override_value
@@ -54,9 +55,11 @@ from moe_vlm.config.spec import RunSpec
 from moe_vlm.launch.halving import Search, search_of
 from moe_vlm.launch.status import collect
 from moe_vlm.perf.memory import MemoryEstimate
+from moe_vlm.perf.rank_shapes import shape_key
 from moe_vlm.predict.model import Prediction
 from moe_vlm.record.records import RunRecord
 from moe_vlm.rules import Finding, errors, validate
+from moe_vlm.rules.shapes import NOT_RUN
 from moe_vlm.run.library_worker import LibraryWorker, check_here
 from moe_vlm.run.plan import (
     POINT_LINE_HEADER,
@@ -99,6 +102,21 @@ class Point:
 
     def label(self) -> str:
         return " ".join(self.overrides) or "(defaults)"
+
+
+def unshaped_note(planned: list[Point], canary: bool) -> str:
+    """The valid points whose shape check did not run here (S000: no Transformer Engine on this
+    machine), and what checks them before they start: said with the sweep's counts."""
+    left = [p for p in planned if p.valid and any(f.code == NOT_RUN for f in p.findings)]
+    if not left:
+        return ""
+    shapes = len({shape_key(p.spec) for p in left})
+    who = (
+        f"the canary checks their {shapes} distinct shape(s) on the cluster's stack and refuses a point before it starts"
+        if canary
+        else "nothing checks them before they start (the Slurm launcher's canary would)"
+    )
+    return f"; {len(left)} valid point(s) not shape-checked here (S000): {who}"
 
 
 def dry_run_where(sweep_dir: Path) -> str:
@@ -243,6 +261,10 @@ class Planner:
 
     # --- planning ----------------------------------------------------------------------------
 
+    @property
+    def uses_canary(self) -> bool:
+        return bool(getattr(self.launcher, "uses_canary", False))
+
     def grid(self, arguments: list[str]) -> list[list[str]]:
         assert self.hydra_context is not None
         parser = OverridesParser.create(config_loader=self.hydra_context.config_loader)
@@ -292,6 +314,13 @@ class Planner:
     def _sweep(self, arguments: list[str]) -> Any:
         assert self.config is not None and self.launcher is not None
         sweep_dir = Path(str(self.config.hydra.sweep.dir)).absolute()
+        blocked = file_in_the_way(sweep_dir)
+        if blocked is not None:  # before any planning: nothing is written, nothing is lost
+            raise BadInput(
+                f"hydra.sweep.dir={sweep_dir}: {blocked} is a file, not a directory; a sweep writes a directory "
+                f"per point under it. Fix: name a directory that is one or does not exist yet (e.g. "
+                f"hydra.sweep.dir={str(sweep_dir).replace(str(blocked), f'{blocked}.d', 1)}), or move the file away."
+            )
         search = search_of(self.search)
         settings = halving.settings_of(self.halving) if search is Search.halving else None
         # With predict_keep < 1 only the kept points are checked, after the keeping: no worker.
@@ -307,7 +336,7 @@ class Planner:
             check_library(
                 planned,
                 enabled=self.library_checks,
-                canary=bool(getattr(self.launcher, "uses_canary", False)),
+                canary=self.uses_canary,
                 worker=worker,
             )
         finally:
@@ -343,6 +372,7 @@ class Planner:
                 if self.force or not counts["skipped_completed"]
                 else " (hydra.sweeper.force=true reruns them)"
             )
+            + unshaped_note(to_launch, self.uses_canary)
         )
         if valid == 0:
             print("moe_vlm: every point was rejected; nothing was submitted.", file=sys.stderr)
@@ -461,7 +491,7 @@ class Planner:
         rejected = sum(not p.valid for p in dry)
         print(
             f"moe_vlm: dry run: {len(dry)} point(s), {len(dry) - rejected} valid, "
-            f"{rejected} would be rejected; nothing was submitted."
+            f"{rejected} would be rejected{unshaped_note(dry, self.uses_canary)}; nothing was submitted."
         )
         print(dry_run_where(sweep_dir))
 
@@ -531,7 +561,7 @@ class Planner:
         summary = [
             f"moe_vlm: dry run: {len(dry)} point(s), {len(dry) - rejected} valid, {rejected} would be rejected"
             + (f" ({why})" if why else "")
-            + "; nothing was submitted.",
+            + f"{unshaped_note(dry, self.uses_canary)}; nothing was submitted.",
             f"moe_vlm: every point's plan{scripts}: {sweep_dir / PLANS_FILE} (dry_run=full prints them); "
             f"this table: {sweep_dir / DRY_RUN_FILE}",
             dry_run_where(sweep_dir),

@@ -54,6 +54,17 @@ def link_atomic(link: Path, target: str) -> None:
         raise
 
 
+def file_in_the_way(directory: Path) -> Path | None:
+    """The first of `directory` and its parents that exists and is not a directory (a file that
+    `mkdir(parents=True)` would fail on), or None when the directory exists or can be made."""
+    for candidate in (directory, *directory.parents):
+        if candidate.is_dir():
+            return None
+        if candidate.exists():
+            return candidate
+    return None
+
+
 def write_json_atomic(path: Path, payload: dict[str, Any]) -> None:
     write_atomic(path, json.dumps(payload, indent=2, sort_keys=True, default=str) + "\n")
 

@@ -42,7 +42,7 @@ from moe_vlm.config.compose import (
     parse_override,
 )
 from moe_vlm.config.names import ascii_fold, closest, lookalike_error, meant
-from moe_vlm.config.schema import dry_run_mode
+from moe_vlm.config.schema import DryRun, dry_run_mode
 
 # --- pre-flight: one line for what does not compose ------------------------------------------------
 
@@ -238,13 +238,38 @@ def _check_names(override: str) -> None:
                 parse_override(override)
                 return  # quoted free text: any character is fine
             except OverrideParseException:
-                problem = f"{key}: {text!r} holds non-ASCII characters; free text must be quoted. Fix: {key}='{text}'."
+                problem = _text_lookalike(key, text)
         else:
             names = [m.name for m in node._metadata.ref_type] if isinstance(node, EnumNode) else []
             folded = ascii_fold(text)
             problem = lookalike_error(f"{key}={text}", text, names or [folded], f"{key}={{}}", "value")
     if problem:
         raise BadInput(problem)
+
+
+# Keys typed as text (or Any) whose values are nevertheless a closed set (the launcher's executor:
+# moe_vlm/launch/slurm.py refuses any other).
+LAUNCHER_EXECUTORS = ("slurm", "local")
+TEXT_CHOICES: dict[str, tuple[str, ...]] = {
+    "dry_run": tuple(mode.value for mode in DryRun),
+    "hydra.launcher.executor": LAUNCHER_EXECUTORS,
+}
+
+
+def _text_lookalike(key: str, text: str) -> str:
+    """Unquoted non-ASCII in a text value: the value it resembles where the key's values are a closed
+    set or the characters are look-alikes of ASCII ones; else quoting is the fix (free text)."""
+    folded = ascii_fold(text)
+    choices = TEXT_CHOICES.get(key)
+    if choices is not None or (folded.isascii() and folded != text):
+        found = lookalike_error(f"{key}={text}", text, choices or [folded], f"{key}={{}}", "value")
+        if found is not None:
+            return (
+                found
+                if choices is not None
+                else f"{found[:-1]}, or quote it if the text is meant: {key}='{text}'."
+            )
+    return f"{key}: {text!r} holds non-ASCII characters; free text must be quoted. Fix: {key}='{text}'."
 
 
 def _check_point(point: Composed) -> None:

@@ -212,6 +212,19 @@ class RunSpec(RunKnobs):
         return self.parallelism.sequence_parallel or self.arch_profile.provider_forces_sp
 
     @property
+    def tp_comm_overlap(self) -> bool:
+        """Whether Bridge runs TE userbuffer TP overlap: needs TP >= 2 with sequence parallelism
+        (megatron/bridge/training/comm_overlap.py:442-451); overlap.tp_comm=null keeps the recipe's, on
+        in every Qwen-VL perf recipe for Blackwell (CommOverlapConfig(tp_comm_overlap=True) in
+        perf_recipes/qwen_vl/{b200,gb200,gb300,b300}/*.py; tests/megatron/test_runtime_refusals.py
+        holds it to each)."""
+        if self.layout.tp < 2 or not self.sequence_parallel:
+            return False
+        if self.overlap.tp_comm is not None:
+            return self.overlap.tp_comm
+        return self.cluster.compute_capability >= 10.0
+
+    @property
     def collate_padding_multiple(self) -> int:
         """The multiple Bridge pads a VLM batch's sequence to, and with in-batch packing every packed
         sample (megatron/bridge/training/config.py:1213-1220, handed to the packer at :1239):

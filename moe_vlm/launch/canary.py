@@ -12,11 +12,14 @@ the points wait on it with `--dependency=afterok`. In about a minute it:
    Megatron stack the run needs, then builds the Bridge ConfigContainer (moe_vlm.engines.megatron
    .config.build_config) in a scratch directory;
 4. for engine=megatron, runs the plan's shape check (moe_vlm/rules/shapes.py) on one real
-   micro-batch with this stack's Transformer Engine (docs/shapes.md);
+   micro-batch with this stack's Transformer Engine (docs/shapes.md), for this point alone when no
+   points file is given (with one, step 6 checks every point's shape);
 5. on a GPU cluster, checks that CUDA sees the job's GPUs (driver and container agree);
 6. with --points FILE (the launcher writes it: every point behind this canary), runs the library's
    own checks (LIB-*, moe_vlm/engines/megatron/library_checks.py, the same as a dry run's, through
-   the plan cache: identical inputs once) on each engine=megatron point on the cluster's own stack.
+   the plan cache: identical inputs once) and the shape check (S..., one micro-batch per distinct
+   shape) on each engine=megatron point on the cluster's own stack: a login node without Transformer
+   Engine plans them with S000, and this is where each is checked.
    A point they refuse gets a `rejected` run.json with the finding and its point.json's `refused`
    list, so it never starts (moe_vlm/run/task.py reads it first) and `moe-vlm status` says why;
    the others start as usual;
@@ -46,6 +49,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from moe_vlm.config.spec import RunSpec
+    from moe_vlm.rules import Finding
 
 FAILED_PREFIX = "moe_vlm canary: FAILED"
 OK_PREFIX = "moe_vlm canary: ok"
@@ -144,27 +148,40 @@ def probe_here(spec: RunSpec) -> str:
     return f"; probe rates stored in {store([with_rates(existing, found)])}"
 
 
-def refuse_point(point_dir: Path, overrides: list[str]) -> str | None:
-    """The library's own checks on one point; a refusal is written where the point's job reads it
-    first (its run.json and point.json): the refusing line, or None when the point may start."""
-    from moe_vlm.config.compose import compose_config
+def point_refusals(spec: RunSpec) -> list[Finding]:
+    """What refuses one point on this stack: the library's own checks (through the plan cache:
+    identical inputs once), then the shape check of its own micro-batch (cached per shape: a sweep
+    builds one batch per distinct shape). [] off the Megatron engine."""
     from moe_vlm.config.schema import Engine
-    from moe_vlm.config.spec import RunSpec
     from moe_vlm.engines.megatron.plan_cache import library_checks
-    from moe_vlm.record.records import RunRecord
+    from moe_vlm.engines.megatron.shape_check import shape_evidence
     from moe_vlm.rules import Finding, Level
-    from moe_vlm.runtime import points
+    from moe_vlm.rules.shapes import applies, shape_findings
 
-    composed = compose_config(overrides)
-    spec = RunSpec.from_config(composed)
     if spec.engine != Engine.megatron:
-        return None
+        return []
     found, _entry = library_checks(spec)
     refusals = [
         Finding(f.check.value, Level.error, ("engine",), f"{f.message}{f.where}", f.fix)
         for f in found
         if f.refuses
     ]
+    if applies(spec):
+        refusals += [f for f in shape_findings(spec, shape_evidence(spec)) if f.is_error]
+    return refusals
+
+
+def refuse_point(point_dir: Path, overrides: list[str]) -> str | None:
+    """point_refusals on one point; a refusal is written where the point's job reads it first (its
+    run.json and point.json): the refusing line, or None when the point may start."""
+    from moe_vlm.config.compose import compose_config
+    from moe_vlm.config.spec import RunSpec
+    from moe_vlm.record.records import RunRecord
+    from moe_vlm.runtime import points
+
+    composed = compose_config(overrides)
+    spec = RunSpec.from_config(composed)
+    refusals = point_refusals(spec)
     if not refusals:
         return None
     RunRecord.rejected(spec, points.resolved(composed), refusals).write(point_dir)
@@ -178,6 +195,9 @@ def check_points(points_file: Path) -> str:
     """refuse_point on every point the file lists; what was found, for the summary."""
     import json
 
+    from moe_vlm.engines.megatron.shape_check import cached_keys
+
+    shapes_before = cached_keys()
     listed = json.loads(points_file.read_text())["points"]
     refused = 0
     for entry in listed:
@@ -190,7 +210,10 @@ def check_points(points_file: Path) -> str:
         if why is not None:
             refused += 1
             print(f"{REFUSED_PREFIX} {point_dir.name}: {' '.join(why.split())}", flush=True)
-    return f"; library checks on {len(listed)} point(s): {refused} refused (they never start)"
+    return (
+        f"; library and shape checks on {len(listed)} point(s) ({cached_keys() - shapes_before} distinct "
+        f"shape(s) built): {refused} refused (they never start)"
+    )
 
 
 def run(overrides: list[str], probe: bool = False, points_file: Path | None = None) -> str:
@@ -200,9 +223,10 @@ def run(overrides: list[str], probe: bool = False, points_file: Path | None = No
     check_data(spec)
     with tempfile.TemporaryDirectory(prefix="moe_vlm_canary_") as scratch:
         engine = check_engine(spec, Path(scratch))
-    summary = (
-        f"cluster={spec.cluster.name} engine={spec.engine}: {engine}{check_shapes(spec)}{check_gpus(spec)}"
-    )
+    # With the points file every point's shape is checked there, this one's among them; a point it
+    # refuses is held alone, the others start.
+    shapes = check_shapes(spec) if points_file is None else ""
+    summary = f"cluster={spec.cluster.name} engine={spec.engine}: {engine}{shapes}{check_gpus(spec)}"
     if points_file is not None:
         summary += check_points(points_file)
     return summary + (probe_here(spec) if probe else "")

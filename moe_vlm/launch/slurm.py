@@ -26,6 +26,8 @@ from typing import Any
 from moe_vlm.base import safety
 from moe_vlm.base.errors import BadInput
 from moe_vlm.base.files import PREVIOUS_REQUEUE_MARKER, REQUEUE_MARKER
+from moe_vlm.config.names import meant
+from moe_vlm.config.preflight import LAUNCHER_EXECUTORS
 from moe_vlm.config.schema import Engine
 from moe_vlm.config.sharding import launcher_segment, segment_mismatch
 from moe_vlm.config.spec import RunSpec
@@ -117,9 +119,10 @@ def checked(settings: SlurmSettings, spec: RunSpec) -> SlurmSettings:
             f"hydra.launcher.points_per_job={out.points_per_job!r}: expected a whole number >= 1 "
             "(1 = one job per point). Fix: hydra.launcher.points_per_job=4."
         )
-    if out.executor not in ("slurm", "local"):
+    if out.executor not in LAUNCHER_EXECUTORS:
         raise BadInput(
-            f"hydra.launcher.executor={out.executor!r}: expected slurm or local. Fix: executor=slurm."
+            f"hydra.launcher.executor={out.executor!r}: expected slurm or local. "
+            f"Fix: hydra.launcher.executor={meant(str(out.executor), LAUNCHER_EXECUTORS) or 'slurm'}."
         )
     return out
 

@@ -44,7 +44,8 @@ from moe_vlm.runtime.failures import (
     write_failure,
 )
 
-STATES = ("completed", "failed", "rejected", "running", "queued", "planned", "unknown")
+UNREADABLE = "unreadable"  # a point whose point.json or run.json no reader can use (shown, never rewritten)
+STATES = ("completed", "failed", "rejected", "running", "queued", "planned", "unknown", UNREADABLE)
 BAR_WIDTH = 30
 # Slurm's reason for a job whose afterok dependency failed: it can never start.
 NEVER_SATISFIED = "DependencyNeverSatisfied"
@@ -460,10 +461,24 @@ def canary_lines(canaries: list[CanaryStatus]) -> list[str]:
     ]
 
 
+def unreadable_row(error: RecordError) -> PointStatus:
+    """A point whose record cannot be read, as a row: counted and listed, never left out."""
+    point_dir = error.path.parent
+    return PointStatus(
+        point_dir.name, UNREADABLE, None, 0, [], f"{error.path.name}: {error.why}", str(point_dir)
+    )
+
+
 def render(sweep_dir: Path, statuses: list[PointStatus], canaries: list[CanaryStatus] | None = None) -> str:
+    bad = sum(s.state == UNREADABLE for s in statuses)
     return "\n".join(
         [
-            f"sweep {sweep_dir}: {len(statuses)} point(s)",
+            f"sweep {sweep_dir}: {len(statuses)} point(s)"
+            + (
+                f", {bad} with a record that cannot be read (state {UNREADABLE}; fix or delete the file)"
+                if bad
+                else ""
+            ),
             *canary_lines(canaries or []),
             progress_bar(statuses),
             "",
@@ -512,16 +527,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     while True:
         skipped: list[RecordError] = []
-        statuses, canaries = snapshot(args.sweep_dir, skipped=skipped)
-        for error in skipped:
-            print(error.skipped("moe-vlm status"), file=sys.stderr)
-        if not statuses:
-            print(
-                f"moe-vlm status: error: {args.sweep_dir}: no point has a record status can use (each "
-                "is named above with why).",
-                file=sys.stderr,
-            )
-            return 2
+        readable, canaries = snapshot(args.sweep_dir, skipped=skipped)
+        statuses = [*readable, *map(unreadable_row, skipped)]
         if args.json:
             for c in canaries:
                 print(json.dumps({"canary": asdict(c)}, sort_keys=True))
@@ -529,6 +536,13 @@ def main(argv: list[str] | None = None) -> int:
                 print(json.dumps(asdict(s), sort_keys=True))
         else:
             print(render(args.sweep_dir, statuses, canaries))
+        if not readable:
+            print(
+                f"moe-vlm status: error: {args.sweep_dir}: no point has a record status can use (each is listed "
+                "above with why).",
+                file=sys.stderr,
+            )
+            return 2
         states = [s.state for s in statuses] + [c.state for c in canaries]
         active = any(state in ("queued", "running") for state in states)
         if not args.watch or not active:

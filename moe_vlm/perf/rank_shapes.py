@@ -65,6 +65,12 @@ class RankShapes:
         )
 
 
+# The TE function behind a verdict's check (moe_vlm/engines/megatron/shape_check.py runs them).
+DIMENSION_ASSERT = "assert_dim_for_fp8_exec"  # transformer_engine/pytorch/utils.py:704-714
+BLOCK_CHECK = "is_quantizable"  # MXFP8Quantizer / NVFP4Quantizer .is_quantizable
+USERBUFFER_FILL = "fill_userbuffers_buffer_for_all_gather"  # module/base.py:607-754
+
+
 @dataclass(frozen=True)
 class Verdict:
     """Transformer Engine's answer for one operand: check is the TE function that refused it."""
@@ -99,6 +105,7 @@ def shape_key(spec: RunSpec) -> tuple[object, ...]:
         lay.cp,
         lay.etp,
         spec.sequence_parallel,
+        spec.tp_comm_overlap,  # TE's userbuffer all-gather checks the MXFP8 shard (docs/shapes.md)
         repr(spec.model),
     )
 

@@ -23,7 +23,6 @@ from moe_vlm.rules.catalogue import (
     Violation,
     rule,
 )
-from moe_vlm.rules.precision import tp_overlap_on
 
 
 @rule("A001", Level.error, "real data needs a path")
@@ -260,7 +259,7 @@ def _packing_userbuffers(spec: RunSpec) -> Iterator[Violation]:
     # A buffer-packed micro-batch is always MBS x packed_row_length tokens: it fills the buffers
     # exactly when the row is seq_length long, and overflows them when the precision's or the split's
     # multiple rounds the row up (RunSpec.packed_row_length).
-    if spec.engine != Engine.megatron or not tp_overlap_on(spec):
+    if spec.engine != Engine.megatron or not spec.tp_comm_overlap:
         return
     packing = spec.data.packing
     if packing is Packing.none or (packing is Packing.buffer and spec.packed_row_length == spec.seq_length):

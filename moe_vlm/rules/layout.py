@@ -140,7 +140,7 @@ def _vp_needs_pp(spec: RunSpec) -> Iterator[Violation]:
 @rule("L009", Level.warning, "EP x TP wants sequence parallelism (MLM ModelParallelConfig warns)")
 def _ep_tp_sp(spec: RunSpec) -> Iterator[Violation]:
     lay = spec.layout
-    if lay.ep > 1 and lay.tp > 1 and not spec.parallelism.sequence_parallel:
+    if lay.ep > 1 and lay.tp > 1 and not spec.parallelism.sequence_parallel and not _moe_tp_without_sp(spec):
         arch = spec.arch_profile
         yield Violation(
             ("parallelism.sequence_parallel", "tp", "ep"),
@@ -225,4 +225,30 @@ def _vp_qwen3vl_moe(spec: RunSpec) -> Iterator[Violation]:
             f"to the model (qwen3_vl_provider.py:322-331), so building {spec.model.name} with VP > 1 fails at "
             "start-up: 'vp_stage must be provided' (megatron/core/transformer/transformer_layer.py:117-119).",
             "set vp=1 (more pp, or parallelism.first_stage_layers / last_stage_layers, balance the stages).",
+        )
+
+
+def _moe_tp_without_sp(spec: RunSpec) -> bool:
+    return (
+        spec.engine is Engine.megatron
+        and spec.model.num_experts > 0
+        and spec.layout.tp > 1
+        and not spec.sequence_parallel
+    )
+
+
+@rule("L015", Level.error, "MoE layers with TP > 1 train only with sequence parallelism (MCore moe_layer.py)")
+def _moe_tp_sp(spec: RunSpec) -> Iterator[Violation]:
+    # MoELayer.forward raises in training when its attention TP group has more than one rank and
+    # sequence parallelism is off (megatron/core/transformer/moe/moe_layer.py:629-633): at the first
+    # MoE forward, not in TransformerConfig's checks. The Qwen3-VL-MoE provider turns SP on for TP > 1
+    # (RunSpec.sequence_parallel); the Qwen3.5 one leaves the knob as it is.
+    if _moe_tp_without_sp(spec):
+        yield Violation(
+            ("parallelism.sequence_parallel", "tp"),
+            f"tp={spec.layout.tp} without sequence parallelism: {spec.model.name}'s MoE layers refuse to train "
+            "with TP > 1 and sequence parallelism off, at the first forward ('performance may degrade if MoE and "
+            "tensor parallelism are enabled without also enabling sequence parallelism', "
+            "megatron/core/transformer/moe/moe_layer.py:629-633).",
+            "set parallelism.sequence_parallel=true, or tp=1.",
         )

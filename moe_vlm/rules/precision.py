@@ -99,18 +99,6 @@ def _nvfp4_fsdp(spec: RunSpec) -> Iterator[Violation]:
         )
 
 
-def tp_overlap_on(spec: RunSpec) -> bool:
-    """Whether Bridge runs TE userbuffer TP overlap: needs TP >= 2 with sequence parallelism
-    (training/comm_overlap.py:442-451); overlap.tp_comm=null keeps the recipe's, on in every Qwen-VL
-    perf recipe for Blackwell (CommOverlapConfig(tp_comm_overlap=True) in perf_recipes/qwen_vl/
-    {b200,gb200,gb300,b300}/*.py; tests/megatron/test_runtime_refusals.py holds it to each)."""
-    if spec.layout.tp < 2 or not spec.sequence_parallel:
-        return False
-    if spec.overlap.tp_comm is not None:
-        return spec.overlap.tp_comm
-    return spec.cluster.compute_capability >= 10.0
-
-
 @rule("P005", Level.error, "NVFP4 with TE userbuffer TP overlap (TE module/base.py)")
 def _nvfp4_userbuffers(spec: RunSpec) -> Iterator[Violation]:
     # Bridge starts userbuffers with overlap on (training/initialize.py:236-237), in BF16 mode for FP4
@@ -118,7 +106,7 @@ def _nvfp4_userbuffers(spec: RunSpec) -> Iterator[Violation]:
     # all-gather buffer with the NVFP4 input quantizer (transformer_engine/pytorch/module/
     # layernorm_linear.py:292-306), and TE's fill_userbuffers_buffer_for_all_gather handles only
     # None, Float8 and MXFP8 quantizers: "Unsupported quantizer for Userbuffers" (module/base.py:754).
-    if spec.engine == Engine.megatron and spec.precision.format is Precision.nvfp4 and tp_overlap_on(spec):
+    if spec.engine == Engine.megatron and spec.precision.format is Precision.nvfp4 and spec.tp_comm_overlap:
         why = (
             "overlap.tp_comm=true"
             if spec.overlap.tp_comm

@@ -24,8 +24,8 @@ from moe_vlm.perf.peaks import peak_of, precision_peak_of
 from moe_vlm.predict.model import Prediction, predict
 from moe_vlm.record.columns import choices
 from moe_vlm.rules import Finding, Level, unplannable
+from moe_vlm.rules.shapes import NOT_RUN, shape_findings
 from moe_vlm.rules.shapes import applies as shapes_apply
-from moe_vlm.rules.shapes import shape_findings
 
 # The Megatron engine's planning (engines/megatron: its plan cache, the library checks, the shape
 # check) is imported by the functions below that use it, which only a Megatron point calls: a torch
@@ -147,11 +147,14 @@ def library_missing(spec: RunSpec) -> str | None:
     here, from the plan cache's stack probe; None when it imports. A build without it raises only
     after importing transformers and torch (tens of seconds on a login node) and is never cached, so
     every plan there would pay them again."""
-    from moe_vlm.engines.megatron.stack import LIBRARY
+    from moe_vlm.engines.megatron.stack import LIBRARY, half_installed
 
     probes, _entry = probed_stack(spec)
     missing = [p for p in probes if p.module in LIBRARY and not p.ok]
-    return f"{missing[0].module.label}: {missing[0].error}" if missing else None
+    if not missing:
+        return None
+    half = half_installed(missing)
+    return half.line() if half is not None else f"{missing[0].module.label}: {missing[0].error}"
 
 
 def planned_effective(spec: RunSpec) -> tuple[Planned, Entry] | str:
@@ -189,6 +192,45 @@ def library_findings(spec: RunSpec) -> list[Finding]:
             )
         ]
     return _as_findings(found)
+
+
+# What a plan cannot run without Transformer Engine, and what it runs all the same.
+WITHOUT_TE = (
+    "skipped here: the library's own checks (LIB-*), the shape check (S...) and Bridge's effective "
+    "configuration (the canary runs them on the cluster's stack); the rules, the memory estimate and the "
+    "step-time prediction ran"
+)
+
+
+def library_side(spec: RunSpec) -> list[Finding]:
+    """The checks that run the library: its own checks, then the shape check. Where a half-installed
+    Transformer Engine stops both, one warning names the broken install, the fix and what was skipped
+    in place of their two. A refusal of the library's that a shape rule reports with the point's own
+    micro-batch (TE's userbuffer fill: LIB-TE-UB on the buffers Bridge sizes, S004 on the batch) is
+    said once, by the shape rule."""
+    shaped = shape_check(spec)
+    if shaped:
+        from moe_vlm.engines.megatron.shape_check import shape_evidence
+
+        explained = [v.error for v in shape_evidence(spec).refused]
+        library = [f for f in library_findings(spec) if not any(error in f.message for error in explained)]
+    else:
+        library = library_findings(spec)
+    found = [*library, *shaped]
+    from moe_vlm.engines.megatron.library_checks import Check
+
+    if not any(f.code == Check.stack.value for f in found):
+        return found
+    from moe_vlm.engines.megatron.stack import half_installed
+
+    half = half_installed(probed_stack(spec)[0])
+    if half is None:
+        return found
+    kept = [f for f in found if f.code not in (Check.stack.value, NOT_RUN)]
+    return [
+        *kept,
+        Finding(Check.stack.value, Level.warning, ("engine",), f"{half.cause()}; {WITHOUT_TE}.", half.fix),
+    ]
 
 
 def stored_library_findings(spec: RunSpec) -> list[Finding] | None:
@@ -540,16 +582,24 @@ def _megatron_summary(spec: RunSpec, findings: list[Finding], got: Gathered) -> 
         return [*lines, f"stack          {SHALLOW_NOTE}"]
     probes, _entry = got.stack
     missing = [p for p in probes if not p.ok]
+    from moe_vlm.engines.megatron.stack import half_installed  # the stack's own module: no import
+
+    half = half_installed(missing)
     lines.append(
         f"stack          every one of {len(probes)} modules imports here"
         if not missing
+        else f"stack          Transformer Engine is half-installed here (LIB-STACK names the fix): {len(missing)} of "
+        f"{len(probes)} modules do not import"
+        if half is not None
         else f"stack          {len(missing)} of {len(probes)} modules do not import here "
         f"({', '.join(p.module.label for p in missing)}): a run here stops before distributed init; "
         "the cluster's container must hold them"
     )
     effective = got.effective
     lines.append(
-        f"effective      not built here: {effective}"[:200]
+        "effective      not built here: Transformer Engine is half-installed (LIB-STACK)"
+        if half is not None
+        else f"effective      not built here: {effective}"[:200]
         if isinstance(effective, str)
         else "effective      Bridge's configuration after its runtime update: built here (see the whole plan)"
     )

@@ -23,7 +23,7 @@ from moe_vlm.config.spec import RunSpec
 from moe_vlm.data import DataError, check_data
 from moe_vlm.engines import launch
 from moe_vlm.rules import Finding, errors, validate
-from moe_vlm.run.plan import PLAN_TEXT, gather, library_findings, render, shape_check, summary
+from moe_vlm.run.plan import PLAN_TEXT, gather, library_side, render, summary
 from moe_vlm.run.plan_record import plan_of
 
 
@@ -39,7 +39,7 @@ def plan(spec: RunSpec, findings: list[Finding], full: bool) -> None:
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     with noise.captured(not full) as library_output:
         if not errors(findings):  # the library's own checks judge what the rules let through (megatron)
-            findings = [*findings, *library_findings(spec), *shape_check(spec)]
+            findings = [*findings, *library_side(spec)]
         got = gather(spec, findings)
     whole = scrub_text(render(spec, findings, gathered=got))  # a data path may hold an ${oc.env:...} secret
     plan_of(spec, findings, got, [scrub_text(line) for line in library_output]).write(run_dir, scrub)
@@ -65,8 +65,9 @@ def run(cfg: DictConfig) -> None:
     from moe_vlm.runtime.failures import Diagnosis, launch_info, record_exception, write_failure
     from moe_vlm.runtime.heartbeat import Heartbeat, write_running
 
-    for finding in findings:
-        print(scrub_text(finding.line()), file=sys.stderr)
+    if not bad:  # a refused run says its errors once, below; its warnings would wait for a run
+        for finding in findings:
+            print(scrub_text(finding.line()), file=sys.stderr)
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     refused = points.refused(run_dir)
     if refused and not bad:  # the canary's library checks refused it on the cluster: its record says so
@@ -82,9 +83,8 @@ def run(cfg: DictConfig) -> None:
     config = scrub(resolved_config(cfg))
     if bad:
         RunRecord.rejected(spec, config, findings).write(run_dir)
-        print(
-            f"moe_vlm: rejected before any work: {len(bad)} error(s) above; nothing was run.", file=sys.stderr
-        )
+        for finding in bad:  # one line each; dry_run=true lists the warnings too
+            print(scrub_text(f"moe_vlm: rejected, nothing was run: {finding.line()}"), file=sys.stderr)
         sys.exit(EXIT_INVALID)
 
     try:

@@ -16,6 +16,7 @@ overrides (`Point.overrides`).
 from __future__ import annotations
 
 import copy
+import itertools
 import random
 import types
 import typing
@@ -296,3 +297,79 @@ def draw_shape_point(rng: random.Random, per_node: dict[str, int]) -> Point:
     )
     leaves = (*pick.items(), *SHAPE_SMALL)
     return Point(cluster, MODELS[0], max(1, 8 // per_node[cluster]), groups, leaves)
+
+
+# --- the third pass's axes (issue 49) -----------------------------------------------------------
+
+# What slipped through the random points and the shape axes: TP userbuffers (the recipe's, on, off)
+# with every precision, sequence lengths that are multiples of 128 and of only 64, 32, 16, 8 or 4,
+# every model family (Qwen3.5's Gated DeltaNet layers included) against every parallelism knob, and
+# every packing mode. THIRD_PRODUCT's axes are enumerated whole (each combination THIRD_REPEATS
+# times); the others are drawn for each.
+THIRD_PRODUCT: dict[str, tuple[Any, ...]] = {
+    "precision": ("bf16", "fp8cs", "fp8mx", "nvfp4"),
+    "overlap.tp_comm": (None, True, False),
+    # 4096 a multiple of 128; 4160 of 64 only; 4128 of 32; 4112 of 16; 4104 of 8; 4100 of 4
+    "seq_length": (4096, 4160, 4128, 4112, 4104, 4100),
+}
+# A value listed twice is drawn twice as often: TP overlap needs TP >= 2 with sequence parallelism,
+# and the 235B model on H100s rarely fits (M001).
+THIRD_DRAWN: dict[str, tuple[Any, ...]] = {
+    "cluster": ("gb200", "gb200", "b200", "h100"),
+    "model": (MODELS[0], MODELS[0], MODELS[1], MODELS[2], MODELS[2]),
+    "parallelism": ("fsdp", "3d", "3d"),
+    "tp": (1, 2, 2, 4),
+    "cp": (1, 1, 2),
+    "pp": (1, 2),
+    "ep": (None, 1, 4, 8),
+    "etp": (None, 1, 2),
+    "parallelism.sequence_parallel": (True, True, False),
+    "data.packing": tuple(Packing),
+    "mbs": (1, 2, 3),
+}
+THIRD_AXES = {**THIRD_PRODUCT, **THIRD_DRAWN}
+THIRD_REPEATS = 4
+# Bridge-free mock samples fill whole rows (a packed batch in milliseconds); small images for the rest.
+THIRD_DATA = (("data.max_long_side_px", 480), ("data.max_text_tokens", 96))
+
+
+def third_point(rng: random.Random, per_node: dict[str, int], fixed: dict[str, Any]) -> Point:
+    """One point: `fixed` (THIRD_PRODUCT's values), THIRD_DRAWN drawn, mock data, the all-to-all
+    dispatcher (allgather refuses packing, A010), the model's usual GPU count."""
+    pick = {**{axis: rng.choice(values) for axis, values in THIRD_DRAWN.items()}, **fixed}
+    cluster, model = pick.pop("cluster"), pick.pop("model")
+    groups = (
+        ("data", "mock"),
+        ("dispatcher", "alltoall"),
+        ("parallelism", pick.pop("parallelism")),
+        ("precision", pick.pop("precision")),
+    )
+    leaves = (*((k, v) for k, v in pick.items() if v is not None), *THIRD_DATA)
+    gpus = max(WORLDS[model][:2])  # 8 GPUs for the A3B models, 128 for 235B
+    return Point(cluster, model, max(1, gpus // per_node[cluster]), groups, leaves)
+
+
+def third_points(rng: random.Random, per_node: dict[str, int]) -> list[Point]:
+    """Every combination of THIRD_PRODUCT, THIRD_REPEATS times, the other axes drawn for each."""
+    combos = itertools.product(*THIRD_PRODUCT.values())
+    return [
+        third_point(rng, per_node, dict(zip(THIRD_PRODUCT, combo, strict=True)))
+        for combo in combos
+        for _ in range(THIRD_REPEATS)
+    ]
+
+
+def draw_sweep(rng: random.Random, per_node: dict[str, int], points: int = 3) -> list[Point]:
+    """A sweep whose points differ in shape: one drawn point, then the same with other sequence lengths
+    and micro-batch sizes (what `-m seq_length=4096,4100 mbs=1,2` expands to)."""
+    fixed = {axis: rng.choice(values) for axis, values in THIRD_PRODUCT.items()}
+    first = third_point(rng, per_node, fixed)
+    kept = tuple((k, v) for k, v in first.leaves if k not in ("seq_length", "mbs"))
+    sweep = [first]
+    for _ in range(points - 1):
+        shape = (
+            ("seq_length", rng.choice(THIRD_PRODUCT["seq_length"])),
+            ("mbs", rng.choice(THIRD_DRAWN["mbs"])),
+        )
+        sweep.append(Point(first.cluster, first.model, first.nodes, first.groups, (*kept, *shape)))
+    return sweep

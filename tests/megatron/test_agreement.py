@@ -277,6 +277,17 @@ RUN_TIME = {
         ),
         "CUDA-graph capture (the allgather dispatcher's host syncs inside the moe scope)",
     ),
+    # Issue 49 (library_checks LIB-MOE runs MoELayer.forward's check on the config).
+    "L015": Documented(
+        "megatron.core.transformer.moe.moe_layer",
+        "if self.training and self.attn_tp_group.size() > 1 and not self.config.sequence_parallel:",
+        lambda cfg: (
+            bool(cfg.model.num_moe_experts)
+            and cfg.model.tensor_model_parallel_size > 1
+            and not cfg.model.sequence_parallel
+        ),
+        "the first MoE forward (MoELayer refuses TP > 1 without sequence parallelism in training)",
+    ),
 }
 
 # Engine edge cases beyond the rule cases: layouts, packing, graphs, and their combinations.

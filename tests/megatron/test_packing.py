@@ -222,7 +222,7 @@ def test_userbuffers_take_only_seq_length_x_mbs_tokens(recipes: RecipeCache, eng
     assert "comm.copy_into_buffer(local_tensor, local_chunk=True)" in fill
     assert b"input_size * _tp_size == ubuf_size" in Path(transformer_engine_torch.__file__).read_bytes()
     spec, cfg = runtime_updated(recipes, engine_environment, *PACKED, "parallelism=3d", "tp=2", "ep=4")
-    assert cfg.model.tp_comm_overlap  # the GB200 recipe's, kept (rules/precision.py tp_overlap_on)
+    assert cfg.model.tp_comm_overlap  # the GB200 recipe's, kept (RunSpec.tp_comm_overlap)
     batch = collated(cfg, spec.mbs)
     assert batch["input_ids"].shape[1] < cfg.model.seq_length * spec.mbs
     assert "A013" in {f.code for f in validate(spec) if f.is_error}

@@ -219,7 +219,7 @@ def test_the_canary_refuses_a_point_before_it_starts_and_status_says_why(
     points_file = tmp_path / points.CANARY_POINTS
     points_file.write_text(json.dumps({"points": listed}))
 
-    assert check_points(points_file).endswith("2 point(s): 1 refused (they never start)")
+    assert check_points(points_file).endswith("shape(s) built): 1 refused (they never start)")
     assert f"{REFUSED_PREFIX} refused: LIB-ROUTER: " in capsys.readouterr().out
     assert [r["code"] for r in points.refused(sweep_dir / "refused")] == ["LIB-ROUTER"]
     assert points.refused(sweep_dir / "passes") == [] and not (sweep_dir / "passes" / "run.json").exists()

@@ -64,6 +64,21 @@ def test_cli_table_and_bad_directory(sweep: Path, capsys: pytest.CaptureFixture[
     assert "no such directory" in capsys.readouterr().err
 
 
+def test_a_corrupt_run_json_is_listed_and_counted_not_left_out(
+    sweep: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A truncated run.json (a copy cut short, a full disk): the point is one of the sweep's, shown as
+    unreadable with the file and why; the file is left as it is."""
+    torn = sweep / "a" / "run.json"
+    torn.write_text('{"status": "compl')
+    assert main([str(sweep)]) == 0
+    out = capsys.readouterr().out
+    assert "5 point(s), 1 with a record that cannot be read" in out
+    row = next(line for line in out.splitlines() if line.startswith("unreadable"))
+    assert " a " in row and "run.json: not JSON" in row
+    assert "1 unreadable" in out and torn.read_text() == '{"status": "compl'
+
+
 @pytest.mark.parametrize("interval", ["-5", "0", "nan"])
 def test_a_watch_interval_not_above_zero_is_one_line_exit_2(
     sweep: Path, capsys: pytest.CaptureFixture[str], interval: str

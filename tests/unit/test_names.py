@@ -53,6 +53,17 @@ def test_free_text_may_hold_any_character_when_quoted() -> None:
     assert "free text must be quoted" in refusal("logger.run_name=Exp\u00e9rience")
 
 
+def test_a_text_value_with_a_closed_set_names_the_value_it_resembles() -> None:
+    """dry_run (typed Any: true, false, full) and the launcher's executor (text: slurm, local) once got
+    "free text must be quoted"; quoting would have planned nothing or been refused a step later."""
+    assert refusal("dry_run=f\u0430lse").endswith("you mean the value false. Fix: retype it: dry_run=false.")
+    line = refusal("hydra.launcher.executor=slur\u043c", "hydra/launcher=slurm")
+    assert "U+043C CYRILLIC SMALL LETTER EM" in line and line.endswith("hydra.launcher.executor=slurm.")
+    # Free text of look-alikes: the ASCII it resembles, or the quotes if the text is meant.
+    line = refusal(f"logger.run_name=t{CYRILLIC_E}st")
+    assert "you mean the value test" in line and "or quote it if the text is meant" in line
+
+
 def test_ascii_is_left_to_hydra() -> None:
     assert lookalike_error("dispatcher=hybridep", "hybridep", ["hybridep"], "dispatcher={}") is None
     assert ascii_fold("\uff4d\uff42\uff53 \u2014 \u201cx\u201d") == 'mbs - "x"'

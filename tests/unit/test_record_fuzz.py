@@ -191,9 +191,12 @@ def mutate_point(point: Path, rng: random.Random) -> list[str]:
     return done
 
 
-def call(main: Callable[[list[str]], int], argv: list[str], what: str) -> tuple[int, str]:
-    """main(argv) in process: its exit status and stderr; any exception fails the test, naming the mutation."""
-    out, err = io.StringIO(), io.StringIO()
+def call(
+    main: Callable[[list[str]], int], argv: list[str], what: str, out: io.StringIO | None = None
+) -> tuple[int, str]:
+    """main(argv) in process: its exit status and stderr (its stdout into `out`); any exception fails
+    the test, naming the mutation."""
+    out, err = out or io.StringIO(), io.StringIO()
     try:
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             code = main(argv)
@@ -228,11 +231,14 @@ def test_no_mutation_of_a_real_sweeps_records_crashes_a_command(tmp_path: Path) 
         except RecordError as exc:
             point_bad = exc
 
-        code, err = call(status.main, [str(sweep)], what)
+        shown = io.StringIO()
+        code, err = call(status.main, [str(sweep)], what, shown)
         assert code == 0, f"status found no point on: {what}\n{err}"  # the other point is intact
         first = point_bad or bad  # status reads point.json first
-        if first is not None:
-            assert f"moe-vlm status: skipped {first.path}: " in err, what
+        if first is not None:  # listed and counted, never left out as if the sweep were smaller
+            table = shown.getvalue()
+            assert f": {len(POINTS)} point(s), 1 with a record that cannot be read" in table, what
+            assert f"{status.UNREADABLE} " in table and f"{first.path.name}: {first.why}" in table, what
         code, err = call(advise_main, [f"sweep={sweep}"], what)
         assert code == 0, f"advise read no run on: {what}\n{err}"
         other = sweep / next(p for p in POINTS if p != target.name)
@@ -302,14 +308,16 @@ def test_status_on_a_directory_that_is_not_a_sweep_is_one_line_exit_2(tmp_path: 
         assert done.returncode == 2 and done.stdout == ""
         assert done.stderr.count("\n") == 1 and f"{directory}: not a sweep directory" in done.stderr
         assert hint in done.stderr
-    # A sweep whose every record is unusable: each named, then exit 2.
+    # A sweep whose every record is unusable: each listed (state unreadable, the file and why), then
+    # one line and exit 2.
     sweep = tmp_path / "sweep"
     shutil.copytree(FIXTURE, sweep)
     for point in POINTS:
         (sweep / point / RUN_JSON).write_text("[]")
     done = subprocess.run([moe_vlm, "status", str(sweep)], capture_output=True, text=True, timeout=120)
-    assert done.returncode == 2
-    assert [line.split(": skipped ")[0] for line in done.stderr.splitlines()[:-1]] == ["moe-vlm status"] * 2
+    assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+    rows = [line for line in done.stdout.splitlines() if line.startswith(f"{status.UNREADABLE} ")]
+    assert len(rows) == len(POINTS) and all(f"{RUN_JSON}: " in row for row in rows), done.stdout
 
 
 def test_read_steps_keeps_the_steps_and_skips_what_is_no_step(tmp_path: Path) -> None:

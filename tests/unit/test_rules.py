@@ -71,6 +71,16 @@ CASES: dict[str, tuple[list[str], list[str]]] = {
         [*MEG, "parallelism=3d", "tp=2", "ep=4"],
         [*MEG, "parallelism=3d", "tp=2", "ep=4", "parallelism.sequence_parallel=true"],
     ),
+    "L015": (
+        ["cluster=gb200", "model=qwen35_vl_35b_a3b", "parallelism=3d", "tp=2"],
+        [
+            "cluster=gb200",
+            "model=qwen35_vl_35b_a3b",
+            "parallelism=3d",
+            "tp=2",
+            "parallelism.sequence_parallel=true",
+        ],
+    ),
     "L010": ([*MEG, "parallelism=3d", "etp=5"], [*MEG, "parallelism=3d", "ep=4", "etp=2"]),
     "L011": ([*MEG, "nproc=16"], [*MEG, "nproc=8"]),
     "L012": ([*MEG, "parallelism.sequence_parallel=true"], MEG),

@@ -109,6 +109,14 @@ def test_unsafe_launcher_values_stop_the_sweep_with_one_line(tmp_path: Path) -> 
     assert not (tmp_path / "sweep").exists()
 
 
+def test_a_sweep_directory_that_is_a_file_is_one_line_exit_2(tmp_path: Path) -> None:
+    (tmp_path / "sweep").write_text("a file the user has\n")
+    done = train(tmp_path, "mbs=1,2", "dry_run=true")
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert done.stderr.strip().count("\n") == 0 and "is a file, not a directory" in done.stderr
+    assert (tmp_path / "sweep").read_text() == "a file the user has\n"  # nothing lost
+
+
 @pytest.mark.slow
 def test_a_preset_gives_the_axes_and_the_command_line_replaces_one(tmp_path: Path) -> None:
     done = train(tmp_path, "sweep=mbs_recompute", "mbs=2", "dry_run=true")

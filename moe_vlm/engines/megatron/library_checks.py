@@ -18,10 +18,14 @@ applied to the recipe, moe_vlm/engines/megatron/config.py), and report what it r
   get_fp8_recipe / get_fp4_recipe, core/fp8_utils.py:714, core/fp4_utils.py:219) and the quantizers
   TE makes from it (RecipeState.make_quantizers);
 - LIB-TE-UB: TP userbuffer overlap with those quantizers: TE's all-gather buffer fill
-  (transformer_engine/pytorch/module/base.py:607-754), called up to its format dispatch;
+  (transformer_engine/pytorch/module/base.py:607-754), called up to its format dispatch, and for MXFP8
+  on the shard Bridge sizes the buffers for (training/initialize.py:355-358) up to its rows check
+  (:709-713);
 - LIB-ROUTER: the router's fused top-k kernel with the router's dtype (megatron/core/transformer/
   moe/router.py:103-107 picks the dtype, moe/moe_utils.py:772-790 calls TE's
   fused_topk_with_score_function, transformer_engine/pytorch/router.py:345-346 checks it);
+- LIB-MOE: the MoE layer's run-time refusal of TP > 1 without sequence parallelism
+  (megatron/core/transformer/moe/moe_layer.py:629-633), run on the model config as the layer gets it;
 - LIB-ARGS: Megatron-LM's training argument validation (megatron/training/arguments.py:388,
   ``validate_args``) on the arguments that name the same fields (ARGS_FROM_CONFIG maps them).
   Bridge does not run it; where it refuses what Bridge accepts, rules/library.py ports the check.
@@ -42,6 +46,7 @@ import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from enum import StrEnum
+from types import SimpleNamespace
 from typing import Any
 
 from moe_vlm.config.spec import RunSpec
@@ -56,6 +61,7 @@ class Check(StrEnum):
     te_recipe = "LIB-TE-RECIPE"
     userbuffers = "LIB-TE-UB"
     router = "LIB-ROUTER"
+    moe = "LIB-MOE"
     args = "LIB-ARGS"
     stack = "LIB-STACK"  # the checks did not run here
 
@@ -163,15 +169,82 @@ def _te_recipe(cfg: Any, spec: RunSpec) -> None:
 
 
 class _Userbuffers:
-    """The userbuffers communicator's answers that TE's buffer fill reads before it dispatches on
-    the quantizer's format (base.py:630, 647-663); a supported format reaches `is_fp8_ubuf` or a
-    cast, which end the probe: only the format dispatch is under test, no buffer is touched."""
+    """The userbuffers communicator's answers that TE's buffer fill reads (base.py:630, 647, 663, 687):
+    no buffer is touched. Without `fp8` a supported format reaches `is_fp8_ubuf` or a cast, which end
+    the probe (only the format dispatch is under test); with it, the MXFP8 branch goes on to its own
+    check of the shard's rows."""
+
+    def __init__(self, fp8: bool = False) -> None:
+        self.fp8 = fp8
 
     def with_cublasmp(self) -> bool:
         return False
 
     def is_fp8_ubuf(self) -> bool:
-        raise _Ok
+        if not self.fp8:
+            raise _Ok
+        return True
+
+    def copy_into_buffer(self, tensor: Any, local_chunk: bool = False) -> None:
+        return None
+
+
+def _gloo_group() -> Any:
+    import torch
+
+    return torch.distributed.ProcessGroupGloo(torch.distributed.HashStore(), 0, 1)
+
+
+def userbuffer_shard(cfg: Any) -> tuple[int, int]:
+    """One TP rank's chunk of the all-gather userbuffers, rows x hidden, as Bridge asks TE for them:
+    its own _initialize_tp_communicators (training/initialize.py:355-358, (seq_length x MBS / CP) x
+    hidden) with TE's initialize_ub replaced by a recorder; TE splits the rows over TP (the local
+    chunk every all-gather input must fill, comm_gemm_overlap copy_into_buffer)."""
+    from unittest import mock
+
+    import transformer_engine.pytorch as te
+    from megatron.bridge.training.initialize import _initialize_tp_communicators
+
+    asked: dict[str, Any] = {}
+
+    def record(shape: list[int], tp_size: int, **_: Any) -> None:
+        asked.update(shape=shape, tp=tp_size)
+
+    with mock.patch.object(te, "initialize_ub", record):
+        _initialize_tp_communicators(cfg.model, cfg.train.micro_batch_size)
+    rows, hidden = asked["shape"]
+    return rows // max(int(asked["tp"]), 1), hidden
+
+
+def mxfp8_userbuffer_fill(rows: int, hidden: int) -> None:
+    """TE's userbuffer all-gather fill (module/base.py:679-715) of one TP rank's MXFP8 shard, rows x
+    hidden (meta tensors: nothing allocated), with the rowwise usage the column-parallel forward sets
+    (layernorm_linear.py:300): raises TE's ValueError when it refuses the rows ('Userbuffers requires
+    MXFP8 tensor dims that are divisible by 128', :709-713). The shard says its scales are swizzled,
+    which TE refuses right after the rows (:714): that refusal is the probe's end, the rows passed."""
+    import torch
+    import transformer_engine_torch as tex  # registered by transformer_engine.pytorch's import
+    from transformer_engine.pytorch.module.base import fill_userbuffers_buffer_for_all_gather
+    from transformer_engine.pytorch.tensor.mxfp8_tensor import MXFP8Quantizer
+    from transformer_engine.pytorch.tensor.storage.mxfp8_tensor_storage import MXFP8TensorStorage
+
+    quantizer = MXFP8Quantizer(fp8_dtype=tex.DType.kFloat8E4M3)
+    quantizer.set_usage(rowwise=True, columnwise=False)
+    shard = MXFP8TensorStorage(
+        torch.empty(rows, hidden, dtype=torch.uint8, device="meta"),
+        torch.empty(rows, max(hidden // 32, 1), dtype=torch.uint8, device="meta"),
+        None,
+        None,
+        tex.DType.kFloat8E4M3,
+        None,
+        True,
+        fake_dtype=torch.bfloat16,
+    )
+    try:
+        fill_userbuffers_buffer_for_all_gather(_Userbuffers(fp8=True), shard, quantizer, _gloo_group())
+    except ValueError as exc:
+        if "unswizzled scales" not in str(exc):
+            raise
 
 
 def _userbuffers(cfg: Any, spec: RunSpec) -> None:
@@ -179,10 +252,15 @@ def _userbuffers(cfg: Any, spec: RunSpec) -> None:
         return
     import torch
     from transformer_engine.pytorch.module.base import fill_userbuffers_buffer_for_all_gather
+    from transformer_engine.pytorch.tensor.mxfp8_tensor import MXFP8Quantizer
 
-    group = torch.distributed.ProcessGroupGloo(torch.distributed.HashStore(), 0, 1)
+    group = _gloo_group()
     for quantizer in quantizers(cfg.model):
-        # Each format's branch first casts (MXFP8, FP8) or asks the communicator (is_fp8_ubuf): a
+        if isinstance(quantizer, MXFP8Quantizer):
+            # Its branch checks the shard's rows: the shard Bridge sizes the buffers for.
+            mxfp8_userbuffer_fill(*userbuffer_shard(cfg))
+            continue
+        # Each other format's branch first casts (FP8) or asks the communicator (is_fp8_ubuf): a
         # format with a branch ends in _Ok or a cast that needs a GPU; one without raises at :754.
         try:
             fill_userbuffers_buffer_for_all_gather(_Userbuffers(), torch.zeros(16, 16), quantizer, group)
@@ -230,6 +308,36 @@ def _router(cfg: Any, spec: RunSpec) -> None:
             raise
     except (KeyError, TypeError):
         pass
+
+
+# --- the MoE layer's run-time check ---------------------------------------------------------------
+
+
+class _MoeLayer:
+    """What MoELayer.forward reads before its first work: training, its attention TP group's size and
+    its config (moe_layer.py:629); the next attribute it asks for (:637) ends the probe."""
+
+    training = True
+
+    def __init__(self, config: Any, tp: int) -> None:
+        self.config = config
+        self.attn_tp_group = SimpleNamespace(size=lambda: tp)
+
+    def __getattr__(self, name: str) -> Any:
+        raise _Ok
+
+
+def _moe(cfg: Any, spec: RunSpec) -> None:
+    """MoELayer.forward's refusal of TP > 1 without sequence parallelism in training (megatron/core/
+    transformer/moe/moe_layer.py:629-633), a run-time check no config validation runs, on the
+    configuration the layer would get."""
+    model = cfg.model
+    if not getattr(model, "num_moe_experts", None):
+        return
+    from megatron.core.transformer.moe.moe_layer import MoELayer
+
+    with contextlib.suppress(_Ok):
+        MoELayer.forward(_MoeLayer(model, model.tensor_model_parallel_size), None)
 
 
 # --- Megatron-LM's training argument validation -----------------------------------------------
@@ -379,6 +487,7 @@ CHECKS: tuple[tuple[Check, Callable[[Any, RunSpec], None]], ...] = (
     (Check.te_recipe, _te_recipe),
     (Check.userbuffers, _userbuffers),
     (Check.router, _router),
+    (Check.moe, _moe),
     (Check.args, _args),
 )
 

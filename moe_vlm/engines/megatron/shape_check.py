@@ -26,7 +26,18 @@ from typing import Any
 from moe_vlm.config.precision import quantized
 from moe_vlm.config.schema import DataKind, Packing, Precision
 from moe_vlm.config.spec import RunSpec
-from moe_vlm.perf.rank_shapes import Operand, RankShapes, ShapeEvidence, Verdict, rank_shapes, shape_key
+from moe_vlm.engines.megatron.stack import transformer_engine_problem
+from moe_vlm.perf.rank_shapes import (
+    BLOCK_CHECK,
+    DIMENSION_ASSERT,
+    USERBUFFER_FILL,
+    Operand,
+    RankShapes,
+    ShapeEvidence,
+    Verdict,
+    rank_shapes,
+    shape_key,
+)
 
 _CACHE: dict[tuple[object, ...], ShapeEvidence] = {}
 _SEEDED = (DataKind.mock, DataKind.synthetic)
@@ -124,11 +135,28 @@ def te_verdicts(spec: RunSpec, shapes: RankShapes) -> tuple[tuple[Verdict, ...],
         try:
             assert_dim_for_fp8_exec(tensor)
         except ValueError as exc:
-            refused.append(Verdict(op, "assert_dim_for_fp8_exec", str(exc)))
+            refused.append(Verdict(op, DIMENSION_ASSERT, str(exc)))
             continue
         if quantizer is not None and not quantizer.is_quantizable(tensor):
-            refused.append(Verdict(op, f"{type(quantizer).__name__}.is_quantizable", "returned False"))
-    return tuple(refused), len(shapes.operands)
+            refused.append(Verdict(op, f"{type(quantizer).__name__}.{BLOCK_CHECK}", "returned False"))
+    gathered = _userbuffer_verdict(spec, shapes)
+    return (*refused, *gathered), len(shapes.operands) + (spec.tp_comm_overlap and fmt is Precision.fp8mx)
+
+
+def _userbuffer_verdict(spec: RunSpec, shapes: RankShapes) -> tuple[Verdict, ...]:
+    """With TP overlap, each sequence-parallel column-parallel GEMM all-gathers its input through TE's
+    userbuffers (layernorm_linear.py:301-307, layernorm_mlp.py:474-482), whose MXFP8 branch wants the
+    shard's rows a multiple of 128 (module/base.py:709-713); the other formats' branches check no shape."""
+    if not (spec.tp_comm_overlap and spec.precision.format is Precision.fp8mx):
+        return ()
+    from moe_vlm.engines.megatron.library_checks import mxfp8_userbuffer_fill
+
+    shard = shapes.operands[0]  # attention qkv's input: the SP shard every gathered input has
+    try:
+        mxfp8_userbuffer_fill(*shard.shape)
+    except ValueError as exc:
+        return (Verdict(shard, USERBUFFER_FILL, str(exc)),)
+    return ()
 
 
 def _evidence(spec: RunSpec) -> ShapeEvidence:
@@ -137,10 +165,14 @@ def _evidence(spec: RunSpec) -> ShapeEvidence:
     except (ImportError, LookupError) as exc:
         return ShapeEvidence(None, not_run=f"{type(exc).__name__}: {exc}")
     shapes = rank_shapes(spec, rows, packed, source)
+    if quantized(spec.precision.format):
+        # TE's import can fail other than with ImportError: a half-installed TE (its Python package
+        # without its torch extension) raises FileNotFoundError (transformer_engine/common/__init__.py:154).
+        problem = transformer_engine_problem()
+        if problem is not None:
+            return ShapeEvidence(shapes, not_run=problem)
     try:
         refused, checked = te_verdicts(spec, shapes)
-    except ImportError as exc:
-        return ShapeEvidence(shapes, not_run=f"Transformer Engine does not import here ({exc})")
     except RuntimeError as exc:  # a TE build that cannot make the quantizer on this machine
         return ShapeEvidence(shapes, not_run=f"Transformer Engine's quantizer: {type(exc).__name__}: {exc}")
     return ShapeEvidence(shapes, refused, checked)

@@ -13,6 +13,7 @@ import functools
 import importlib
 import sys
 import traceback
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -280,6 +281,67 @@ def _import_error(target: str) -> tuple[str, str] | None:
     return None
 
 
+# TE loads its torch extension by file (transformer_engine/common/__init__.py:215) and raises
+# FileNotFoundError when the file is not there (:154): its Python package installed, the extension
+# not (an interrupted or failed `pip install`, or a build still running).
+_TE_HALF = "Could not find shared object file for Transformer Engine torch lib"
+TE_HALF_INSTALLED_FIX = (
+    "reinstall its PyTorch extension: `bash scripts/install_megatron.sh` (rebuilds transformer-engine-torch "
+    "from source on a CPU machine: pip install --no-build-isolation --no-deps transformer-engine-torch), "
+    f"or on a cluster {_CONTAINER}"
+)
+
+
+@dataclass(frozen=True)
+class HalfInstalled:
+    """Transformer Engine's Python package without its torch extension: what failed, where, the fix."""
+
+    version: str | None  # transformer-engine's, as installed
+    error: str
+    where: str
+    fix: str = TE_HALF_INSTALLED_FIX
+
+    def cause(self) -> str:
+        return (
+            f"Transformer Engine is half-installed here: transformer-engine {self.version or '(no version)'} is "
+            f"present but its PyTorch extension (transformer_engine_torch) is not ({self.error}{self.where})"
+        )
+
+    def line(self) -> str:
+        return f"{self.cause()}; fix: {self.fix}"
+
+
+def half_installed(probes: Iterable[Probe]) -> HalfInstalled | None:
+    """A half-installed Transformer Engine, when a probe failed on TE's missing torch extension
+    (Megatron Core and Bridge import TE, so theirs fail on it first); None otherwise. From probes
+    alone: a plan cache entry answers it without importing anything."""
+    found = list(probes)
+    broken = next((p for p in found if p.error is not None and _TE_HALF in p.error), None)
+    if broken is None or broken.error is None:
+        return None
+    te = next((p for p in found if p.module.label == TRANSFORMER_ENGINE.label), None)
+    version = te.version if te is not None else distribution_version(TRANSFORMER_ENGINE.distribution)
+    return HalfInstalled(version, broken.error, broken.where)
+
+
+def transformer_engine_problem() -> str | None:
+    """One line when Transformer Engine's PyTorch side does not import here, naming the broken
+    install and the fix (None when it imports). Cached with the stack probe's own import. torch first,
+    as every run imports them (Megatron Core does): it loads the pip NCCL that TE's core library links,
+    and a bare `import transformer_engine.pytorch` fails on libnccl.so.2 without it."""
+    import torch  # noqa: F401
+
+    found = probe_module(TRANSFORMER_ENGINE)
+    if found.error is None:
+        return None
+    half = half_installed([found])
+    if half is not None:
+        return half.line()
+    return (
+        f"Transformer Engine does not import here ({found.error}{found.where}); fix: {TRANSFORMER_ENGINE.fix}"
+    )
+
+
 def where_raised(exc: BaseException) -> str:
     """Where the library line that failed is: " at <file>:<line>" (relative to site-packages)."""
     ours = ("<", __file__, str(Path(importlib.__file__).parent))  # this probe and importlib's frames
@@ -332,6 +394,9 @@ def stack_problem(spec: RunSpec | None = None) -> str | None:
             failed[str(found.error)] = found
     if not failed:
         return None
+    half = half_installed(failed.values())
+    if half is not None:  # one cause fails them all: name the broken install, not its victims
+        return half.line()
     first = next(iter(failed.values()))
     if spec is None:
         return f"the Megatron stack does not import ({first.module.label}: {first.error}{first.where}); {INSTALL_HINT}"
