@@ -165,7 +165,7 @@ def _exposed_ep(model: StepModel, device: Tally, comm: Tally) -> Tally:
     for term, seconds in comm.seconds.items():
         why = comm.why.get(term, "")
         if term is Term.tp:
-            if _tp_overlap(spec):
+            if spec.tp_comm_overlap:
                 hidden = min(
                     seconds, device.seconds.get(Term.dense, 0.0) + device.seconds.get(Term.experts, 0.0)
                 )
@@ -179,11 +179,6 @@ def _exposed_ep(model: StepModel, device: Tally, comm: Tally) -> Tally:
         else:
             out.add(term, seconds, f"{why}; not overlapped")
     return out
-
-
-def _tp_overlap(spec: RunSpec) -> bool:
-    tp_comm = spec.overlap.tp_comm
-    return spec.sequence_parallel and (tp_comm if tp_comm is not None else True)
 
 
 def _host(model: StepModel, device: Tally, host: float, kernels_: float) -> float:
