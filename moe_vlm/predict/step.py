@@ -15,7 +15,8 @@ import math
 from dataclasses import dataclass, field
 from statistics import NormalDist
 
-from moe_vlm.config.arch import Mixer, Mlp, attention_shape, gdn_shape, moe_shape
+from moe_vlm.config.arch import Mixer, Mlp, attention_shape, dense_mlp_weights, gdn_shape, moe_shape
+from moe_vlm.config.precision import profile as precision_profile
 from moe_vlm.config.schema import (
     CudaGraphImpl,
     Engine,
@@ -29,7 +30,7 @@ from moe_vlm.data.workers import data_workers
 from moe_vlm.perf.flops import Workload, multipliers, padded_vocab_size
 from moe_vlm.perf.memory.shared import ParamCounts, param_counts
 from moe_vlm.predict import kernels as k
-from moe_vlm.predict.hardware import Hardware, Link
+from moe_vlm.predict.hardware import NCCL_EFFICIENCY, Hardware, Link
 from moe_vlm.predict.terms import Term, ep_term, routing_load
 from moe_vlm.predict.workload import SampleSpread
 
@@ -43,16 +44,20 @@ ROPE_PASSES = 4
 SWIGLU_PASSES = 3
 PERMUTE_PASSES = 4
 BACKWARD_MEMORY = 2.0
+# Selective recompute of the norms (4 of a layer's 10 norm and residual passes) or of the MoE
+# activation (3 of a routed token's 7 passes) runs about a third of the memory-bound work again.
+SELECTIVE_ELEMENTWISE_SHARE = 0.3
 # The dispatcher's host sync (MCore token_dispatcher.py: tokens per expert copied to the host to
 # size the exchange, at `moe_router` / `cuda_sync_point`) stops the host from running ahead once per
 # MoE layer and pass: the kernels from the router to the experts' first GEMM are then launched while
-# the device waits. Their counts, per pass, from megatron-core 0.19.2's router (top-k, softmax, aux
-# loss: router.py) and dispatcher (preprocess: token counts, splits; permute: moe_utils.permute):
+# the device waits. Their counts per pass are estimates read off megatron-core 0.19.2's router (top-k,
+# softmax, aux loss: router.py) and dispatcher (preprocess: token counts, splits; permute:
+# moe_utils.permute), not a profile: no GPU here (docs/step-time-prediction.md says what they miss).
 ROUTER_KERNELS = 12
 PREPROCESS_KERNELS = 8
 PERMUTE_KERNELS = 6
 # Kernels per layer and pass a Megatron GPU launches (the host-bound check: a layer whose device
-# time is below its launches waits for the host). TE fuses norms into the GEMMs.
+# time is below its launches waits for the host), estimated the same way. TE fuses norms into the GEMMs.
 ATTENTION_KERNELS = 12
 MLP_KERNELS = 6
 GDN_KERNELS = 24
@@ -68,7 +73,6 @@ TORCH_OPS = {"vit_block": 52, "decoder_layer": 112, "merger": 8, "patch_embed": 
 # 619 / 524). Across domains both move each token once per destination node (DeepEP legacy.md:
 # 43-58 GB/s RDMA on 50 GB/s CX7; HybridEP H100 IB 45-58): the NIC's rate on deduplicated bytes.
 EP_KERNEL_SHARE = {Term.ep_hybridep: 0.56, Term.ep_deepep: 0.42}
-# The share of the expert GEMMs' SMs a DeepEP/HybridEP kernel holds while it overlaps them.
 
 
 @dataclass
@@ -203,8 +207,8 @@ class VisionCost:
 
 @dataclass(frozen=True)
 class LayerCost:
-    """One decoder layer of one micro-batch on one rank: device seconds per term, exposed EP and
-    TP seconds, host seconds (launches), and what recompute re-runs."""
+    """One decoder layer of one micro-batch on one rank: device seconds per term, its EP and TP
+    exchange before any overlap, and the host's seconds and kernels."""
 
     device: Tally
     comm: Tally
@@ -325,7 +329,8 @@ class StepModel:
         experts = max(model.num_experts, 1)
         tokens = self.mb.tokens / self.sp_tp
         per_expert = tokens * model.moe_top_k * lay.ep * lay.etp / experts * self.load
-        multiple = {Precision.fp8mx: 32, Precision.nvfp4: 16, Precision.fp8cs: 16}.get(self.precision, 1)
+        # FP8/FP4 expert inputs are padded to the format's token multiple (config/precision.py).
+        multiple = precision_profile(self.precision).token_multiple
         per_expert = math.ceil(per_expert / multiple) * multiple if per_expert > 0 else 0.0
         return max(experts // max(lay.ep, 1), 1), per_expert
 
@@ -408,10 +413,9 @@ class StepModel:
             )
             if moe.shared_ffn:
                 sf = moe.shared_ffn / tp
+                # Column- and row-parallel like any TP MLP: every token (gathered under SP), width / TP.
                 device.add(
-                    Term.dense,
-                    self.linear(moe_tokens * tp / self.sp_tp, 2 * sf, h, back)
-                    + self.linear(moe_tokens * tp / self.sp_tp, h, sf, back),
+                    Term.dense, self.linear(tokens, 2 * sf, h, back) + self.linear(tokens, h, sf, back)
                 )
             kernels += (
                 self.launched(ROUTER_KERNELS, "moe_router")
@@ -452,7 +456,7 @@ class StepModel:
 
     def ep_exchange(self, moe_tokens: float) -> Tally:
         """Dispatch and combine for one MoE layer and micro-batch, forward and backward, before any
-        overlap (ep_overlap decides what it hides)."""
+        overlap (step_time.py's exposed() decides what it hides)."""
         out = Tally()
         lay, model = self.lay, self.model
         group = lay.ep
@@ -480,7 +484,8 @@ class StepModel:
             why = f"all-gather of {moe_tokens:,.0f} tokens x {group} ranks"
         elif term in EP_KERNEL_SHARE:
             share = EP_KERNEL_SHARE[term]
-            intra = sent * intra_share / (hw.nvlink.bytes_per_s / 0.82 * share) if intra_share > 0 else 0.0
+            line_rate = hw.nvlink.bytes_per_s / NCCL_EFFICIENCY
+            intra = sent * intra_share / (line_rate * share) if intra_share > 0 else 0.0
             # Deduplicated across domains: a token goes once to each other domain holding one of its experts.
             touched = (remote_domains - 1) * (1 - (1 - 1 / remote_domains) ** model.moe_top_k)
             inter = moe_tokens * width * touched / hw.scale_out.bytes_per_s
@@ -558,11 +563,19 @@ class StepModel:
             if "moe" in modules:
                 out |= {"experts": 1.0, "router": 1.0}
             if modules & {"layernorm", "moe_act", "gdn_norm_out"}:
-                out["elementwise"] = 0.3
-            if "mlp" in modules or "shared_experts" in modules or "moe" in modules:
-                out["dense"] = 0.3  # the MLP's (or shared experts') share of the dense GEMMs
+                out["elementwise"] = SELECTIVE_ELEMENTWISE_SHARE
+            if modules & {"mlp", "shared_experts", "moe"}:
+                out["dense"] = self.mlp_share_of_dense()
             return out
         return {}
+
+    def mlp_share_of_dense(self) -> float:
+        """The share of the dense term's GEMMs that are the MLP's (shared experts or a dense MLP),
+        by weights: what recomputing the MLP (or the whole MoE block) runs again of it."""
+        model = self.model
+        mlp = moe_shape(model).shared_weights or dense_mlp_weights(model)
+        attention = attention_shape(model).projection_weights
+        return mlp / max(mlp + attention, 1)
 
     def forward_of(self, layer: LayerCost) -> Tally:
         """The forward share of a layer's device seconds (recompute re-runs it)."""

@@ -23,7 +23,7 @@ from moe_vlm.data.workers import data_workers
 from moe_vlm.perf.flops import Workload
 from moe_vlm.perf.memory.megatron import grad_bytes
 from moe_vlm.predict import kernels as k
-from moe_vlm.predict.hardware import Hardware, Link
+from moe_vlm.predict.hardware import Hardware
 from moe_vlm.predict.step import (
     BF16_BYTES,
     FP32_BYTES,
@@ -46,6 +46,10 @@ ADAM_BYTES_PER_PARAM = 4 * 4 + 3 * 4 + 2
 # divide, add_(eps) and addcdiv_ each stream whole fp32 tensors: 12 reads and 8 writes per parameter.
 HOST_ADAM_BYTES_PER_PARAM = (12 + 8) * 4
 
+
+# Selective recompute on the torch engine re-runs one module of a layer (its core attention, norms
+# or MoE block): about a fifth of the layer's eager ops (test_predict_kernels.py counts 112 a layer).
+SELECTIVE_OPS_SHARE = 0.2
 
 NOT_MODELLED = (
     "cuda_graph.warmup_steps: capture happens in warm-up, outside the steady window",
@@ -97,7 +101,8 @@ def loads(spec: RunSpec, workload: Workload, hw: Hardware, spread: SampleSpread 
                 device.add(term, seconds * recompute.get(term.value, 0.0) * count)
             if recompute and model.torch:  # the recomputed modules' forward ops run again
                 full = spec.recompute.granularity is RecomputeGranularity.full
-                host += cost.host / 2 * count * (recompute.get("dense", 0.0) if full else 0.2)
+                share = recompute.get("dense", 0.0) if full else SELECTIVE_OPS_SHARE
+                host += cost.host / 2 * count * share
         if stage == 0:
             device.merge(vision.seconds)
             device.merge(model.imbalance(vision))
@@ -111,22 +116,18 @@ def loads(spec: RunSpec, workload: Workload, hw: Hardware, spread: SampleSpread 
     # The slowest stage sets the pace; its device time, its exposed exchange, its host time.
     def stage_seconds(entry: tuple[Tally, Tally, float, float]) -> float:
         device, comm, host, kernels_ = entry
-        return device.total + _exposed_ep(model, device, comm).total + _host(model, device, host, kernels_)
+        return device.total + exposed(model, device, comm).total + _host(model, device, host, kernels_)
 
     slowest = max(stages, key=stage_seconds)
     device, comm, host, kernels_ = slowest
     per_mb = Tally()
     per_mb.merge(device)
-    per_mb.merge(_exposed_ep(model, device, comm))
+    per_mb.merge(exposed(model, device, comm))
     host_s = _host(model, device, host, kernels_)
     out = per_mb.scaled(m)
     if host_s > 0:
-        out.add(
-            Term.launch,
-            host_s * m,
-            f"{'eager ops at ' + f'{hw.launch_s * 1e6:.3g} us' if hw.synchronous else 'launches after the MoE sync at ' + f'{hw.launch_s * 1e6:.3g} us'}"
-            f" each, {m} micro-batch(es)",
-        )
+        what = "eager ops" if hw.synchronous else "launches the device waits for"
+        out.add(Term.launch, host_s * m, f"{what} at {hw.launch_s * 1e6:.3g} us each, {m} micro-batch(es)")
     for term, why in device.why.items():
         out.why.setdefault(term, why)
     if lay.pp > 1:
@@ -135,6 +136,7 @@ def loads(spec: RunSpec, workload: Workload, hw: Hardware, spread: SampleSpread 
         p2p = 0.0
         if lay.vp <= 1:  # overlap_p2p_comm is on only with VP (sister-skills C16)
             size = model.mb.tokens * spec.model.hidden_size * BF16_BYTES / model.sp_tp
+            # Stages are a node's worth of ranks apart at least: the send leaves the node.
             p2p = 2 * m * model.link_for(lay.ranks_per_node + 1).seconds(size)
         out.add(
             Term.pipeline,
@@ -150,7 +152,7 @@ def loads(spec: RunSpec, workload: Workload, hw: Hardware, spread: SampleSpread 
     ]
 
 
-def _exposed_ep(model: StepModel, device: Tally, comm: Tally) -> Tally:
+def exposed(model: StepModel, device: Tally, comm: Tally) -> Tally:
     """The EP exchange and TP collectives of one stage and micro-batch left exposed: EP overlap
     (MCore's combined 1F1B) runs one micro-batch's dispatch and combine under another's compute, so
     all but the first forward's and last backward's can hide, up to the compute there is."""
@@ -208,13 +210,10 @@ def _data_parallel(model: StepModel, step: Tally) -> Tally:
     expert_link = model.link_for(expert_n * lay.ep * lay.etp)
     m = model.micro_batches
 
-    def ring(link: Link, size: float, n: int) -> float:
-        return k.ring_s(link, size, n)
-
-    gather = ring(dense_link, dense_local * width, dense_n) + ring(
+    gather = k.ring_s(dense_link, dense_local * width, dense_n) + k.ring_s(
         expert_link, experts_local * width, expert_n
     )
-    reduce = ring(dense_link, (dense_local - frozen_local) * gbytes, dense_n) + ring(
+    reduce = k.ring_s(dense_link, (dense_local - frozen_local) * gbytes, dense_n) + k.ring_s(
         expert_link, experts_local * gbytes, expert_n
     )
     if gather + reduce <= 0:
@@ -233,7 +232,7 @@ def _data_parallel(model: StepModel, step: Tally) -> Tally:
             latency = calls * (hw.nvlink.base_s + hw.nvlink.hop_s * (dense_n - 1))
             seconds = (per_mb + latency) * m + once
             why = (
-                f"{calls} gloo collectives/micro-batch over {dense_n} ranks, {per_mb / 1e-3:,.3g} ms of bytes"
+                f"{calls} gloo collectives/micro-batch over {dense_n} ranks, {per_mb * 1e3:,.3g} ms of bytes"
             )
         else:
             # Megatron FSDP prefetches the next layer's gather under this layer's compute: what
@@ -246,6 +245,8 @@ def _data_parallel(model: StepModel, step: Tally) -> Tally:
         return out
     overlap = spec.overlap.grad_reduce is True
     bucket = (spec.overlap.bucket_size or 128 * 1024**2) * gbytes
+    # A step's compute is a third forward, two thirds backward: the reduction can hide under the
+    # last micro-batch's backward, the gather under the first's forward.
     if overlap:
         # Reduced bucket by bucket under the last micro-batch's backward; the last bucket is exposed.
         last = reduce * min(1.0, bucket / max((dense_local + experts_local) * gbytes, 1.0))
