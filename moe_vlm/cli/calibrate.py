@@ -104,13 +104,13 @@ def main(argv: list[str] | None = None) -> int:
     made = []
     for (cluster, stack), runs in sorted(groups.items()):
         existing = find(cluster, stack, out)
-        hw, where = hardware_for(runs[0].spec, existing)
+        hw, _ = hardware_for(runs[0].spec, existing)
         if hw is None:
             print(f"{PROG}: cluster={cluster}: no rates yet; measuring this machine's (as --probe does)")
             existing = with_rates(existing, _measure(runs[0].spec).calibration())
-            hw, where = hardware_for(runs[0].spec, existing)
+            hw, _ = hardware_for(runs[0].spec, existing)
         assert hw is not None
-        source = f"fitted on the runs under {', '.join(map(str, paths))} at {where}"
+        source = f"fitted on the runs under {', '.join(map(str, paths))}"
         fitted = calibrate(
             cluster, stack, [r.sample(hw) for r in runs], source, rates=existing.rates if existing else None
         )
