@@ -135,7 +135,7 @@ def test_a_pack_survives_a_cancelled_step_a_killed_rank_and_a_requeue_and_a_reru
     assert (done[CANCELLED]["state"], cancelled["failure"]["class"]) == ("failed", "cancelled"), cancelled
     assert re.search(rf"\*\*\* STEP {job}\.\d+ ON \S+ CANCELLED AT", cancelled["failure"]["evidence"])
     assert (done[KILLED]["state"], killed["failure"]["class"]) == ("failed", "killed"), killed
-    assert killed["failure"]["evidence"] == "srun: error: localhost: task 0: Killed"
+    assert killed["failure"]["evidence"] == "srun: error: node1: task 0: Killed"
     assert done[STOPPED]["state"] == "completed", done[STOPPED]
     assert stopped["launch"]["restarts"] == 1 and done[STOPPED]["restarts"] == 1
     assert stopped["launch"]["pack"] == {"index": 3, "size": 3} and stopped["launch"]["slurm_job_id"] == job

@@ -166,7 +166,7 @@ def test_a_sweep_rejects_submits_and_exits_classifies_failures_and_resumes(
     grid = (LONG, "seed=11,12", "tp=1,3")
     first = sweep(sweep_dir, *grid)
     assert first.returncode == 0, first.stderr[-3000:]
-    assert "2 job(s) queued" in first.stdout and "moe-vlm status" in first.stdout
+    assert "2 point(s) queued in 2 job(s)" in first.stdout and "moe-vlm status" in first.stdout
     points = status(sweep_dir)
     # Submit-and-exit: the command is back while the jobs wait or run.
     assert {points[k]["state"] for k in ("seed=11 tp=1", "seed=12 tp=1")} <= {"queued", "running"}, points
@@ -191,7 +191,7 @@ def test_a_sweep_rejects_submits_and_exits_classifies_failures_and_resumes(
     assert run_json(cancelled["point_dir"])["failure"]["class"] == "cancelled"
     failure = run_json(killed["point_dir"])["failure"]
     assert failure["class"] == "killed", failure
-    assert failure["evidence"] == "srun: error: localhost: task 1: Killed", failure
+    assert failure["evidence"] == "srun: error: node1: task 1: Killed", failure
     assert any(line.startswith("[task 0] ") for line in failure["log_tail"]), "the log tail lands in run.json"
 
     rerun = sweep(sweep_dir, *grid)
