@@ -106,7 +106,7 @@ def status_of(state: str | None) -> JobStatus:
     return JobStatus.COMPLETED if state == "completed" else JobStatus.FAILED
 
 
-def record_launch(point_dir: Path, job_id: str, executor: str) -> None:
+def record_launch(point_dir: Path, job_id: str, executor: str, preflight_s: float | None = None) -> None:
     run = points.read_run(point_dir)
     if not run:
         return
@@ -120,4 +120,6 @@ def record_launch(point_dir: Path, job_id: str, executor: str) -> None:
         "task_started_unix_s": process_started_unix_s(),
         "task_ended_unix_s": points.now(),
     }
+    if preflight_s is not None:  # the node preflight's cost in this task (launch/preflight.py)
+        launch["preflight_s"] = preflight_s
     run.with_launch(launch).write(point_dir)

@@ -30,7 +30,7 @@ from moe_vlm.config.schema import Engine
 from moe_vlm.config.sharding import launcher_segment, segment_mismatch
 from moe_vlm.config.spec import RunSpec
 from moe_vlm.launch import site
-from moe_vlm.launch.settings import SlurmSettings
+from moe_vlm.launch.settings import PreflightSettings, SlurmSettings
 from moe_vlm.record import profiling
 
 # Exit status of a rank that was asked to stop for a requeue (EX_TEMPFAIL): not a failure.
@@ -53,7 +53,44 @@ KILL_ON_INVALID_DEP = "kill_on_invalid_dep"
 
 def settings_from(params: dict[str, Any]) -> SlurmSettings:
     known = set(SlurmSettings.__dataclass_fields__)
-    return SlurmSettings(**{k: v for k, v in params.items() if k in known})
+    values = {k: v for k, v in params.items() if k in known}
+    if isinstance(values.get("preflight"), dict):
+        values["preflight"] = preflight_settings(values["preflight"])
+    return SlurmSettings(**values)
+
+
+def preflight_settings(values: dict[str, Any]) -> PreflightSettings:
+    """hydra.launcher.preflight.*, checked: one line naming the key and a fix when one is off."""
+    known = set(PreflightSettings.__dataclass_fields__)
+    unknown = sorted(set(values) - known)
+    if unknown:
+        raise BadInput(
+            f"hydra.launcher.preflight.{unknown[0]}: no such setting (known: {', '.join(sorted(known))})."
+        )
+    out = PreflightSettings(**values)
+    for key in ("gemm_fraction", "collective_fraction", "relative_fraction"):
+        value = getattr(out, key)
+        if not isinstance(value, int | float) or not 0.0 <= float(value) <= 1.0:
+            raise BadInput(
+                f"hydra.launcher.preflight.{key}={value!r}: expected a fraction in [0, 1]. "
+                f"Fix: hydra.launcher.preflight.{key}=0.5."
+            )
+    for key in ("gemm_tflops", "intra_gbps", "inter_gbps", "message_mib", "seconds"):
+        value = getattr(out, key)
+        if value is not None and (not isinstance(value, int | float) or not float(value) > 0):
+            raise BadInput(
+                f"hydra.launcher.preflight.{key}={value!r}: expected a positive number"
+                + (" or null (the cluster preset's)" if key != "seconds" else "")
+                + f". Fix: hydra.launcher.preflight.{key}={'0.3' if key == 'seconds' else 'null'}."
+            )
+    for key in ("collective_iters", "gemm_size"):
+        value = getattr(out, key)
+        if value is not None and (not isinstance(value, int) or value < 1):
+            raise BadInput(
+                f"hydra.launcher.preflight.{key}={value!r}: expected a whole number >= 1. "
+                f"Fix: hydra.launcher.preflight.{key}={5 if key == 'collective_iters' else 'null'}."
+            )
+    return out
 
 
 def checked(settings: SlurmSettings, spec: RunSpec) -> SlurmSettings:

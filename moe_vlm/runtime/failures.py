@@ -4,7 +4,8 @@ Classes, most specific first (the first that matches wins):
 
     timeout    Slurm time limit ("DUE TO TIME LIMIT", state TIMEOUT) or a USR2 past the requeue budget
     preempted  preemption ("DUE TO PREEMPTION", state PREEMPTED)
-    node       node failure (NODE_FAIL, BOOT_FAIL, Xid, ECC, "fallen off the bus")
+    node       node failure (NODE_FAIL, BOOT_FAIL, Xid, ECC, "fallen off the bus"), or a node that
+               failed the node preflight (launch/preflight.py)
     oom        out of memory (CUDA OOM, torch.OutOfMemoryError, OOM killer, OUT_OF_MEMORY)
     cancelled  scancel ("CANCELLED AT", state CANCELLED)
     killed     a rank died from SIGKILL without OOM or node evidence (srun "task N: Killed", 137)
@@ -66,7 +67,10 @@ CLASSES: tuple[FailureClass, ...] = (
         "node",
         frozenset({"NODE_FAIL", "BOOT_FAIL"}),
         re.compile(
-            r"DUE TO NODE FAIL|Node failure|NODE_FAIL|\bXid\b|uncorrectable ECC|fallen off the bus", re.I
+            # "moe_vlm preflight: ... FAILED": a node below its rates (moe_vlm/launch/preflight.py).
+            r"DUE TO NODE FAIL|Node failure|NODE_FAIL|\bXid\b|uncorrectable ECC|fallen off the bus"
+            r"|moe_vlm preflight: .*FAILED",
+            re.I,
         ),
         "lost a node or GPU",
     ),

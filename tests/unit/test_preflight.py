@@ -1,0 +1,113 @@
+"""The node preflight's judgement, expected rates, settings and exclusions (the measurements run for
+real on the local Slurm: tests/integration/test_slurm_preflight.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from moe_vlm.base.errors import BadInput
+from moe_vlm.config.schema import ClusterConfig
+from moe_vlm.launch import preflight, slurm
+from moe_vlm.launch.settings import PreflightSettings, SlurmSettings
+from moe_vlm.predict.hardware import links_of
+from moe_vlm.runtime.node_probe import RankFigures, fault_delay
+
+GB200 = ClusterConfig(name="gb200", peak_bf16_flops=2.5e15, peak_fp8_flops=5.0e15, is_gpu_cluster=True)
+MIB64 = 64 * 2**20
+
+
+def rank(rank: int, node: str, tflops: float, intra_s: float | None = None) -> RankFigures:
+    figures = RankFigures(rank, node, rank % 4, "cuda:0", {"bf16": tflops * 1e12})
+    if intra_s is not None:
+        figures.collectives["intra:all_reduce"] = (intra_s, 2 * 3 / 4 * MIB64)
+    return figures
+
+
+def test_expected_rates_come_from_the_preset_and_a_figure_set_in_the_config_replaces_its_own() -> None:
+    expected = preflight.expected_rates(GB200, PreflightSettings())
+    links = links_of("gb200")
+    assert links is not None
+    assert expected.gemm_flops == {"bf16": 2.5e15, "fp8": 5.0e15}
+    assert (expected.intra_bytes_per_s, expected.inter_bytes_per_s) == (
+        links.nvlink_bytes_per_s,
+        links.scale_out_bytes_per_s,
+    )
+    tightened = preflight.expected_rates(GB200, PreflightSettings(gemm_tflops=1800, inter_gbps=40))
+    assert tightened.gemm_flops == {"bf16": 1.8e15, "fp8": 3.6e15} and tightened.inter_bytes_per_s == 40e9
+    assert "gemm_tflops, inter_gbps" in tightened.source
+    local = preflight.expected_rates(ClusterConfig(), PreflightSettings())
+    assert local.gemm_flops == {"bf16": None, "fp8": None} and local.intra_bytes_per_s is None
+
+
+def test_a_slow_gpu_and_a_slow_node_link_are_named_with_their_figures_and_healthy_nodes_pass() -> None:
+    expected = preflight.expected_rates(GB200, PreflightSettings())
+    # 96 MiB bus bytes per call: 0.25 ms is 403 GB/s (healthy), 2 ms is 50 GB/s (< 0.25 x 900).
+    healthy = [rank(r, "a", 1900, 0.00025) for r in range(4)]
+    slow_gpu = [rank(4, "b", 900, 0.00025), *(rank(r, "b", 1900, 0.00025) for r in range(5, 8))]
+    slow_link = [rank(r, "c", 1900, 0.002 if r == 9 else 0.00025) for r in range(8, 12)]
+    nodes, _, job = preflight.judge([*healthy, *slow_gpu, *slow_link], expected, PreflightSettings())
+    verdict = {n.node: n for n in nodes}
+    assert verdict["a"].passed and verdict["a"].problems == [] and job == []
+    assert verdict["b"].problems == [
+        "gemm bf16 TFLOP/s 900 < 0.5 x 2,500 expected (cluster=gb200)",
+        "gemm bf16 TFLOP/s 900 < 0.5 x 1,900 expected (the job's best node)",
+    ]
+    assert verdict["c"].problems == [
+        "intra all_reduce GB/s 50.3 < 0.25 x 900 expected (cluster=gb200)",
+        "intra all_reduce GB/s 50.3 < 0.5 x 403 expected (the job's best node)",
+    ]
+    # The job's best node: one node at a third of its peer fails without any datasheet figure.
+    local = preflight.expected_rates(ClusterConfig(), PreflightSettings())
+    nodes, _, _ = preflight.judge([rank(0, "x", 0.09), rank(1, "y", 0.03)], local, PreflightSettings())
+    assert [n.passed for n in nodes] == [True, False] and "the job's best node" in nodes[1].problems[0]
+    # Alone, nothing to hold a local node to: it passes.
+    nodes, _, _ = preflight.judge([rank(0, "x", 0.03)], local, PreflightSettings())
+    assert nodes[0].passed
+
+
+def test_an_inter_node_collective_below_threshold_stops_the_job_but_excludes_no_node() -> None:
+    expected = preflight.expected_rates(GB200, PreflightSettings())
+    a, b = rank(0, "a", 1900), rank(1, "b", 1900)
+    for each in (a, b):  # 32 MiB of bus bytes in 10 ms: 3.4 GB/s against 0.25 x 50
+        each.collectives["inter:all_to_all"] = (0.01, 32 * 2**20)
+    nodes, figures, job = preflight.judge([a, b], expected, PreflightSettings())
+    assert all(n.passed for n in nodes) and figures == {"inter all_to_all GB/s": 3.355443}
+    assert len(job) == 1 and "between nodes a, b: not pinned to one node, none excluded" in job[0]
+
+
+def test_the_sweeps_failing_nodes_are_excluded_with_the_users_own(tmp_path: Path) -> None:
+    settings = SlurmSettings(additional_parameters={"exclude": "gpu9"})
+    assert preflight.with_exclusions(settings, tmp_path) is settings  # nothing failed yet
+    for job, node, passed in (("1", "gpu1", False), ("2", "gpu2", True), ("3", "gpu3", False)):
+        verdict = preflight.Verdict(
+            job, f"p{job}", float(job), 0.5, 4, [preflight.NodeVerdict(node, passed, {}, [])], {}, [], {}, {}
+        )
+        preflight.record_verdict(tmp_path, verdict)
+    # gpu3 passed later: its latest verdict counts.
+    later = preflight.Verdict(
+        "4", "p4", 4.0, 0.5, 4, [preflight.NodeVerdict("gpu3", True, {}, [])], {}, [], {}, {}
+    )
+    preflight.record_verdict(tmp_path, later)
+    assert preflight.excluded_nodes(tmp_path) == ["gpu1"]
+    assert preflight.with_exclusions(settings, tmp_path).additional_parameters == {"exclude": "gpu9,gpu1"}
+    off = SlurmSettings(preflight=PreflightSettings(exclude_failed=False))
+    assert preflight.with_exclusions(off, tmp_path) is off
+    nodes = tmp_path / preflight.NODES
+    assert (nodes / preflight.PASSING).read_text() == "gpu2\ngpu3\n"
+    assert (nodes / preflight.FAILING).read_text() == "gpu1\t\n"
+
+
+def test_preflight_settings_are_checked_with_a_fix_and_the_fault_reads_only_its_node() -> None:
+    assert slurm.settings_from({"preflight": {"gemm_fraction": 0.3}}).preflight.gemm_fraction == 0.3
+    with pytest.raises(BadInput, match=r"preflight\.gemm_fraction=2: expected a fraction in \[0, 1\]"):
+        slurm.settings_from({"preflight": {"gemm_fraction": 2}})
+    with pytest.raises(BadInput, match=r"preflight\.gemm_tflop: no such setting"):
+        slurm.settings_from({"preflight": {"gemm_tflop": 1}})
+    with pytest.raises(BadInput, match=r"preflight\.seconds=0: expected a positive number"):
+        slurm.settings_from({"preflight": {"seconds": 0}})
+    env = {"MOE_VLM_TEST_PREFLIGHT_FAULT": "node1:gemm=0.2,intra=0.1;node2:inter=0.3"}
+    assert fault_delay("node1", "gemm", env) == 0.2 and fault_delay("node1", "intra", env) == 0.1
+    assert fault_delay("node2", "gemm", env) == 0.0 and fault_delay("node2", "inter", env) == 0.3
+    assert fault_delay("node3", "gemm", env) == 0.0
