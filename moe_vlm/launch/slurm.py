@@ -26,7 +26,7 @@ from typing import Any
 from moe_vlm.base import safety
 from moe_vlm.base.errors import BadInput
 from moe_vlm.base.files import PREVIOUS_REQUEUE_MARKER, REQUEUE_MARKER
-from moe_vlm.config.schema import Engine
+from moe_vlm.config.schema import CONF_DIR, Engine
 from moe_vlm.config.sharding import launcher_segment, segment_mismatch
 from moe_vlm.config.spec import RunSpec
 from moe_vlm.launch import site
@@ -96,10 +96,13 @@ def preflight_settings(values: dict[str, Any]) -> PreflightSettings:
 def checked(settings: SlurmSettings, spec: RunSpec) -> SlurmSettings:
     """Settings with site values filled in, every string that reaches sbatch/srun checked."""
     if settings.expects_cluster and settings.expects_cluster != spec.cluster.name:
+        presets = launcher_presets()
+        own = f"slurm_{spec.cluster.name}"
+        pick = own if own in presets else "slurm"
         raise BadInput(
             f"hydra.launcher: this preset is for cluster={settings.expects_cluster} but the run has "
             f"cluster={spec.cluster.name}. Fix: add cluster={settings.expects_cluster}, or pick "
-            f"hydra/launcher=slurm_{spec.cluster.name} (presets: slurm, slurm_gb200, slurm_b200, local)."
+            f"hydra/launcher={pick} (presets: {', '.join(presets)})."
         )
     values = dict(vars(settings))
     explicit = {key: values.get(key) for key in site.SITE_KEYS}
@@ -159,6 +162,11 @@ def checked(settings: SlurmSettings, spec: RunSpec) -> SlurmSettings:
             f"hydra.launcher.executor={out.executor!r}: expected slurm or local. Fix: executor=slurm."
         )
     return out
+
+
+def launcher_presets() -> list[str]:
+    """The `hydra/launcher=` options, as conf/hydra/launcher/ holds them."""
+    return sorted(path.stem for path in (CONF_DIR / "hydra" / "launcher").glob("*.yaml"))
 
 
 def segment_nodes(settings: SlurmSettings, spec: RunSpec) -> int | None:
