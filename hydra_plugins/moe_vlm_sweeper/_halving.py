@@ -172,6 +172,12 @@ def search(
         sys.exit(EXIT_INVALID)
     valid = first_rung_order(valid)
     by_id = {p.point_id: p for p in valid}
+    aside = points.set_aside_dry_runs(sweep_dir)
+    if aside:
+        print(
+            f"moe_vlm: {len(aside)} point(s) a dry run planned here are kept in {sweep_dir / points.DRY_RUN_DIR}: "
+            "the search runs its own rung points"
+        )
     state = start_state(sweeper, valid, sweep_dir, settings)
     print(
         f"moe_vlm: halving search {sweep_dir}: {len(valid)} valid point(s) ({len(planned) - len(valid)} rejected), "

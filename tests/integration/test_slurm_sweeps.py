@@ -254,7 +254,15 @@ def test_usr2_marks_the_point_for_rerun_and_requeues(slurm: None, sweep_dir: Pat
         "the requeue",
     )
     assert requeued["JobState"] in ("PENDING", "REQUEUED", "CONFIGURING", "RUNNING"), requeued
-    assert status(sweep_dir)["seed=21"]["state"] in ("queued", "running")
+    # Held to its begin time: status says so, and how to release it.
+    held = wait_for(
+        lambda: "BeginTime" in (row := status(sweep_dir)["seed=21"])["detail"] and row, 30, "the hold"
+    )
+    assert held["state"] == "queued", held
+    assert (
+        f"about two minutes before it may start again; `scontrol update JobId={job} StartTime=now`"
+        in (held["detail"])
+    )
     # Slurm holds a requeued job for about two minutes (BeginTime); release it now.
     subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], check=True)
 
