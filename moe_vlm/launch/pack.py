@@ -86,6 +86,9 @@ def loop(entries: Sequence[PackEntry], python: str, srun_args: Sequence[str], st
         f"export {dist_env.ENV_PACK_SIZE}={len(entries)}",
         'moe_vlm_job="$SLURM_JOB_ID"',
         "moe_vlm_failed=0",
+        # Slurm numbers a job's steps 0, 1, ... as they start (again from 0 after a requeue): the
+        # record of a step whose ranks died before writing theirs still names it.
+        "moe_vlm_steps=0",
         'for moe_vlm_index in "${!moe_vlm_pack[@]}"; do',
         '  moe_vlm_point="${moe_vlm_pack[$moe_vlm_index]}"',
         '  moe_vlm_folder="${moe_vlm_folders[$moe_vlm_index]}"',
@@ -100,6 +103,8 @@ def loop(entries: Sequence[PackEntry], python: str, srun_args: Sequence[str], st
         f'  echo "moe_vlm: point {place} ($moe_vlm_point) starts" >&2',
         f"  {step}",
         "  moe_vlm_rc=$?",
+        "  moe_vlm_step=$moe_vlm_steps",
+        "  moe_vlm_steps=$((moe_vlm_steps + 1))",
         f'  if [ -e "$moe_vlm_point/{REQUEUE_MARKER}" ]; then',
         f'    echo "moe_vlm: requeueing job $SLURM_JOB_ID at point {place} '
         '(restart ${SLURM_RESTART_COUNT:-0})" >&2',
@@ -107,7 +112,7 @@ def loop(entries: Sequence[PackEntry], python: str, srun_args: Sequence[str], st
         "  fi",
         '  if [ "$moe_vlm_rc" -ne 0 ]; then',
         "    moe_vlm_failed=$((moe_vlm_failed + 1))",
-        f"    {slurm.record_failure(python)} || true",
+        f"    {slurm.record_failure(python, 'moe_vlm_step')} || true",
         "  fi",
         # The node failed its preflight: the points left would run on it too. Each is recorded
         # (class node, not run) for the rerun, which excludes the node; the job ends failed.

@@ -329,11 +329,12 @@ def teardown(python: str) -> list[str]:
     ]
 
 
-def record_failure(python: str) -> str:
-    """The line that records a failed step of `$moe_vlm_point` (exit status `$moe_vlm_rc`)."""
+def record_failure(python: str, step: str | None = None) -> str:
+    """The line that records a failed step of `$moe_vlm_point` (exit status `$moe_vlm_rc`); `step`:
+    the shell variable holding its Slurm step id (a packed job's loop counts its steps)."""
     return (
         f'{python} -m moe_vlm.runtime.failures --point-dir "$moe_vlm_point" --job-id "$moe_vlm_job" '
-        '--exit-code "$moe_vlm_rc" >&2'
+        '--exit-code "$moe_vlm_rc"' + (f' --step-id "${step}"' if step else "") + " >&2"
     )
 
 

@@ -334,13 +334,19 @@ def record_job_failure(
     exit_code: int | None = None,
     signal_number: int | None = None,
     restarts: int | None = None,
+    step_id: str | None = None,
 ) -> dict[str, Any]:
     point = points.read_point(point_dir) or {}
     log_text, tail = job_logs(points.job_log_dir({**point, "job_id": job_id or point.get("job_id")}))
     diagnosis = classify(log_text, slurm_state, exit_code, signal_number)
     base = base_from_point(point_dir)
     recorded = (base.get("launch") or {}).get("restarts")
+    # Its place in a pack (the batch script's environment) and its step, as a running record has
+    # them: a rank that died before writing one leaves only this record.
+    here = {key: value for key, value in launch_info().items() if key in ("pack", "slurm_step_id")}
     launch = {
+        **here,
+        **({"slurm_step_id": step_id} if step_id is not None else {}),
         "slurm_job_id": job_id,
         "slurm_state": slurm_state,
         "exit_code": exit_code,
@@ -358,10 +364,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--point-dir", type=Path, required=True)
     parser.add_argument("--job-id", required=True)
     parser.add_argument("--exit-code", type=int, required=True)
+    parser.add_argument("--step-id", help="the failed step's Slurm step id (a packed job's)")
     args = parser.parse_args(argv)
     # A shell reports death by signal N as 128 + N.
     signal_number = args.exit_code - 128 if args.exit_code > 128 else None
-    record = record_job_failure(args.point_dir, args.job_id, None, args.exit_code, signal_number)
+    record = record_job_failure(
+        args.point_dir, args.job_id, None, args.exit_code, signal_number, step_id=args.step_id
+    )
     failure = record.get("failure") or {}
     print(
         f"moe_vlm: {args.point_dir.name}: {record.get('status')} ({failure.get('class', '-')})",
