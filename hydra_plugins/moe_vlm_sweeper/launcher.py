@@ -588,7 +588,11 @@ class SubmititLauncher(BaseSubmititLauncher):
         )
         if dist_env.global_rank() == 0:
             record_launch(
-                point_dir, environment.job_id, self.settings.executor, checked.seconds if checked else None
+                point_dir,
+                environment.job_id,
+                self.settings.executor,
+                checked.seconds if checked else None,
+                self.settings.container_image,
             )
         if result.status == JobStatus.FAILED:
             # Hydra caught the exception; raise it so the task exits non-zero and srun ends the step.
