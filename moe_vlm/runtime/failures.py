@@ -281,17 +281,23 @@ def spec_of(config: dict[str, Any]) -> Any:
 
 def base_from_point(point_dir: Path) -> dict[str, Any]:
     """A run record for a point whose process could not write one: its running record when it
-    started, else rebuilt from point.json; with the steps it finished summarised."""
+    started, else rebuilt from point.json (with the launch of a failure recorded before); with
+    the steps it finished summarised."""
     point = points.read_point(point_dir) or {}
     run = points.read_run(point_dir)
     config = (run.config if run else None) or point.get("config") or {}
     spec = spec_of(config)
     if run and run.status in (RUNNING, REQUEUED):
         base = run.to_json()
-    elif spec is not None:
-        base = RunRecord.failed(spec, config).to_json()
     else:
-        base = RunRecord(status=RunStatus.failed, config=config, point_id=point.get("point_id")).to_json()
+        rebuilt = RunRecord.failed(spec, config) if spec is not None else None
+        base = (
+            rebuilt or RunRecord(status=RunStatus.failed, config=config, point_id=point.get("point_id"))
+        ).to_json()
+        if run is not None and run.launch:
+            # A failure another rank recorded first (say rank 0 saw rank 1's death as a broken
+            # collective): its place (Slurm step, pack, host) stays with the more specific class.
+            base["launch"] = dict(run.launch)
     steps = read_steps(point_dir / STEPS_JSONL)
     if steps and spec is not None:
         base["summary"] = summarize(steps, spec)

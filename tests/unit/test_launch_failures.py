@@ -164,3 +164,13 @@ def test_a_packed_point_killed_before_its_record_keeps_its_step_and_place(
     record = json.loads((tmp_path / "run.json").read_text())
     assert record["failure"]["class"] == "killed"
     assert record["launch"]["slurm_step_id"] == "1" and record["launch"]["pack"] == {"index": 2, "size": 3}
+    # Rank 1 killed in a two-rank step: rank 0 recorded the broken collective first (with its
+    # step and place); the batch script's `killed` outranks it and keeps them.
+    record["failure"] = {"class": "nccl", "message": "gloo", "evidence": "Connection closed by peer"}
+    record["launch"] = {"slurm_step_id": "4", "pack": {"index": 2, "size": 3}, "host": "node1"}
+    (tmp_path / "run.json").write_text(json.dumps(record))
+    monkeypatch.delenv("MOE_VLM_PACK_INDEX")
+    failures.main(["--point-dir", str(tmp_path), "--job-id", "9", "--exit-code", "137"])
+    record = json.loads((tmp_path / "run.json").read_text())
+    assert record["failure"]["class"] == "killed" and record["launch"]["host"] == "node1"
+    assert record["launch"]["slurm_step_id"] == "4" and record["launch"]["pack"] == {"index": 2, "size": 3}
