@@ -8,7 +8,7 @@ against one saved from all the others (N leave-one-out baselines), at the gate's
 (`--tolerance 0.05`, `--memory-tolerance 0.10`) over the baseline's window. Every failure is a
 false alarm: the points are identical.
 
-    python scripts/bench_gate.py                 # 6 points of 12 steps: about 3 minutes idle
+    python scripts/bench_gate.py                 # 6 points of 16 steps (3 of warm-up): a few minutes
     python scripts/bench_gate.py --points 8 --steps 20 --tolerance 0.05
     python scripts/bench_gate.py --sweep multirun/identical
 """
@@ -27,7 +27,7 @@ sys.path.insert(0, str(REPO))
 from moe_vlm.report import gate  # noqa: E402
 from moe_vlm.report.table import load_table  # noqa: E402
 
-RUN = ["model=tiny_moe_vlm", "data=synthetic", "nproc=1", "warmup_steps=1", "seq_length=128", "gbs=4"]
+RUN = ["model=tiny_moe_vlm", "data=synthetic", "nproc=1", "warmup_steps=3", "seq_length=128", "gbs=4"]
 RUN += ["data.min_images=1", "data.max_images=1", "data.max_long_side_px=336"]
 
 
@@ -69,7 +69,7 @@ def main() -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--points", type=int, default=6)
-    parser.add_argument("--steps", type=int, default=12)
+    parser.add_argument("--steps", type=int, default=16)
     parser.add_argument("--sweep", type=Path, help="gate the runs of this sweep instead of running new ones")
     parser.add_argument("--tolerance", type=float, default=0.05)
     parser.add_argument("--memory-tolerance", type=float, default=gate.DEFAULT_MEMORY_TOLERANCE)

@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from moe_vlm.base.files import RunPaths, write_atomic, write_json_atomic
+from moe_vlm.base.processes import cores_here
 from moe_vlm.config.schema import ClusterConfig, Precision
 from moe_vlm.config.spec import RunSpec
 from moe_vlm.launch.settings import PreflightSettings, SlurmSettings
@@ -334,8 +335,6 @@ def _device(spec: RunSpec, local_rank: int, local_world: int) -> Any:
         device = torch.device("cuda", 0 if count == 1 else local_rank % count)
         torch.cuda.set_device(device)
         return device
-    from moe_vlm.base.processes import cores_here
-
     torch.set_num_threads(max(1, cores_here() // max(local_world, 1)))
     return torch.device("cpu")
 
@@ -344,6 +343,7 @@ def check_here(point_dir: Path, settings: PreflightSettings) -> Verdict | None:
     """Run the preflight in this task (every task of the job calls it). Returns the verdict when
     it passed (None when there was nothing to check: no point record); raises NodeCheckFailed,
     after rank 0 has recorded why, when it failed."""
+    # torch: the launcher imports this module on the submitting side, which never times anything.
     from moe_vlm.runtime import node_probe
 
     point = points.read_point(point_dir) or {}

@@ -3,11 +3,12 @@ the baseline gate passes a sweep of identical points and fails one slowed down (
 
 Three sweeps of the tiny model through Hydra's basic launcher (in process, nproc=1): the first
 (two points that differ only in their seed) gives best.yaml and the baseline; the second repeats
-it in another directory; the third runs one point with a sleep in every step
-(MOE_VLM_TEST_STEP_SLEEP_S, read by the torch engine in tests only). The gate here allows a 30 %
-drop: a test must hold on a machine shared with other work, where identical points drift by more
-than the default 5 % within minutes; its false alarms at the defaults are measured, not asserted
-(docs/reports.md, "Gates a CI can call").
+it in another directory; the third runs one point with a 3 s sleep in every step
+(MOE_VLM_TEST_STEP_SLEEP_S, read by the torch engine in tests only). The gate here allows an 80 %
+drop: a test must hold on a machine shared with other work, where the same point ran 3.5x slower
+in one sweep than in the sweep a minute before; the slept steps are 6-30x slower. Its false alarms
+at the defaults are measured, not asserted (scripts/bench_gate.py; docs/reports.md, "Gates a CI
+can call").
 """
 
 from __future__ import annotations
@@ -27,8 +28,10 @@ from moe_vlm.report.best import BEST_YAML
 
 REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow
-RUN = ["model=tiny_moe_vlm", "data=synthetic", "nproc=1", "warmup_steps=1", "seq_length=128", "gbs=4"]
-RUN += ["train_iters=10", "data.min_images=1", "data.max_images=1", "data.max_long_side_px=336"]
+# Three warm-up steps: on a shared CPU the first steps after start-up run several times slower, and
+# a window that held one would widen the baseline's noise band to the slowed run's.
+RUN = ["model=tiny_moe_vlm", "data=synthetic", "nproc=1", "warmup_steps=3", "seq_length=128", "gbs=4"]
+RUN += ["train_iters=14", "data.min_images=1", "data.max_images=1", "data.max_long_side_px=336"]
 ENV = {**os.environ, "MOE_VLM_SITE_FILE": "none", "PYTHONPATH": str(REPO)}
 
 
@@ -51,7 +54,7 @@ def test_best_yaml_reruns_the_winner_and_the_gate_passes_identical_points_and_fa
     assert done.returncode == 0, done.stderr[-3000:]
     saved = report(str(first), "--best", "--save-baseline", str(baseline), "--out", str(tmp_path / "r1"))
     assert saved.returncode == 0, saved.stderr[-3000:]
-    assert "over steps 2-10" in saved.stdout  # every run's steady window: after its warm-up step
+    assert "over steps 4-14" in saved.stdout  # every run's steady window: after its warm-up steps
 
     # best.yaml's command, in dry-run mode, resolves to the winner's configuration, field for field.
     best = yaml.safe_load((tmp_path / "r1" / BEST_YAML).read_text())
@@ -73,14 +76,14 @@ def test_best_yaml_reruns_the_winner_and_the_gate_passes_identical_points_and_fa
     # The same sweep again: its identical points pass the gate.
     done = train("-m", f"hydra.sweep.dir={again}", *RUN, "seed=1,2")
     assert done.returncode == 0, done.stderr[-3000:]
-    gated = report(str(again), "--baseline", str(baseline), "--tolerance", "0.3")
+    gated = report(str(again), "--baseline", str(baseline), "--tolerance", "0.8")
     assert gated.returncode == 0 and "GATE FAIL" not in gated.stdout, gated.stdout[-3000:]
     assert gated.stdout.count("gate pass") == 2
 
-    # A sleep in every step (0.5 s against steps of a fraction of that): exit 1, the figure named.
-    done = train("-m", f"hydra.sweep.dir={slowed}", *RUN, "seed=1", env={**ENV, ENV_TEST_STEP_SLEEP_S: "0.5"})
+    # A 3 s sleep in every step (a CPU step here takes 0.3-0.6 s): exit 1, the figure named.
+    done = train("-m", f"hydra.sweep.dir={slowed}", *RUN, "seed=1", env={**ENV, ENV_TEST_STEP_SLEEP_S: "3"})
     assert done.returncode == 0, done.stderr[-3000:]
-    gated = report(str(slowed), "--baseline", str(baseline), "--tolerance", "0.3")
+    gated = report(str(slowed), "--baseline", str(baseline), "--tolerance", "0.8")
     assert gated.returncode == 1, gated.stdout[-3000:] + gated.stderr[-2000:]
     (line,) = [line for line in gated.stdout.splitlines() if "GATE FAIL" in line]
     assert "effective tokens/s/GPU" in line and "bands apart" in line and "same software" in line, line

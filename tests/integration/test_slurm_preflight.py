@@ -101,8 +101,8 @@ def test_a_bad_node_stops_its_packed_job_in_the_preflight_and_the_rerun_excludes
     # Named with its figures: the measured rate against what it was held to.
     assert "node node1: FAILED: gemm bf16 TFLOP/s" in checked["failure"]["evidence"]
     assert "< 0.5 x 0.005 expected (cluster=local)" in checked["failure"]["evidence"]
-    verdict = json.loads((Path(done["seed=61"]["point_dir"]) / "preflight.json").read_text())
-    assert verdict["verdict"] == "failed" and verdict["nodes"][0]["node"] == "node1"
+    failed = json.loads((Path(done["seed=61"]["point_dir"]) / "preflight.json").read_text())
+    assert failed["verdict"] == "failed" and failed["nodes"][0]["node"] == "node1"
     assert not (Path(done["seed=62"]["point_dir"]) / "steps.jsonl").exists()  # never started
     nodes_dir = sweep_dir / preflight.NODES
     assert (nodes_dir / preflight.FAILING).read_text().startswith("node1\t")
@@ -133,7 +133,12 @@ def test_a_bad_node_stops_its_packed_job_in_the_preflight_and_the_rerun_excludes
         # The failed attempt and its verdict are kept.
         assert (Path(final[key]["point_dir"]) / "attempts" / "1" / "run.json").exists()
     assert (nodes_dir / preflight.PASSING).read_text() == "node2\n"
-    print(f"preflight test: the job on the bad node ended {stopped_after_s:.0f} s after it started")
+    costs = [run_json(final[k]["point_dir"])["launch"]["preflight_s"] for k in ("seed=61", "seed=62")]
+    print(
+        f"preflight test: the job on the bad node ended {stopped_after_s:.0f} s after it started; "
+        f"the preflight took {failed['seconds']:.2f} s there and {', '.join(f'{c:.2f}' for c in costs)} s "
+        "per point on node2 (one CPU rank)"
+    )
 
 
 def test_a_two_node_job_times_the_inter_node_collectives_and_names_the_node_slower_than_its_peer(
@@ -164,3 +169,6 @@ def test_a_two_node_job_times_the_inter_node_collectives_and_names_the_node_slow
     record = run_json(sweep_dir / point_id)
     assert record["failure"]["class"] == "node" and "node2" in record["failure"]["message"]
     assert preflight.excluded_nodes(sweep_dir) == ["node2"]
+    print(
+        f"preflight test: a two-node job's preflight took {verdict['seconds']:.2f} s ({verdict['job_figures']})"
+    )
