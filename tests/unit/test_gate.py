@@ -15,8 +15,15 @@ from moe_vlm.report import build as report
 from tests.unit.test_metrics import step_records
 from tests.unit.test_report import composed, run_report
 
-RUN = ("model=qwen3_vl_30b_a3b", "cluster=gb200", "nodes=2", "train_iters=12", "dispatcher=hybridep")
-RUN += ("data=synthetic", "mbs=1")
+RUN = (
+    "model=qwen3_vl_30b_a3b",
+    "cluster=gb200",
+    "nodes=2",
+    "train_iters=12",
+    "dispatcher=hybridep",
+    "data=synthetic",
+    "mbs=1",
+)
 # A noisy step (+-4%) around 4 s: identical runs' bands overlap.
 NOISE = [1.0, 1.04, 0.97, 1.02, 0.96, 1.03, 0.99, 1.01, 0.98, 1.04, 0.97, 1.0]
 
