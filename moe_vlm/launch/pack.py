@@ -40,7 +40,7 @@ from moe_vlm.runtime import dist_env
 # may not exist.
 FINISHED_LINE = '^  "status": "(' + "|".join(TERMINAL) + ')",?$'
 COMPLETED_LINE = '^  "status": "completed",?$'
-# A failed verdict in preflight.json (launch/preflight.py writes "verdict" first, indent=2).
+# A failed verdict in preflight.json (launch/preflight.py: "verdict" at its top level, indent=2).
 PREFLIGHT_FAILED_LINE = '^  "verdict": "failed",?$'
 PACK_SCRIPT = "pack.sbatch"
 

@@ -55,19 +55,16 @@ def settings_from(params: dict[str, Any]) -> SlurmSettings:
     known = set(SlurmSettings.__dataclass_fields__)
     values = {k: v for k, v in params.items() if k in known}
     if isinstance(values.get("preflight"), dict):
-        values["preflight"] = preflight_settings(values["preflight"])
+        known_preflight = set(PreflightSettings.__dataclass_fields__)
+        values["preflight"] = PreflightSettings(
+            **{k: v for k, v in values["preflight"].items() if k in known_preflight}
+        )
     return SlurmSettings(**values)
 
 
-def preflight_settings(values: dict[str, Any]) -> PreflightSettings:
-    """hydra.launcher.preflight.*, checked: one line naming the key and a fix when one is off."""
-    known = set(PreflightSettings.__dataclass_fields__)
-    unknown = sorted(set(values) - known)
-    if unknown:
-        raise BadInput(
-            f"hydra.launcher.preflight.{unknown[0]}: no such setting (known: {', '.join(sorted(known))})."
-        )
-    out = PreflightSettings(**values)
+def check_preflight(out: PreflightSettings) -> PreflightSettings:
+    """hydra.launcher.preflight.*, checked: one line naming the key and a fix when one is off
+    (Hydra's schema refuses a key that does not exist)."""
     for key in ("gemm_fraction", "collective_fraction", "relative_fraction"):
         value = getattr(out, key)
         if not isinstance(value, int | float) or not 0.0 <= float(value) <= 1.0:
@@ -161,6 +158,7 @@ def checked(settings: SlurmSettings, spec: RunSpec) -> SlurmSettings:
         raise BadInput(
             f"hydra.launcher.executor={out.executor!r}: expected slurm or local. Fix: executor=slurm."
         )
+    check_preflight(out.preflight)
     return out
 
 

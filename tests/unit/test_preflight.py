@@ -101,12 +101,16 @@ def test_the_sweeps_failing_nodes_are_excluded_with_the_users_own(tmp_path: Path
 
 def test_preflight_settings_are_checked_with_a_fix_and_the_fault_reads_only_its_node() -> None:
     assert slurm.settings_from({"preflight": {"gemm_fraction": 0.3}}).preflight.gemm_fraction == 0.3
+
+    def check(**values: float) -> None:
+        slurm.check_preflight(PreflightSettings(**values))  # type: ignore[arg-type]
+
     with pytest.raises(BadInput, match=r"preflight\.gemm_fraction=2: expected a fraction in \[0, 1\]"):
-        slurm.settings_from({"preflight": {"gemm_fraction": 2}})
-    with pytest.raises(BadInput, match=r"preflight\.gemm_tflop: no such setting"):
-        slurm.settings_from({"preflight": {"gemm_tflop": 1}})
+        check(gemm_fraction=2)
     with pytest.raises(BadInput, match=r"preflight\.seconds=0: expected a positive number"):
-        slurm.settings_from({"preflight": {"seconds": 0}})
+        check(seconds=0)
+    with pytest.raises(BadInput, match=r"preflight\.collective_iters=0: expected a whole number"):
+        check(collective_iters=0)
     env = {"MOE_VLM_TEST_PREFLIGHT_FAULT": "node1:gemm=0.2,intra=0.1;node2:inter=0.3"}
     assert fault_delay("node1", "gemm", env) == 0.2 and fault_delay("node1", "intra", env) == 0.1
     assert fault_delay("node2", "gemm", env) == 0.0 and fault_delay("node2", "inter", env) == 0.3
