@@ -51,7 +51,7 @@ def slurm() -> None:
     if expected:
         pytest.fail("MOE_VLM_SLURM=1 but Slurm is not answering `scontrol ping` (is SLURM_CONF exported?)")
     pytest.skip(
-        "no Slurm here: run scripts/test.sh (it installs and starts a single-node Slurm), or "
+        "no Slurm here: run scripts/test.sh (it installs and starts a local Slurm), or "
         "`eval $(scripts/slurm_local.sh start) && MOE_VLM_SLURM=1 pytest -m slurm`"
     )
 
