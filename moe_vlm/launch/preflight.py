@@ -9,8 +9,9 @@ node (`relative_fraction`):
 
 - a GPU (CPU rank) below `gemm_fraction` x the expected GEMM rate, or a node whose intra-node
   all-reduce or all-to-all is below `collective_fraction` x the expected bandwidth, fails, named
-  with its figures; a job-level inter-node collective below it stops the job too, but names no
-  single node (with two nodes either could be the slow end) and excludes none;
+  with its figures; a job-level inter-node collective (or the EP groups' all-to-all) below it
+  stops the job too, but names no single node (with two nodes either could be the slow end) and
+  excludes none;
 - the verdict goes to the point's `preflight.json` and the sweep's `nodes/` (one verdict file per
   job and point, `passing.txt` and `failing.txt`: each node's latest verdict); a failure goes to
   run.json as class `node` and the job stops (a packed job records its remaining points `node`,
@@ -47,6 +48,7 @@ from moe_vlm.runtime.failures import Diagnosis, base_from_point, launch_info, wr
 NODES = "nodes"  # in the sweep directory
 PASSING, FAILING = "passing.txt", "failing.txt"
 EXCLUDE = "exclude"  # sbatch --exclude, in hydra.launcher.additional_parameters
+EP_ALL_TO_ALL = "ep:all_to_all"  # node_probe's key for the EP groups' all-to-all
 # The line every failing verdict prints; runtime/failures.py's `node` class matches it.
 FAILED_LINE = "moe_vlm preflight: FAILED"
 GPU_GEMM, CPU_GEMM = 8192, 512
@@ -249,7 +251,31 @@ def judge(
         job += [
             f"{p} between nodes {', '.join(by_node)}: not pinned to one node, none excluded" for p in found
         ]
+    timed = [(r, r.collectives[EP_ALL_TO_ALL]) for r in figures if EP_ALL_TO_ALL in r.collectives]
+    if timed:
+        # The run's own dispatch shape: held to NVLink when every EP group sits inside a node.
+        rate = timed[0][1][1] / max(t[1][0] for t in timed) / 1e9
+        job_figures["ep all_to_all GB/s"] = round(rate, 6)
+        inside = len(by_node) == 1 or _ep_inside_nodes(figures)
+        link = expected.intra_bytes_per_s if inside else expected.inter_bytes_per_s
+        found = []
+        where = "inside each node" if inside else "across nodes"
+        _check(
+            found,
+            f"ep all_to_all GB/s ({where})",
+            rate,
+            link / 1e9 if link else None,
+            settings.collective_fraction,
+            f"cluster={expected.cluster}",
+        )
+        job += [f"{p}: the run's EP groups, none excluded" for p in found]
     return verdicts, job_figures, job
+
+
+def _ep_inside_nodes(figures: Sequence[Any]) -> bool:
+    """Whether every EP group's ranks share a node (RankFigures.ep_group: the group's ranks)."""
+    node_of = {r.rank: r.node for r in figures}
+    return all(len({node_of.get(m) for m in r.ep_group}) == 1 for r in figures if r.ep_group)
 
 
 # --- the sweep's node lists -----------------------------------------------------------------
@@ -372,6 +398,7 @@ def check_here(point_dir: Path, settings: PreflightSettings) -> Verdict | None:
             settings.seconds,
             int(message_mib * 2**20),
             settings.collective_iters,
+            node_probe.ep_groups(spec.layout.world_size, spec.layout.ep, spec.layout.etp),
         )
         nodes, job_figures, job = judge(figures, expected, settings)
         verdict = Verdict(

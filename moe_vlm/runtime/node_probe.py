@@ -7,7 +7,9 @@ that every member makes the same ones:
 
 - intra-node: an all-reduce and an all-to-all among the ranks of each node (NVLink on a GPU node);
 - inter-node: an all-reduce and an all-to-all among one rank per node, the same local index on
-  each (the NIC path an EP or DP group that spans nodes takes).
+  each (the NIC path a DP group that spans nodes takes);
+- expert-parallel (EP > 1): an all-to-all in each of the run's EP groups, laid out as Megatron
+  Core lays them out (`ep_groups`), the dispatch's own shape, inside a node or across nodes.
 
 Every rank gets every rank's figures (`all_gather_object`), so each reaches the same verdict
 (moe_vlm/launch/preflight.py judges them). Rates are taken from the 10th percentile of the call
@@ -60,8 +62,9 @@ class RankFigures:
     device: str
     gemm_flops: dict[str, float] = field(default_factory=dict)
     gemm_not_measured: dict[str, str] = field(default_factory=dict)  # dtype -> why
-    # "intra:all_reduce" / "inter:all_to_all" -> (seconds, bus bytes per call)
+    # "intra:all_reduce" / "inter:all_to_all" / "ep:all_to_all" -> (seconds, bus bytes per call)
     collectives: dict[str, tuple[float, float]] = field(default_factory=dict)
+    ep_group: list[int] = field(default_factory=list)  # the ranks of this rank's EP group
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -182,6 +185,19 @@ def _time_collective(
     return _percentile(times), bus
 
 
+def ep_groups(world_size: int, ep: int, etp: int) -> list[list[int]]:
+    """The run's expert-parallel groups: Megatron Core's expert rank order `tp-cp-ep-dp-pp`
+    (cp=1 for experts, tp=ETP; parallel_state.py `expert_decoder_rank_generator.get_ranks('ep')`):
+    EP ranks are ETP apart, in blocks of ETP x EP. Empty when EP is 1."""
+    if ep <= 1 or world_size % (ep * etp):
+        return []
+    groups = []
+    for block in range(0, world_size, ep * etp):
+        for offset in range(etp):
+            groups.append([block + offset + etp * k for k in range(ep)])
+    return groups
+
+
 def probe_port(env: DistEnv) -> int:
     """The preflight's own rendezvous port, next to the run's (which the engine binds after it)."""
     return PORT_BASE + (env.master_port - PORT_BASE + 1) % PORT_SPAN
@@ -196,6 +212,7 @@ def measure(
     seconds: float,
     message_bytes: int,
     iters: int,
+    expert_groups: list[list[int]] | None = None,
 ) -> list[RankFigures]:
     """This rank's figures and, in a job of several ranks, every other rank's (in rank order),
     inside `group`."""
@@ -214,6 +231,8 @@ def measure(
     # Every rank creates every group, in the same order (torch.distributed's rule).
     intra = {name: dist.new_group(ranks) for name, ranks in by_node.items() if len(ranks) > 1}
     inter = dist.new_group(across) if across else None
+    experts = [dist.new_group(ranks) for ranks in expert_groups or []]
+    mine_ep = next((i for i, ranks in enumerate(expert_groups or []) if rank in ranks), None)
     for op in (Collective.all_reduce, Collective.all_to_all):
         if node in intra:
             mine.collectives[f"intra:{op}"] = _time_collective(
@@ -223,6 +242,12 @@ def measure(
             mine.collectives[f"inter:{op}"] = _time_collective(
                 op, inter, len(across), message_bytes, device, iters, fault_delay(node, "inter")
             )
+    if mine_ep is not None and expert_groups:
+        mine.ep_group = list(expert_groups[mine_ep])
+        size = len(mine.ep_group)
+        mine.collectives[f"ep:{Collective.all_to_all}"] = _time_collective(
+            Collective.all_to_all, experts[mine_ep], size, message_bytes, device, iters, 0.0
+        )
     gathered: list[Any] = [None] * env.world_size
     dist.all_gather_object(gathered, mine)
     return [g for g in gathered if isinstance(g, RankFigures)]

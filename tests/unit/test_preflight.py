@@ -115,3 +115,55 @@ def test_preflight_settings_are_checked_with_a_fix_and_the_fault_reads_only_its_
     assert fault_delay("node1", "gemm", env) == 0.2 and fault_delay("node1", "intra", env) == 0.1
     assert fault_delay("node2", "gemm", env) == 0.0 and fault_delay("node2", "inter", env) == 0.3
     assert fault_delay("node3", "gemm", env) == 0.0
+
+
+def _probe_rank(rank: int, port: int, out: str) -> None:
+    """One of four gloo ranks on two fake nodes (a: ranks 0-1, b: ranks 2-3), EP 2 x ETP 2."""
+    import os
+    import pickle
+
+    import torch
+
+    from moe_vlm.runtime import node_probe
+    from moe_vlm.runtime.dist_env import DistEnv
+
+    os.environ["SLURMD_NODENAME"] = "ab"[rank // 2]
+    torch.set_num_threads(1)
+    env = DistEnv(rank, 4, rank % 2, 2, "127.0.0.1", port - 1, "spawn")  # probe_port: port - 1 + 1
+    device = torch.device("cpu")
+    with node_probe.group(env, device):
+        figures = node_probe.measure(
+            env, device, ["bf16"], {}, 64, 0.01, 2**16, 2, node_probe.ep_groups(4, 2, 2)
+        )
+        node_probe.barrier(env)
+    if rank == 0:
+        with open(out, "wb") as handle:
+            pickle.dump(figures, handle)
+
+
+def test_the_probe_times_each_nodes_ranks_one_rank_per_node_and_the_ep_groups_over_gloo(
+    tmp_path: Path,
+) -> None:
+    """Real gloo collectives in the probe's own groups: intra-node (a: 0-1, b: 2-3), inter-node (0, 2)
+    and the EP groups of EP 2 x ETP 2 ([0, 2], [1, 3]: across the nodes), judged as one job."""
+    import pickle
+
+    import torch.multiprocessing as mp
+
+    from moe_vlm.runtime.dist_env import free_port
+
+    out = tmp_path / "figures.pkl"
+    mp.spawn(_probe_rank, args=(free_port(), str(out)), nprocs=4)
+    figures = pickle.loads(out.read_bytes())
+    assert [(f.rank, f.node) for f in figures] == [(0, "a"), (1, "a"), (2, "b"), (3, "b")]
+    assert all(
+        {"intra:all_reduce", "intra:all_to_all", "ep:all_to_all"} <= set(f.collectives) for f in figures
+    )
+    assert [("inter:all_reduce" in f.collectives) for f in figures] == [True, False, True, False]
+    assert [f.ep_group for f in figures] == [[0, 2], [1, 3], [0, 2], [1, 3]]
+    expected = preflight.expected_rates(GB200, PreflightSettings(inter_gbps=1e-9))
+    nodes, job_figures, job = preflight.judge(figures, expected, PreflightSettings(relative_fraction=0.0))
+    assert {"inter all_reduce GB/s", "inter all_to_all GB/s", "ep all_to_all GB/s"} == set(job_figures)
+    # The EP groups span both nodes: held to the NIC's figure, not NVLink's (which CPU ranks miss).
+    assert job == [] and preflight._ep_inside_nodes(figures) is False
+    assert [n.node for n in nodes] == ["a", "b"] and all("intra all_to_all GB/s" in n.figures for n in nodes)
