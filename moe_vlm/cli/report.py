@@ -178,8 +178,9 @@ def main(argv: list[str] | None = None) -> int:
         write_atomic(out / f"{plot.name}.png", _png(plot))
     write_atomic(out / "report.md", text)
     if args.save_baseline:
-        saved, over = gate.save(table, Path(args.save_baseline), window)
+        saved, over, left_out = gate.save(table, Path(args.save_baseline), window)
         steps = f" over steps {over.text()}" if over else " (no steady window common to the runs: none saved)"
         text += f"\nSaved a baseline of {saved} completed config(s){steps} to {args.save_baseline}.\n"
+        text += "".join(f"- left out of it: {line}\n" for line in left_out)
     print(text, end="")
     return status

@@ -158,17 +158,20 @@ def common_window(table: pd.DataFrame) -> Window | None:
     return Window(first, last) if first <= last else None
 
 
-def save(table: pd.DataFrame, path: Path, window: Window | None) -> tuple[int, Window | None]:
+def save(table: pd.DataFrame, path: Path, window: Window | None) -> tuple[int, Window | None, list[str]]:
     """Write the baseline: per config, its runs' median rate over the window, the union of their
-    bands, their highest peak memory and their software. Returns (configs saved, the window)."""
+    bands, their highest peak memory and their software. Returns (configs saved, the window, the
+    completed runs left out and why)."""
     window = window or common_window(table)
     configs: dict[str, dict[str, Any]] = {}
+    left_out: list[str] = []
     for _, row in table[table["status"] == "completed"].iterrows():
         run = _read(str(row["run_dir"]))
         if run is None or window is None:
             continue
         found = figures_of(Path(str(row["run_dir"])), run, window)
         if isinstance(found, str):
+            left_out.append(f"{row['run']}: {found}")
             continue
         entry = configs.setdefault(
             identity(row),
@@ -195,7 +198,7 @@ def save(table: pd.DataFrame, path: Path, window: Window | None) -> tuple[int, W
         "configs": out,
     }
     write_atomic(path, json.dumps(payload, indent=2, default=str) + "\n")
-    return len(out), window
+    return len(out), window, left_out
 
 
 # --- judging -----------------------------------------------------------------------------------
@@ -284,9 +287,12 @@ def _judge_run(
     found = figures_of(Path(run_dir), run, window)
     if isinstance(found, str):
         return Judged(config, name, "FAIL", window.text(), failures=[found])
-    changed = _changes(before.get("software") or {}, found.software)
     judged = Judged(config, name, "pass", window.text(), found.p50, (found.low, found.high))
-    judged.software = "software changed: " + ", ".join(changed) if changed else "same software"
+    if before.get("software"):
+        changed = _changes(before["software"], found.software)
+        judged.software = "software changed: " + ", ".join(changed) if changed else "same software"
+    else:  # a baseline saved before it recorded the software
+        judged.software = "the baseline records no software"
     base = float(before[BASELINE_METRIC])
     band = before.get("band")
     change = found.p50 / base - 1.0

@@ -127,3 +127,30 @@ def test_a_software_change_is_named_on_the_failing_line(tmp_path: Path) -> None:
         "-33.3% (tolerance -5%, bands apart); software changed: torch 2.14.1 -> 2.15.0, container_image - -> nvcr.io#nvidia/nemo:26.01"
         in text
     ), text
+
+
+def test_runs_a_baseline_cannot_hold_are_named_and_an_old_baseline_says_it_has_no_software(
+    tmp_path: Path,
+) -> None:
+    for name in ("a", "b"):
+        write(tmp_path / "before" / name)
+    code, text = run_report(
+        str(tmp_path / "before"), "--save-baseline", str(tmp_path / "baseline.json"), "--window", "5-14"
+    )
+    assert code == 0 and "Saved a baseline of 0 completed config(s) over steps 5-14" in text
+    assert "- left out of it: a: steps 5-14 not covered (it recorded steps 1-12, warm-up 2)" in text
+    # A baseline written before the gate: a rate per config, no window, band or software.
+    run_report(str(tmp_path / "before"), "--save-baseline", str(tmp_path / "baseline.json"))
+    old = json.loads((tmp_path / "baseline.json").read_text())
+    legacy = {
+        "metric": old["metric"],
+        "configs": [
+            {"config": c["config"], "data": c["data"], old["metric"]: c[old["metric"]]}
+            for c in old["configs"]
+        ],
+    }
+    write_json_atomic(tmp_path / "baseline.json", legacy)
+    write(tmp_path / "after" / "run")
+    code, text = gate(tmp_path)
+    assert code == report.EXIT_OK and "gate pass run (the config, steps 3-12)" in text, text
+    assert "the baseline records no software" in text
