@@ -335,9 +335,8 @@ def lines(judged: list[Judged]) -> list[str]:
     out = []
     for j in judged:
         for failure in j.failures:
-            out.append(
-                f"GATE FAIL {j.run} ({label[j.config]}, steps {j.window}): {failure}; {j.software or '-'}"
-            )
+            software = f"; {j.software}" if j.software else ""
+            out.append(f"GATE FAIL {j.run} ({label[j.config]}, steps {j.window}): {failure}{software}")
     for j in judged:
         if j.verdict == "pass":
             out.append(
