@@ -7,7 +7,7 @@ bash scripts/bootstrap.sh
 # the Transformer Engine build takes about 10 minutes on 2 cores). If it cannot be installed,
 # tests/megatron skip and say why, loudly, in the summary.
 bash scripts/install_megatron.sh || echo "test.sh: scripts/install_megatron.sh failed; tests/megatron will be skipped" >&2
-# A real single-node Slurm for tests/integration/test_slurm*.py (munge + slurmctld + slurmd, see
+# A real two-node local Slurm for tests/integration/test_slurm*.py (munge + slurmctld + a slurmd per node, see
 # scripts/slurm_local.sh). As root it is installed and started, and the Slurm tests then FAIL if it
 # is not answering; without root they skip and say why.
 if [ "$(id -u)" = 0 ]; then

@@ -31,6 +31,8 @@ from moe_vlm.launch.halving import (
     RungState,
     Verdict,
     decide,
+    full_length_node_seconds,
+    grid_basis,
     measure,
     node_steps,
     plan_text,
@@ -170,6 +172,12 @@ def search(
         sys.exit(EXIT_INVALID)
     valid = first_rung_order(valid)
     by_id = {p.point_id: p for p in valid}
+    aside = points.set_aside_dry_runs(sweep_dir)
+    if aside:
+        print(
+            f"moe_vlm: {len(aside)} point(s) a dry run planned here are kept in {sweep_dir / points.DRY_RUN_DIR}: "
+            "the search runs its own rung points"
+        )
     state = start_state(sweeper, valid, sweep_dir, settings)
     print(
         f"moe_vlm: halving search {sweep_dir}: {len(valid)} valid point(s) ({len(planned) - len(valid)} rejected), "
@@ -188,7 +196,7 @@ def search(
         print(rung_line(state, rung, last))
         if not alive:
             break
-    print(summary(state))
+    print(summary(state, sweep_dir))
     return results
 
 
@@ -318,9 +326,10 @@ def rung_line(state: HalvingState, rung: RungState, last: bool) -> str:
     )
 
 
-def summary(state: HalvingState) -> str:
+def summary(state: HalvingState, sweep_dir: Path) -> str:
     used = state.used_node_seconds()
-    grid, extrapolated = state.grid_estimate()
+    # A grid run earlier in this sweep directory has measured some points' full length.
+    grid, extrapolated = state.grid_estimate(full_length_node_seconds(state, sweep_dir))
     lines = []
     for cls, (point, verdict) in sorted(state.best().items()):
         lines.append(
@@ -335,7 +344,7 @@ def summary(state: HalvingState) -> str:
     if grid > 0:
         lines.append(
             f"moe_vlm: halving used {used:,.0f} node-s; the full grid ~{grid:,.0f} node-s "
-            f"({extrapolated} point(s) extrapolated from their last rung): {used / grid:.0%} of it"
+            f"({grid_basis(len(state.points), extrapolated)}): {used / grid:.0%} of it"
         )
     lines += [f"moe_vlm: halving: {line}" for line in state.overflows()]
     if not all(r.decided for r in state.rungs) or len(state.rungs) < state.settings.rungs:

@@ -106,7 +106,13 @@ def status_of(state: str | None) -> JobStatus:
     return JobStatus.COMPLETED if state == "completed" else JobStatus.FAILED
 
 
-def record_launch(point_dir: Path, job_id: str, executor: str) -> None:
+def record_launch(
+    point_dir: Path,
+    job_id: str,
+    executor: str,
+    preflight_s: float | None = None,
+    container_image: str | None = None,
+) -> None:
     run = points.read_run(point_dir)
     if not run:
         return
@@ -119,5 +125,9 @@ def record_launch(point_dir: Path, job_id: str, executor: str) -> None:
         # The task's wall time, from its process start (a halving search counts node-seconds by it).
         "task_started_unix_s": process_started_unix_s(),
         "task_ended_unix_s": points.now(),
+        # The image the job's tasks ran in (pyxis --container-image; None: the host's software).
+        "container_image": container_image,
     }
+    if preflight_s is not None:  # the node preflight's cost in this task (launch/preflight.py)
+        launch["preflight_s"] = preflight_s
     run.with_launch(launch).write(point_dir)

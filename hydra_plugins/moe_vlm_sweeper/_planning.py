@@ -380,9 +380,14 @@ class Planner:
         if not to_launch:
             return []
         results = self.launch(to_launch, sweep_dir)
-        queued = sum(r.status.name == "UNKNOWN" for r in results)
+        queued = [r for r in results if r.status.name == "UNKNOWN"]
         if queued:
-            print(f"moe_vlm: {queued} job(s) queued. Follow them with: moe-vlm status {sweep_dir} --watch 30")
+            # Points and jobs apart: a packed job runs several points, an array task one.
+            jobs = {str((points.read_point(Path(str(r.working_dir))) or {}).get("job_id")) for r in queued}
+            print(
+                f"moe_vlm: {len(queued)} point(s) queued in {len(jobs)} job(s). Follow them with: "
+                f"moe-vlm status {sweep_dir} --watch 30"
+            )
         else:
             finished = [points.run_status(sweep_dir / p.point_id) or "no record" for p in to_launch]
             tally = ", ".join(f"{finished.count(s)} {s}" for s in sorted(set(finished)))

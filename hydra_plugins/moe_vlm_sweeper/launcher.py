@@ -84,13 +84,14 @@ class SubmititLauncher(BaseSubmititLauncher):
     def _plan(self, overrides: Sequence[str]) -> "PlannedJob":
         from hydra_plugins.moe_vlm_sweeper._jobs import PlannedJob
         from moe_vlm.config.compose import compose_sweep_point
-        from moe_vlm.launch import slurm
+        from moe_vlm.launch import preflight, slurm
 
         assert self.hydra_context is not None and self.config is not None
         # load_sweep_config's result, without a Hydra composition per call (moe_vlm/config/compose.py).
         point = compose_sweep_point(self.config, overrides)
         spec = point.spec
-        settings = slurm.checked(self.settings, spec)
+        # Nodes that failed this sweep's preflight stay out of its jobs (and canaries).
+        settings = preflight.with_exclusions(slurm.checked(self.settings, spec), point.point_dir.parent)
         return PlannedJob(
             list(overrides), point.point_dir, spec, settings, slurm.job_parameters(settings, spec)
         )
@@ -282,12 +283,21 @@ class SubmititLauncher(BaseSubmititLauncher):
         return submitted
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
+        from moe_vlm.launch import preflight
         from moe_vlm.runtime import points
 
         assert self.config is not None
         planned = [self.plan(overrides) for overrides in job_overrides]
         if self.settings.executor == "local":
             return self._launch_local(planned, initial_job_idx)
+        sweep_dir = planned[0].point_dir.parent
+        excluded = preflight.excluded_nodes(sweep_dir) if self.settings.preflight.exclude_failed else []
+        if excluded:
+            print(
+                f"moe_vlm: excluding node(s) {', '.join(excluded)} from this sweep's jobs (--exclude): they "
+                f"failed its node preflight ({sweep_dir / preflight.NODES / preflight.FAILING}); "
+                "hydra.launcher.preflight.exclude_failed=false readmits them"
+            )
         canaries = self.submit_canaries(planned) if self.uses_canary else {}
         self.submit_points(list(enumerate(planned, start=initial_job_idx)), canaries)
         returns = [
@@ -556,9 +566,15 @@ class SubmititLauncher(BaseSubmititLauncher):
             self.config, sweep_overrides
         )
         point_dir = Path(str(sweep_config.hydra.sweep.dir), str(sweep_config.hydra.sweep.subdir)).absolute()
+        checked = None
         if self.settings.executor == "slurm":
             requeue.prepare_attempt(point_dir)
             requeue.install(point_dir)
+            if self.settings.preflight.enabled:
+                from moe_vlm.launch import preflight
+
+                # Every node of the allocation, before the run: raises (after recording why) on a bad one.
+                checked = preflight.check_here(point_dir, self.settings.preflight)
         environment = submitit.JobEnvironment()
         with open_dict(sweep_config.hydra.job):
             sweep_config.hydra.job.id = environment.job_id
@@ -571,7 +587,13 @@ class SubmititLauncher(BaseSubmititLauncher):
             job_subdir_key="hydra.sweep.subdir",
         )
         if dist_env.global_rank() == 0:
-            record_launch(point_dir, environment.job_id, self.settings.executor)
+            record_launch(
+                point_dir,
+                environment.job_id,
+                self.settings.executor,
+                checked.seconds if checked else None,
+                self.settings.container_image,
+            )
         if result.status == JobStatus.FAILED:
             # Hydra caught the exception; raise it so the task exits non-zero and srun ends the step.
             raise result._return_value

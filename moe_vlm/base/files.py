@@ -82,6 +82,8 @@ POINT_JSON = "point.json"
 # Written by rank 0 on a USR2 it will requeue for; the job script moves it to PREVIOUS on restart.
 REQUEUE_MARKER = "requeue.json"
 PREVIOUS_REQUEUE_MARKER = "requeue.previous.json"
+# The node preflight's verdict for this attempt (moe_vlm/launch/preflight.py).
+PREFLIGHT_JSON = "preflight.json"
 ATTEMPTS = "attempts"
 CANARIES = "canaries"
 CANARY_JSON = "canary.json"
@@ -100,6 +102,7 @@ class RunPaths:
         HEARTBEAT_JSON,
         REQUEUE_MARKER,
         PREVIOUS_REQUEUE_MARKER,
+        PREFLIGHT_JSON,
     )
 
     @property
@@ -125,6 +128,10 @@ class RunPaths:
     @property
     def previous_requeue_marker(self) -> Path:
         return self.folder / PREVIOUS_REQUEUE_MARKER
+
+    @property
+    def preflight(self) -> Path:
+        return self.folder / PREFLIGHT_JSON
 
     @property
     def attempts(self) -> Path:

@@ -125,6 +125,24 @@ class Number(Kind):
         return value
 
 
+class StepRange(Kind):
+    """FIRST-LAST: a window of optimizer steps, 1 <= FIRST <= LAST <= MAX_COUNT."""
+
+    kind = "steps"
+
+    def __init__(self, example: str = "5-20") -> None:
+        self.example = example
+
+    def __call__(self, text: str) -> tuple[int, int]:
+        first, dash, last = text.partition("-")
+        if not dash or not first.isascii() or not last.isascii() or not first.isdigit() or not last.isdigit():
+            self.bad(text, "not FIRST-LAST (two whole step numbers)")
+        low, high = int(first), int(last)
+        if not 1 <= low <= high <= MAX_COUNT:
+            self.bad(text, f"out of range; allowed: 1 <= FIRST <= LAST <= {MAX_COUNT}")
+        return low, high
+
+
 def _probe(kind: Kind, text: str) -> Path:
     """The path `text` names, refused when empty or when the system cannot even look at it."""
     if not text.strip():

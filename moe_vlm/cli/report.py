@@ -3,7 +3,8 @@
     moe-vlm report multirun/2026-08-30/12-00-00
     moe-vlm report 'sweeps/*' --out reports/today --compare parallelism
     moe-vlm report SWEEP --save-baseline baseline.json       # after a good sweep
-    moe-vlm report SWEEP --baseline baseline.json --tolerance 0.05
+    moe-vlm report SWEEP --baseline baseline.json --tolerance 0.05   # the gate: exit 1 on a failure
+    moe-vlm report SWEEP --best                               # best.yaml: the winner and its rerun
     moe-vlm report BIG_SWEEP --top 20                         # the best 20 rows per ranked table
     moe-vlm report --diff RUN_A RUN_B                         # why is A faster than B?
 
@@ -15,10 +16,12 @@ to separate, labelled tables and never into that ranking.
 A ranked table shows the best --top rows (see --help) and one summary line for the rest; each
 plot names at most plots.PLOT_TOP configs and draws the rest as one "+ K more, median X" entry.
 
-Exit status: 0 fine; 1 the --baseline check found a config whose effective throughput dropped by
-more than --tolerance (or that completed in the baseline and no longer does); 2 bad input (a
-missing PATH, no run.json found, unknown --compare knob, missing or unreadable baseline, --top
-below 1), with a one-line error naming the option, what it allows and a fix.
+Exit status: 0 fine; 1 a run failed the --baseline gate (report/gate.py: throughput below the
+baseline by more than --tolerance with the noise bands apart, peak memory above it by more than
+--memory-tolerance, a NaN loss or a skipped iteration in the window, a config that no longer
+completes), one `GATE FAIL` line per failing figure; 2 bad input (a missing PATH, no run.json
+found, unknown --compare knob, missing or unreadable baseline, --top below 1, a bad --window),
+with a one-line error naming the option, what it allows and a fix.
 """
 
 from __future__ import annotations
@@ -32,8 +35,9 @@ from moe_vlm.base.errors import BadInput
 from moe_vlm.base.files import write_atomic
 from moe_vlm.base.inputs import json_has
 from moe_vlm.record.columns import KNOBS
+from moe_vlm.report import best as report_best
 from moe_vlm.report import diff as report_diff
-from moe_vlm.report import plots
+from moe_vlm.report import gate, plots
 from moe_vlm.report.build import (
     DEFAULT_TOLERANCE,
     EXIT_BAD_INPUT,
@@ -45,7 +49,6 @@ from moe_vlm.report.build import (
     output_dir,
     write_table,
 )
-from moe_vlm.report.compare import load_baseline, regression_check, regression_markdown, save_baseline
 from moe_vlm.report.markdown import DEFAULT_TOP
 from moe_vlm.report.table import load_table
 
@@ -83,6 +86,25 @@ def parser() -> argparse.ArgumentParser:
         type=inputs.Number(0.0, 1.0, "--tolerance 0.05", open_high=True),
         default=DEFAULT_TOLERANCE,
         help=f"allowed drop vs --baseline, as a fraction (default {DEFAULT_TOLERANCE})",
+    )
+    p.add_argument(
+        "--memory-tolerance",
+        type=inputs.Number(0.0, 10.0, "--memory-tolerance 0.10"),
+        default=gate.DEFAULT_MEMORY_TOLERANCE,
+        help=f"allowed rise in peak memory vs --baseline, as a fraction (default {gate.DEFAULT_MEMORY_TOLERANCE})",
+    )
+    p.add_argument(
+        "--window",
+        metavar="FIRST-LAST",
+        type=inputs.StepRange("--window 5-20"),
+        help="the steps the gate (and --save-baseline) judge every run over, e.g. 5-20 (default: the "
+        "baseline's; --save-baseline: the steps every run has in its steady window)",
+    )
+    p.add_argument(
+        "--best",
+        action="store_true",
+        help=f"write {report_best.BEST_YAML}: the winning point's overrides, figures, software and the "
+        "one command that reruns it (mock and forced-balance runs never win against real ones)",
     )
     p.add_argument(
         "--save-baseline",
@@ -126,7 +148,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.save_baseline:  # never over a file this tool did not write (base/inputs.py)
             inputs.output_file("--save-baseline", args.save_baseline, json_has("metric", "configs"))
-        baseline = load_baseline(Path(args.baseline)) if args.baseline else None
+        baseline = gate.load(Path(args.baseline)) if args.baseline else None
+        window = gate.Window(*args.window) if args.window else None
         table = load_table(args.paths)
         out = output_dir(args.paths, str(args.out) if args.out else None)
         check_outputs(out)
@@ -137,23 +160,27 @@ def main(argv: list[str] | None = None) -> int:
     text, made = build_report(table, out, args.compare, args.top)
     status = EXIT_OK
     if baseline is not None:
-        check = regression_check(table, baseline, args.tolerance)
+        judged = gate.judge(table, baseline, args.tolerance, args.memory_tolerance, window)
         text += (
-            "\n## Regression check\n\n"
-            + regression_markdown(check, Path(args.baseline), args.tolerance)
+            "\n## Gate\n\n"
+            + gate.markdown(judged, Path(args.baseline), args.tolerance, args.memory_tolerance)
             + "\n"
         )
-        regressed = check[check["verdict"].str.startswith("REGRESSED")]
-        if not regressed.empty:
+        failed = [j for j in judged if j.verdict == "FAIL"]
+        if failed:
             status = EXIT_REGRESSED
-            text += f"\n**{len(regressed)} config(s) regressed** (exit status {EXIT_REGRESSED}).\n"
+            text += f"\n**{len(failed)} run(s) failed the gate** (exit status {EXIT_REGRESSED}).\n"
+    if args.best:
+        text += "\n" + report_best.write(table, out) + "\n"
 
     write_table(table, out)
     for plot in made:
         write_atomic(out / f"{plot.name}.png", _png(plot))
     write_atomic(out / "report.md", text)
     if args.save_baseline:
-        saved = save_baseline(table, Path(args.save_baseline))
-        text += f"\nSaved a baseline of {saved} completed config(s) to {args.save_baseline}.\n"
+        saved, over, left_out = gate.save(table, Path(args.save_baseline), window)
+        steps = f" over steps {over.text()}" if over else " (no steady window common to the runs: none saved)"
+        text += f"\nSaved a baseline of {saved} completed config(s){steps} to {args.save_baseline}.\n"
+        text += "".join(f"- left out of it: {line}\n" for line in left_out)
     print(text, end="")
     return status

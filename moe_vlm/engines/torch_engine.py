@@ -11,6 +11,7 @@ prints one progress line per step, and writes run.json once at the end (atomical
 
 from __future__ import annotations
 
+import os
 import resource
 import signal
 import socket
@@ -50,6 +51,10 @@ from moe_vlm.record.records import RunRecord, RunStatus, StepRecord, StepWriter,
 from moe_vlm.record.router_load import ROUTER_SECTION
 from moe_vlm.runtime.dist_env import DistEnv, free_port
 from moe_vlm.runtime.failures import classify, launch_info, tail_lines, write_failure
+
+# Tests only: seconds slept inside every training step, a slowdown a gate must catch
+# (tests/integration/test_decision.py; `moe-vlm report --baseline`).
+ENV_TEST_STEP_SLEEP_S = "MOE_VLM_TEST_STEP_SLEEP_S"
 
 # --- launching -----------------------------------------------------------------------------
 
@@ -331,6 +336,7 @@ class Trainer:
         self.data_stats = DataStats()
         self.micro_batches_run = 0
         self.started_s = 0.0  # perf_counter at the last step's start (after the device drained)
+        self.test_sleep_s = float(os.environ.get(ENV_TEST_STEP_SLEEP_S) or 0.0)
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -382,6 +388,8 @@ class Trainer:
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self._synchronize()
+        if self.test_sleep_s:
+            time.sleep(self.test_sleep_s)
         finished = time.perf_counter()
         step_time_s = finished - started
         times = self.timer.collect()

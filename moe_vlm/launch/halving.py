@@ -483,12 +483,17 @@ class HalvingState:
     def point_node_seconds(self, point: str) -> float:
         return sum(v.node_seconds or 0.0 for p, _, _, v in self.runs_once() if p == point and v is not None)
 
-    def grid_estimate(self) -> tuple[float, int]:
+    def grid_estimate(self, full_runs: Mapping[str, float] | None = None) -> tuple[float, int]:
         """The full grid's node-seconds, and how many points of it are extrapolated: a point that
-        ran its full train_iters counts that run; one stopped earlier, its last run's node-seconds
-        (start-up included, once) plus its remaining steps at that run's mean steady step time."""
+        ran its full train_iters counts that run; one stopped earlier, the node-seconds of its
+        full-length run when the grid has run it since (`full_runs`: full_length_node_seconds),
+        else its last run's node-seconds (start-up included, once) plus its remaining steps at
+        that run's mean steady step time."""
         total, extrapolated = 0.0, 0
         for point in self.points:
+            if full_runs and point in full_runs:
+                total += full_runs[point]
+                continue
             last: tuple[int, Verdict] | None = None
             for rung in self.rungs:
                 verdict = rung.verdicts.get(point)
@@ -540,6 +545,29 @@ class HalvingState:
                 if verdict.place == 1:
                     out[verdict.rank_class] = (point, verdict)
         return out
+
+
+def full_length_node_seconds(state: HalvingState, sweep_dir: Path) -> dict[str, float]:
+    """The measured node-seconds of each point's completed full-length run in the sweep directory
+    (the search's last rung, or the grid run there after it: the same identity)."""
+    out: dict[str, float] = {}
+    for point in state.points:
+        if not (sweep_dir / point).is_dir():
+            continue
+        found = measure(point, sweep_dir / point)
+        if found.status == "completed" and found.node_seconds is not None:
+            out[point] = found.node_seconds
+    return out
+
+
+def grid_basis(points: int, extrapolated: int) -> str:
+    """How the grid's node-seconds were reached: measured full-length runs, extrapolated ones."""
+    if not extrapolated:
+        return f"measured: each of its {points} point(s) ran its full length"
+    return (
+        f"{points - extrapolated} point(s) measured at full length, {extrapolated} stopped early and "
+        "extrapolated from their last run"
+    )
 
 
 # --- against the grid: what the benchmark and the tests measure ----------------------------------

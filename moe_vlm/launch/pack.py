@@ -11,7 +11,11 @@ limit is the sum of the points' limits, and each point's step is held to its own
   job resumes at the first unfinished point and nothing runs twice;
 - after a step that failed, records why (runtime/failures.py) and goes on with the next point;
 - after a step whose rank 0 left a requeue marker (USR2: time limit or preemption), requeues the
-  whole job from outside the container and stops; the interrupted point reruns first.
+  whole job from outside the container and stops; the interrupted point reruns first;
+- after a step whose node preflight failed (launch/preflight.py), records the points left
+  `failed` (class node, not run) and ends: they would run on the same node;
+- ends FAILED (exit 1) when any of its points did not complete, this run or before a requeue,
+  so Slurm's own record of the job says so.
 
 Layout: `.submitit/pack-<token>/` holds the batch script (`pack.sbatch`), the batch log
 (`<job>_0_log.*`) and one folder per point (`<point_id>/`: submitit's pickle, the step's task
@@ -26,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from moe_vlm.base.files import REQUEUE_MARKER, RUN_JSON
+from moe_vlm.base.files import PREFLIGHT_JSON, REQUEUE_MARKER, RUN_JSON
 from moe_vlm.launch import slurm
 from moe_vlm.record.records import TERMINAL
 from moe_vlm.runtime import dist_env
@@ -35,6 +39,9 @@ from moe_vlm.runtime import dist_env
 # spaces). Read with grep: the batch script runs outside the container, where the job's Python
 # may not exist.
 FINISHED_LINE = '^  "status": "(' + "|".join(TERMINAL) + ')",?$'
+COMPLETED_LINE = '^  "status": "completed",?$'
+# A failed verdict in preflight.json (launch/preflight.py: "verdict" at its top level, indent=2).
+PREFLIGHT_FAILED_LINE = '^  "verdict": "failed",?$'
 PACK_SCRIPT = "pack.sbatch"
 
 
@@ -79,18 +86,25 @@ def loop(entries: Sequence[PackEntry], python: str, srun_args: Sequence[str], st
         f"export {dist_env.ENV_PACK_SIZE}={len(entries)}",
         'moe_vlm_job="$SLURM_JOB_ID"',
         "moe_vlm_failed=0",
+        # Slurm numbers a job's steps 0, 1, ... as they start (again from 0 after a requeue): the
+        # record of a step whose ranks died before writing theirs still names it.
+        "moe_vlm_steps=0",
         'for moe_vlm_index in "${!moe_vlm_pack[@]}"; do',
         '  moe_vlm_point="${moe_vlm_pack[$moe_vlm_index]}"',
         '  moe_vlm_folder="${moe_vlm_folders[$moe_vlm_index]}"',
         f"  export {dist_env.ENV_PACK_INDEX}=$((moe_vlm_index + 1))",
         f'  if grep -Eqs {shlex.quote(FINISHED_LINE)} "$moe_vlm_point/{RUN_JSON}"; then',
         f'    echo "moe_vlm: point {place} ($moe_vlm_point) has finished; skipped" >&2',
+        # A point that ended before a requeue without completing still fails the job.
+        f'    grep -Eqs {shlex.quote(COMPLETED_LINE)} "$moe_vlm_point/{RUN_JSON}" || moe_vlm_failed=$((moe_vlm_failed + 1))',
         "    continue",
         "  fi",
         *(f"  {line}" for line in slurm.marker_lines()),
         f'  echo "moe_vlm: point {place} ($moe_vlm_point) starts" >&2',
         f"  {step}",
         "  moe_vlm_rc=$?",
+        "  moe_vlm_step=$moe_vlm_steps",
+        "  moe_vlm_steps=$((moe_vlm_steps + 1))",
         f'  if [ -e "$moe_vlm_point/{REQUEUE_MARKER}" ]; then',
         f'    echo "moe_vlm: requeueing job $SLURM_JOB_ID at point {place} '
         '(restart ${SLURM_RESTART_COUNT:-0})" >&2',
@@ -98,7 +112,19 @@ def loop(entries: Sequence[PackEntry], python: str, srun_args: Sequence[str], st
         "  fi",
         '  if [ "$moe_vlm_rc" -ne 0 ]; then',
         "    moe_vlm_failed=$((moe_vlm_failed + 1))",
-        f"    {slurm.record_failure(python)} || true",
+        f"    {slurm.record_failure(python, 'moe_vlm_step')} || true",
+        "  fi",
+        # The node failed its preflight: the points left would run on it too. Each is recorded
+        # (class node, not run) for the rerun, which excludes the node; the job ends failed.
+        f'  if grep -Eqs {shlex.quote(PREFLIGHT_FAILED_LINE)} "$moe_vlm_point/{PREFLIGHT_JSON}"; then',
+        f'    echo "moe_vlm: point {place}: its node preflight failed; the job stops here" >&2',
+        '    for moe_vlm_rest in "${!moe_vlm_pack[@]}"; do',
+        '      [ "$moe_vlm_rest" -gt "$moe_vlm_index" ] || continue',
+        f"      {dist_env.ENV_PACK_INDEX}=$((moe_vlm_rest + 1)) "
+        f'{python} -m moe_vlm.launch.preflight --point-dir "${{moe_vlm_pack[$moe_vlm_rest]}}" '
+        f'--after "$moe_vlm_point/{PREFLIGHT_JSON}" --job-id "$moe_vlm_job" >&2 || true',
+        "    done",
+        "    exit 1",
         "  fi",
         "done",
         # Every point has its own record; the job's state says whether any of them failed.

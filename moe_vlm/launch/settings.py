@@ -9,6 +9,31 @@ from typing import Any
 
 
 @dataclass
+class PreflightSettings:
+    """`hydra.launcher.preflight.*`: the node preflight every task of a Slurm job runs before the
+    run starts (moe_vlm/launch/preflight.py). Expected rates come from the cluster preset's
+    hardware description (moe_vlm/launch/preflight.py `expected_rates`); a figure set here
+    replaces the preset's (cluster=local has none: without one, a node is held only to the job's
+    best node). A node below `fraction` x expected fails."""
+
+    enabled: bool = True  # false skips it (the skip switch)
+    gemm_tflops: float | None = None  # expected dense BF16 GEMM TFLOP/s per GPU (or CPU rank)
+    intra_gbps: float | None = None  # expected intra-node bus bandwidth, GB/s per GPU
+    inter_gbps: float | None = None  # expected inter-node bus bandwidth, GB/s per GPU
+    gemm_fraction: float = 0.5  # a GPU below this fraction of the expected GEMM rate fails
+    collective_fraction: float = 0.25  # a collective below this fraction of the expected bandwidth fails
+    # A node below this fraction of the job's best node fails too (the self-relative check, the
+    # only one on cluster=local without figures above).
+    relative_fraction: float = 0.5
+    seconds: float = 0.3  # timing per GEMM
+    collective_iters: int = 5  # timed calls per collective (after one untimed)
+    message_mib: float | None = None  # per-rank message; null = 64 MiB on GPUs, 4 MiB on CPU
+    gemm_size: int | None = None  # square GEMM side; null = 8192 on GPUs, 512 on CPU
+    # A rerun of the sweep keeps every node that failed it out of the sweep's jobs (--exclude).
+    exclude_failed: bool = True
+
+
+@dataclass
 class SlurmSettings:
     """Everything `hydra/launcher=slurm*` sets. Resources that depend on the experiment (nodes,
     tasks and GPUs per node) are not here: they come from each point's RunSpec."""
@@ -55,3 +80,4 @@ class SlurmSettings:
     setup: list[str] = field(default_factory=list)  # shell lines before srun (module load, exports)
     srun_args: list[str] = field(default_factory=list)  # extra srun arguments
     additional_parameters: dict[str, Any] = field(default_factory=dict)  # extra #SBATCH --key=value
+    preflight: PreflightSettings = field(default_factory=PreflightSettings)

@@ -28,11 +28,11 @@ from moe_vlm.base.errors import BadInput
 from moe_vlm.base.files import PREVIOUS_REQUEUE_MARKER, REQUEUE_MARKER
 from moe_vlm.config.names import meant
 from moe_vlm.config.preflight import LAUNCHER_EXECUTORS
-from moe_vlm.config.schema import Engine
+from moe_vlm.config.schema import CONF_DIR, Engine
 from moe_vlm.config.sharding import launcher_segment, segment_mismatch
 from moe_vlm.config.spec import RunSpec
 from moe_vlm.launch import site
-from moe_vlm.launch.settings import SlurmSettings
+from moe_vlm.launch.settings import PreflightSettings, SlurmSettings
 from moe_vlm.record import profiling
 
 # Exit status of a rank that was asked to stop for a requeue (EX_TEMPFAIL): not a failure.
@@ -55,16 +55,53 @@ KILL_ON_INVALID_DEP = "kill_on_invalid_dep"
 
 def settings_from(params: dict[str, Any]) -> SlurmSettings:
     known = set(SlurmSettings.__dataclass_fields__)
-    return SlurmSettings(**{k: v for k, v in params.items() if k in known})
+    values = {k: v for k, v in params.items() if k in known}
+    if isinstance(values.get("preflight"), dict):
+        known_preflight = set(PreflightSettings.__dataclass_fields__)
+        values["preflight"] = PreflightSettings(
+            **{k: v for k, v in values["preflight"].items() if k in known_preflight}
+        )
+    return SlurmSettings(**values)
+
+
+def check_preflight(out: PreflightSettings) -> PreflightSettings:
+    """hydra.launcher.preflight.*, checked: one line naming the key and a fix when one is off
+    (Hydra's schema refuses a key that does not exist)."""
+    for key in ("gemm_fraction", "collective_fraction", "relative_fraction"):
+        value = getattr(out, key)
+        if not isinstance(value, int | float) or not 0.0 <= float(value) <= 1.0:
+            raise BadInput(
+                f"hydra.launcher.preflight.{key}={value!r}: expected a fraction in [0, 1]. "
+                f"Fix: hydra.launcher.preflight.{key}=0.5."
+            )
+    for key in ("gemm_tflops", "intra_gbps", "inter_gbps", "message_mib", "seconds"):
+        value = getattr(out, key)
+        if value is not None and (not isinstance(value, int | float) or not float(value) > 0):
+            raise BadInput(
+                f"hydra.launcher.preflight.{key}={value!r}: expected a positive number"
+                + (" or null (the cluster preset's)" if key != "seconds" else "")
+                + f". Fix: hydra.launcher.preflight.{key}={'0.3' if key == 'seconds' else 'null'}."
+            )
+    for key in ("collective_iters", "gemm_size"):
+        value = getattr(out, key)
+        if value is not None and (not isinstance(value, int) or value < 1):
+            raise BadInput(
+                f"hydra.launcher.preflight.{key}={value!r}: expected a whole number >= 1. "
+                f"Fix: hydra.launcher.preflight.{key}={5 if key == 'collective_iters' else 'null'}."
+            )
+    return out
 
 
 def checked(settings: SlurmSettings, spec: RunSpec) -> SlurmSettings:
     """Settings with site values filled in, every string that reaches sbatch/srun checked."""
     if settings.expects_cluster and settings.expects_cluster != spec.cluster.name:
+        presets = launcher_presets()
+        own = f"slurm_{spec.cluster.name}"
+        pick = own if own in presets else "slurm"
         raise BadInput(
             f"hydra.launcher: this preset is for cluster={settings.expects_cluster} but the run has "
             f"cluster={spec.cluster.name}. Fix: add cluster={settings.expects_cluster}, or pick "
-            f"hydra/launcher=slurm_{spec.cluster.name} (presets: slurm, slurm_gb200, slurm_b200, local)."
+            f"hydra/launcher={pick} (presets: {', '.join(presets)})."
         )
     values = dict(vars(settings))
     explicit = {key: values.get(key) for key in site.SITE_KEYS}
@@ -124,7 +161,13 @@ def checked(settings: SlurmSettings, spec: RunSpec) -> SlurmSettings:
             f"hydra.launcher.executor={out.executor!r}: expected slurm or local. "
             f"Fix: hydra.launcher.executor={meant(str(out.executor), LAUNCHER_EXECUTORS) or 'slurm'}."
         )
+    check_preflight(out.preflight)
     return out
+
+
+def launcher_presets() -> list[str]:
+    """The `hydra/launcher=` options, as conf/hydra/launcher/ holds them."""
+    return sorted(path.stem for path in (CONF_DIR / "hydra" / "launcher").glob("*.yaml"))
 
 
 def segment_nodes(settings: SlurmSettings, spec: RunSpec) -> int | None:
@@ -287,11 +330,12 @@ def teardown(python: str) -> list[str]:
     ]
 
 
-def record_failure(python: str) -> str:
-    """The line that records a failed step of `$moe_vlm_point` (exit status `$moe_vlm_rc`)."""
+def record_failure(python: str, step: str | None = None) -> str:
+    """The line that records a failed step of `$moe_vlm_point` (exit status `$moe_vlm_rc`); `step`:
+    the shell variable holding its Slurm step id (a packed job's loop counts its steps)."""
     return (
         f'{python} -m moe_vlm.runtime.failures --point-dir "$moe_vlm_point" --job-id "$moe_vlm_job" '
-        '--exit-code "$moe_vlm_rc" >&2'
+        '--exit-code "$moe_vlm_rc"' + (f' --step-id "${step}"' if step else "") + " >&2"
     )
 
 

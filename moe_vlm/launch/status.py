@@ -29,9 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from moe_vlm.base import inputs
-from moe_vlm.base.errors import BadInput
 from moe_vlm.base.files import POINT_JSON, RUN_JSON
-from moe_vlm.config.schema import DryRun, dry_run_mode
 from moe_vlm.launch import slurm
 from moe_vlm.launch.canary import OK_PREFIX
 from moe_vlm.record.records import RUNNING, TERMINAL, Failure, RecordError, RunRecord, RunStatus
@@ -49,6 +47,8 @@ STATES = ("completed", "failed", "rejected", "running", "queued", "planned", "un
 BAR_WIDTH = 30
 # Slurm's reason for a job whose afterok dependency failed: it can never start.
 NEVER_SATISFIED = "DependencyNeverSatisfied"
+# Slurm's reason for a job waiting for its begin time: after a requeue, about two minutes.
+BEGIN_TIME = "BeginTime"
 # Lines Slurm itself writes into a job's stderr; the canary's evidence is the job's own last line.
 SLURM_LINE = ("srun: ", "slurmstepd", "srun(")
 CANARY_TAIL_LINES = 15
@@ -224,14 +224,6 @@ def refusal_detail(refused: list[dict[str, Any]]) -> str:
     return f"refused by the library's own check {library['code']}: {message}"
 
 
-def _dry_run(point: dict[str, Any]) -> bool:
-    """Whether a point's record was written by a dry run (its config asks for one)."""
-    try:
-        return dry_run_mode((point.get("config") or {}).get("dry_run", False)) is not DryRun.off
-    except BadInput:
-        return False
-
-
 def in_flight(status: PointStatus) -> bool:
     """Queued or running; or `unknown` for a Slurm job (the controller did not answer: under
     load squeue can time out). Whoever waits for points (submit_and_exit=false, a halving
@@ -328,7 +320,7 @@ def _state(
                 return "failed", _finished_detail(settled)
             return "running", ""
         if not job_id:
-            if _dry_run(point):
+            if points.planned_by_dry_run(point):
                 refused = refusal_detail(point.get("refused") or [])
                 verdict = (
                     ""
@@ -356,10 +348,7 @@ def _state(
     if states is None:
         return "unknown", "Slurm is not reachable from here"
     if job is not None and job.state in slurm.PENDING_STATES:
-        return "queued", f"{job.state.lower()} ({job.reason})" if job.reason not in (
-            "",
-            "None",
-        ) else job.state.lower()
+        return "queued", pending_detail(job)
     if job is not None and job.state in slurm.RUNNING_STATES:
         pack = _pack_of(point)
         if pack is None:
@@ -380,6 +369,20 @@ def _state(
     )
     status = str(failed.get("status"))
     return status, _finished_detail(failed)
+
+
+def pending_detail(job: slurm.JobState) -> str:
+    """A pending job's state and Slurm's reason; a requeued job held to its begin time says why
+    and how to release it."""
+    if job.reason in ("", "None"):
+        return job.state.lower()
+    detail = f"{job.state.lower()} ({job.reason})"
+    if job.reason == BEGIN_TIME and job.restarts:
+        detail += (
+            f": Slurm holds a requeued job about two minutes before it may start again; "
+            f"`scontrol update JobId={job.job_id} StartTime=now` releases it"
+        )
+    return detail
 
 
 def _held_behind_canary(

@@ -1,17 +1,13 @@
-"""The report's comparisons: --compare (one knob at equal work) and baselines with the regression check."""
+"""The report's comparisons: --compare (one knob at equal work), and a config's identity for baselines (report/gate.py)."""
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
-from moe_vlm.base.errors import BadInput
-from moe_vlm.base.files import write_atomic
 from moe_vlm.record.columns import KNOBS
 from moe_vlm.report.markdown import _flops, _mfu, _number, markdown_table
 from moe_vlm.report.table import varying_knobs
@@ -141,82 +137,3 @@ def compare_markdown(comparisons: list[Comparison], knob: str) -> str:
 
 def identity(row: pd.Series) -> str:
     return ",".join(f"{k}={row[k]}" for k in KNOBS if k not in NOT_IDENTITY)
-
-
-def save_baseline(table: pd.DataFrame, path: Path) -> int:
-    done = table[table["status"] == "completed"].dropna(subset=[BASELINE_METRIC])
-    configs = [
-        {
-            "config": identity(row),
-            "data": row["data"],
-            BASELINE_METRIC: float(row[BASELINE_METRIC]),
-            "run_dir": row["run_dir"],
-        }
-        for _, row in done.iterrows()
-    ]
-    write_atomic(path, json.dumps({"metric": BASELINE_METRIC, "configs": configs}, indent=2) + "\n")
-    return len(configs)
-
-
-def load_baseline(path: Path) -> dict[str, float]:
-    if not path.is_file():
-        raise BadInput(
-            f"--baseline {path}: {'a directory' if path.is_dir() else 'no such file'}; pass a file "
-            "written by --save-baseline FILE (e.g. moe-vlm report SWEEP --save-baseline baseline.json)"
-        )
-    try:
-        payload = json.loads(path.read_text())
-        return {c["config"]: float(c[BASELINE_METRIC]) for c in payload["configs"]}
-    except (OSError, json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
-        raise BadInput(
-            f"--baseline {path}: not a baseline file ({exc.__class__.__name__}: {exc}); "
-            "write one with --save-baseline FILE"
-        ) from exc
-
-
-def regression_check(table: pd.DataFrame, baseline: dict[str, float], tolerance: float) -> pd.DataFrame:
-    """One row per baseline config: ok, REGRESSED (slower than tolerance allows, or no longer completing)."""
-    rows = []
-    current = {identity(row): row for _, row in table.iterrows()}
-    for config, before in sorted(baseline.items()):
-        row = current.get(config)
-        if row is None:
-            rows.append(
-                {"config": config, "baseline": before, "now": None, "change": None, "verdict": "not run"}
-            )
-            continue
-        now = row[BASELINE_METRIC]
-        if row["status"] != "completed" or now is None or (isinstance(now, float) and math.isnan(now)):
-            rows.append(
-                {
-                    "config": config,
-                    "baseline": before,
-                    "now": None,
-                    "change": None,
-                    "verdict": f"REGRESSED ({row['status']})",
-                }
-            )
-            continue
-        change = float(now) / before - 1.0
-        verdict = "REGRESSED" if change < -tolerance else "ok"
-        rows.append(
-            {"config": config, "baseline": before, "now": float(now), "change": change, "verdict": verdict}
-        )
-    return pd.DataFrame(rows, columns=["config", "baseline", "now", "change", "verdict"])
-
-
-def regression_markdown(check: pd.DataFrame, path: Path, tolerance: float) -> str:
-    header = ["config", "baseline eff tok/s/GPU", "now", "change", "verdict"]
-    body = [
-        [
-            r["config"],
-            _number(r["baseline"]),
-            _number(r["now"]),
-            f"{r['change']:+.1%}" if r["change"] is not None and not math.isnan(r["change"]) else "-",
-            f"**{r['verdict']}**" if r["verdict"].startswith("REGRESSED") else r["verdict"],
-        ]
-        for _, r in check.iterrows()
-    ]
-    return f"Against {path}, tolerance {tolerance:.0%} drop in effective tokens/s/GPU.\n\n" + markdown_table(
-        header, body
-    )

@@ -3,8 +3,9 @@
 For every sweep directory among the report's runs that holds a search's state (halving.json,
 moe_vlm/launch/halving.py): one row per point with what each rung measured and decided (effective
 tokens/s/GPU, its place in its rank class, promoted / stopped / final, or why it failed), the
-node-seconds the search used, and the full grid's node-seconds (points stopped early are
-extrapolated: their last run plus their remaining steps at its mean steady step time).
+node-seconds the search used, and the full grid's node-seconds: measured where each point's
+full-length run is in the sweep directory (the grid run there after the search), else
+extrapolated (its last run plus its remaining steps at its mean steady step time).
 """
 
 from __future__ import annotations
@@ -12,7 +13,14 @@ from __future__ import annotations
 from collections.abc import Iterable
 from pathlib import Path
 
-from moe_vlm.launch.halving import STATE_JSON, Decision, HalvingState, Verdict
+from moe_vlm.launch.halving import (
+    STATE_JSON,
+    Decision,
+    HalvingState,
+    Verdict,
+    full_length_node_seconds,
+    grid_basis,
+)
 
 
 def state_dirs(run_dirs: Iterable[str]) -> list[Path]:
@@ -74,7 +82,8 @@ def ladder(state: HalvingState, sweep_dir: Path) -> list[str]:
         "",
     ]
     used = state.used_node_seconds()
-    grid, extrapolated = state.grid_estimate()
+    full = full_length_node_seconds(state, sweep_dir)
+    grid, extrapolated = state.grid_estimate(full)
     decided = sum(r.decided for r in state.rungs)
     lines.append(f"- rungs decided: {decided} of {settings.rungs}.")
     for cls, (point, verdict) in sorted(state.best().items()):
@@ -85,9 +94,9 @@ def ladder(state: HalvingState, sweep_dir: Path) -> list[str]:
         )
     if grid > 0:
         lines.append(
-            f"- node-seconds: the search used {used:,.0f}; the full grid ~{grid:,.0f} ({extrapolated} "
-            f"point(s) stopped early, extrapolated from their last run): saved ~{grid - used:,.0f} "
-            f"({1 - used / grid:.0%})."
+            f"- node-seconds: the search used {used:,.0f}; the full grid {'~' if extrapolated else ''}"
+            f"{grid:,.0f} ({grid_basis(len(state.points), extrapolated)}): saved "
+            f"{'~' if extrapolated else ''}{grid - used:,.0f} ({1 - used / grid:.0%})."
         )
     lines += [f"- ties over the cap: {line}." for line in state.overflows()]
     stopped = sum(

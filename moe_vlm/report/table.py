@@ -112,12 +112,12 @@ def row_of(run_file: Path, run: RunRecord) -> dict[str, Any]:
         **report_card.rows_of((run.spec or {}).get("card")),
         "errors": "; ".join(summary.get("errors") or []) or None,
     }
-    row |= _throughput_band(summary)
+    row |= throughput_band(summary)
     row |= prediction_report.row_fields(run.sections)  # predicted vs measured (moe_vlm/predict)
     return row
 
 
-def _throughput_band(summary: dict[str, Any]) -> dict[str, float | None]:
+def throughput_band(summary: dict[str, Any]) -> dict[str, float | None]:
     """Effective tokens/s/GPU at the p50, p90 and p10 seconds of the steps the rates are over
     (the time basis: step periods where recorded, else step times): the run's median rate and its
     noise band. The mean rate is over the same steps' mean seconds, so rate x mean / seconds."""

@@ -2,5 +2,6 @@
 
 dist_env.py (who am I: rank, world, rendezvous; the Slurm job and pack variables), heartbeat.py
 (running/killed), points.py (a sweep point's and run's files), failures.py (classifying and
-recording a failure). See docs/layout.md.
+recording a failure), node_probe.py (the node preflight's GEMM and collective timings). See
+docs/layout.md.
 """

@@ -79,7 +79,7 @@ class DistEnv:
                 world_size=int(env["SLURM_NTASKS"]),
                 local_rank=int(env.get("SLURM_LOCALID", "0")),
                 local_world_size=tasks_on_node(env, node_index),
-                master_addr=env.get("MASTER_ADDR") or expand(nodelist)[0],
+                master_addr=env.get("MASTER_ADDR") or node_address(expand(nodelist)[0]),
                 master_port=int(env.get("MASTER_PORT") or port_for_job(env.get("SLURM_JOB_ID", "0"))),
                 launcher="slurm",
             )
@@ -145,6 +145,29 @@ def slurm_hostnames(nodelist: str) -> list[str]:
         if done is not None and done.returncode == 0 and done.stdout.split():
             return done.stdout.split()
     return expand_hostlist(nodelist)
+
+
+def node_address(node: str) -> str:
+    """Where the ranks meet on a job's first node: its name where that resolves (every cluster's
+    node names do), else the address Slurm itself reaches it at (`scontrol show node`: NodeAddr),
+    as on a test Slurm whose node names are no host names (scripts/slurm_local.sh)."""
+    try:
+        socket.getaddrinfo(node, None)
+        return node
+    except (OSError, UnicodeError):
+        pass
+    scontrol = shutil.which("scontrol")
+    if scontrol:
+        try:
+            done = subprocess.run(
+                [scontrol, "--oneliner", "show", "node", node], capture_output=True, text=True, timeout=30
+            )
+        except (OSError, subprocess.TimeoutExpired):
+            done = None
+        found = re.search(r"\bNodeAddr=(\S+)", done.stdout) if done is not None else None
+        if found:
+            return found.group(1)
+    return node
 
 
 def expand_hostlist(nodelist: str) -> list[str]:

@@ -4,7 +4,8 @@ Classes, most specific first (the first that matches wins):
 
     timeout    Slurm time limit ("DUE TO TIME LIMIT", state TIMEOUT) or a USR2 past the requeue budget
     preempted  preemption ("DUE TO PREEMPTION", state PREEMPTED)
-    node       node failure (NODE_FAIL, BOOT_FAIL, Xid, ECC, "fallen off the bus")
+    node       node failure (NODE_FAIL, BOOT_FAIL, Xid, ECC, "fallen off the bus"), or a node that
+               failed the node preflight (launch/preflight.py)
     oom        out of memory (CUDA OOM, torch.OutOfMemoryError, OOM killer, OUT_OF_MEMORY)
     cancelled  scancel ("CANCELLED AT", state CANCELLED)
     killed     a rank died from SIGKILL without OOM or node evidence (srun "task N: Killed", 137)
@@ -66,7 +67,10 @@ CLASSES: tuple[FailureClass, ...] = (
         "node",
         frozenset({"NODE_FAIL", "BOOT_FAIL"}),
         re.compile(
-            r"DUE TO NODE FAIL|Node failure|NODE_FAIL|\bXid\b|uncorrectable ECC|fallen off the bus", re.I
+            # "moe_vlm preflight: ... FAILED": a node below its rates (moe_vlm/launch/preflight.py).
+            r"DUE TO NODE FAIL|Node failure|NODE_FAIL|\bXid\b|uncorrectable ECC|fallen off the bus"
+            r"|moe_vlm preflight: .*FAILED",
+            re.I,
         ),
         "lost a node or GPU",
     ),
@@ -277,17 +281,23 @@ def spec_of(config: dict[str, Any]) -> Any:
 
 def base_from_point(point_dir: Path) -> dict[str, Any]:
     """A run record for a point whose process could not write one: its running record when it
-    started, else rebuilt from point.json; with the steps it finished summarised."""
+    started, else rebuilt from point.json (with the launch of a failure recorded before); with
+    the steps it finished summarised."""
     point = points.read_point(point_dir) or {}
     run = points.read_run(point_dir)
     config = (run.config if run else None) or point.get("config") or {}
     spec = spec_of(config)
     if run and run.status in (RUNNING, REQUEUED):
         base = run.to_json()
-    elif spec is not None:
-        base = RunRecord.failed(spec, config).to_json()
     else:
-        base = RunRecord(status=RunStatus.failed, config=config, point_id=point.get("point_id")).to_json()
+        rebuilt = RunRecord.failed(spec, config) if spec is not None else None
+        base = (
+            rebuilt or RunRecord(status=RunStatus.failed, config=config, point_id=point.get("point_id"))
+        ).to_json()
+        if run is not None and run.launch:
+            # A failure another rank recorded first (say rank 0 saw rank 1's death as a broken
+            # collective): its place (Slurm step, pack, host) stays with the more specific class.
+            base["launch"] = dict(run.launch)
     steps = read_steps(point_dir / STEPS_JSONL)
     if steps and spec is not None:
         base["summary"] = summarize(steps, spec)
@@ -330,13 +340,19 @@ def record_job_failure(
     exit_code: int | None = None,
     signal_number: int | None = None,
     restarts: int | None = None,
+    step_id: str | None = None,
 ) -> dict[str, Any]:
     point = points.read_point(point_dir) or {}
     log_text, tail = job_logs(points.job_log_dir({**point, "job_id": job_id or point.get("job_id")}))
     diagnosis = classify(log_text, slurm_state, exit_code, signal_number)
     base = base_from_point(point_dir)
     recorded = (base.get("launch") or {}).get("restarts")
+    # Its place in a pack (the batch script's environment) and its step, as a running record has
+    # them: a rank that died before writing one leaves only this record.
+    here = {key: value for key, value in launch_info().items() if key in ("pack", "slurm_step_id")}
     launch = {
+        **here,
+        **({"slurm_step_id": step_id} if step_id is not None else {}),
         "slurm_job_id": job_id,
         "slurm_state": slurm_state,
         "exit_code": exit_code,
@@ -354,10 +370,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--point-dir", type=Path, required=True)
     parser.add_argument("--job-id", required=True)
     parser.add_argument("--exit-code", type=int, required=True)
+    parser.add_argument("--step-id", help="the failed step's Slurm step id (a packed job's)")
     args = parser.parse_args(argv)
     # A shell reports death by signal N as 128 + N.
     signal_number = args.exit_code - 128 if args.exit_code > 128 else None
-    record = record_job_failure(args.point_dir, args.job_id, None, args.exit_code, signal_number)
+    record = record_job_failure(
+        args.point_dir, args.job_id, None, args.exit_code, signal_number, step_id=args.step_id
+    )
     failure = record.get("failure") or {}
     print(
         f"moe_vlm: {args.point_dir.name}: {record.get('status')} ({failure.get('class', '-')})",

@@ -26,6 +26,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from moe_vlm.base.errors import BadInput
 from moe_vlm.base.files import (
     CANARIES,
     CANARY_JSON,
@@ -38,6 +39,7 @@ from moe_vlm.base.files import (
 from moe_vlm.base.provenance import point_id
 from moe_vlm.base.safety import scrub
 from moe_vlm.config.compose import override_key
+from moe_vlm.config.schema import DryRun, dry_run_mode
 from moe_vlm.record.records import TERMINAL, RecordError, RunRecord
 from moe_vlm.record.shape import POINT_SHAPE, load_json, problem
 
@@ -147,6 +149,36 @@ def iter_points(sweep_dir: Path) -> Iterator[Path]:
     for child in sorted(sweep_dir.iterdir()):
         if child.is_dir() and ((child / POINT_JSON).exists() or (child / RUN_JSON).exists()):
             yield child
+
+
+DRY_RUN_DIR = "dry_run"  # in a sweep directory: the plans of a dry run a search superseded
+
+
+def planned_by_dry_run(point: dict[str, Any]) -> bool:
+    """Whether a point's record was written by a dry run (its config asks for one)."""
+    try:
+        return dry_run_mode((point.get("config") or {}).get("dry_run", False)) is not DryRun.off
+    except BadInput:
+        return False
+
+
+def set_aside_dry_runs(sweep_dir: Path) -> list[str]:
+    """Move the points a dry run planned here and nothing has run since (no submission, no run
+    record) to `dry_run/<point id>/`: a halving search runs its own rung points, and the dry run's
+    full-length points it stops early would otherwise read `planned` forever. Returns their ids."""
+    moved = []
+    for point_dir in list(iter_points(sweep_dir)):
+        point = read_point(point_dir)
+        if point is None or (point_dir / RUN_JSON).exists() or point.get("submissions"):
+            continue
+        if planned_by_dry_run(point):
+            target = sweep_dir / DRY_RUN_DIR / point_dir.name
+            if target.exists():
+                shutil.rmtree(target)  # an older dry run's plan of the same point
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.move(str(point_dir), target)
+            moved.append(point_dir.name)
+    return moved
 
 
 def canary_dir(sweep_dir: Path, cluster: str, container_image: str | None) -> Path:

@@ -5,7 +5,8 @@ Each search runs to its end with real CPU runs of the tiny model. What is assert
 whatever the timing: every point runs the first rung; at most the cap goes on; each rank class
 (mock data, and the rest) is halved among itself; the last rung is the point's full length and
 the grid's run of it (a grid command in the same directory finds it completed); each run's
-record says its rung and decision; a rerun resumes nothing but prints the decided search.
+record says its rung and decision; a rerun resumes nothing but prints the decided search; a dry
+run before the search in the same directory leaves no point `planned` once the search runs.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ from pathlib import Path
 import pytest
 
 from moe_vlm.launch.halving import Decision, HalvingState, RankClass, compare_with_grid
+from moe_vlm.launch.status import collect
+from moe_vlm.runtime import points
 
 REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow
@@ -56,8 +59,16 @@ def test_a_halving_search_runs_through_an_in_process_launcher(
     tmp_path: Path, launcher: list[str], axes: list[str]
 ) -> None:
     sweep_dir = tmp_path / "sweep"
+    if not launcher:  # a dry run first, in the same directory: its planned points do not outlive the search
+        dry = train(sweep_dir, *axes, *SEARCH, "dry_run=true")
+        assert dry.returncode == 0 and "nothing was submitted" in dry.stdout, dry.stderr[-3000:]
+        assert {s.state for s in collect(sweep_dir)} == {"planned"}
     done = train(sweep_dir, *launcher, *axes, *SEARCH)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    if not launcher:
+        assert "4 point(s) a dry run planned here are kept in" in done.stdout, done.stdout
+        assert len(list((sweep_dir / points.DRY_RUN_DIR).glob("*/point.json"))) == 4
+    assert "planned" not in {s.state for s in collect(sweep_dir)}
     state = HalvingState.read(sweep_dir)
     assert state is not None and all(r.decided for r in state.rungs)
     first, last = state.rungs

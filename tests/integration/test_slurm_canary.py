@@ -83,7 +83,7 @@ def test_a_canary_that_cannot_import_the_stack_holds_and_fails_every_point(
     broken = f"hydra.launcher.python={BROKEN_PYTHON}"
     done = sweep(cancelled, "seed=31,32", broken)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert "2 job(s) queued" in done.stdout and "checks the job environment" in done.stdout
+    assert "2 point(s) queued in 2 job(s)" in done.stdout and "checks the job environment" in done.stdout
     # A site that keeps held jobs (to re-point their dependency by hand) gets them PENDING instead.
     held = sweep(kept, "seed=33", broken, "+hydra.launcher.additional_parameters.kill_on_invalid_dep=no")
     assert held.returncode == 0, held.stderr[-3000:]
@@ -142,7 +142,10 @@ def test_a_bare_command_on_a_login_node_is_submitted_behind_a_canary_that_passes
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert "one-point sweep through hydra/launcher=slurm" in done.stderr
-    assert "1 job(s) queued" in done.stdout and f"moe-vlm status {sweep_dir} --watch 30" in done.stdout
+    assert (
+        "1 point(s) queued in 1 job(s)" in done.stdout
+        and f"moe-vlm status {sweep_dir} --watch 30" in done.stdout
+    )
     (row,) = status(sweep_dir).values()
     canary = only_canary(sweep_dir)
     assert scontrol_job(row["job_id"])["Dependency"].startswith(f"afterok:{canary['job_id']}")

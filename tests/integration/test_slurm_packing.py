@@ -7,7 +7,9 @@ before the time limit, or a preemption) stops the third. The job goes on after t
 (each keeps its own failure class) and requeues itself at the third; back from the requeue it
 skips the two finished points and reruns the third to completion. Rerunning the sweep command
 unpacked submits the two failed points as one job array (one sbatch call) that completes them.
-Every point is accounted for at every stage, and no point runs twice.
+Every point is accounted for at every stage, and no point runs twice; the killed point keeps its
+Slurm step and place in the pack, and the job, two of whose points failed, ends FAILED in Slurm's
+own record.
 
 One rank per point (nproc=1): the node has two CPUs, and each point pays Python, torch and
 transformers start-up again.
@@ -101,6 +103,7 @@ def test_a_pack_survives_a_cancelled_step_a_killed_rank_and_a_requeue_and_a_reru
     first = sweep(sweep_dir, "hydra.launcher.points_per_job=3")
     assert first.returncode == 0, first.stderr[-3000:]
     assert "3 point(s) submitted in 1 sbatch call(s)" in first.stdout, first.stdout
+    assert "3 point(s) queued in 1 job(s)" in first.stdout, first.stdout
     rows = status(sweep_dir)
     job = rows[CANCELLED]["job_id"]
     assert {row["job_id"] for row in rows.values()} == {job}
@@ -135,7 +138,12 @@ def test_a_pack_survives_a_cancelled_step_a_killed_rank_and_a_requeue_and_a_reru
     assert (done[CANCELLED]["state"], cancelled["failure"]["class"]) == ("failed", "cancelled"), cancelled
     assert re.search(rf"\*\*\* STEP {job}\.\d+ ON \S+ CANCELLED AT", cancelled["failure"]["evidence"])
     assert (done[KILLED]["state"], killed["failure"]["class"]) == ("failed", "killed"), killed
-    assert killed["failure"]["evidence"] == "srun: error: localhost: task 0: Killed"
+    assert killed["failure"]["evidence"] == "srun: error: node1: task 0: Killed"
+    # The killed point keeps its step and place in the pack (its record and status say so).
+    assert killed["launch"]["pack"] == {"index": 2, "size": 3} and killed["launch"]["slurm_step_id"]
+    assert done[KILLED]["step"] == killed["launch"]["slurm_step_id"] and done[KILLED]["pack"] == "2/3"
+    # Two of its points failed: Slurm's own record of the job says FAILED, not COMPLETED 0:0.
+    assert (scontrol_job(job)["JobState"], scontrol_job(job)["ExitCode"]) == ("FAILED", "1:0")
     assert done[STOPPED]["state"] == "completed", done[STOPPED]
     assert stopped["launch"]["restarts"] == 1 and done[STOPPED]["restarts"] == 1
     assert stopped["launch"]["pack"] == {"index": 3, "size": 3} and stopped["launch"]["slurm_job_id"] == job

@@ -51,7 +51,7 @@ def slurm() -> None:
     if expected:
         pytest.fail("MOE_VLM_SLURM=1 but Slurm is not answering `scontrol ping` (is SLURM_CONF exported?)")
     pytest.skip(
-        "no Slurm here: run scripts/test.sh (it installs and starts a single-node Slurm), or "
+        "no Slurm here: run scripts/test.sh (it installs and starts a local Slurm), or "
         "`eval $(scripts/slurm_local.sh start) && MOE_VLM_SLURM=1 pytest -m slurm`"
     )
 
@@ -166,7 +166,7 @@ def test_a_sweep_rejects_submits_and_exits_classifies_failures_and_resumes(
     grid = (LONG, "seed=11,12", "tp=1,3")
     first = sweep(sweep_dir, *grid)
     assert first.returncode == 0, first.stderr[-3000:]
-    assert "2 job(s) queued" in first.stdout and "moe-vlm status" in first.stdout
+    assert "2 point(s) queued in 2 job(s)" in first.stdout and "moe-vlm status" in first.stdout
     points = status(sweep_dir)
     # Submit-and-exit: the command is back while the jobs wait or run.
     assert {points[k]["state"] for k in ("seed=11 tp=1", "seed=12 tp=1")} <= {"queued", "running"}, points
@@ -191,7 +191,7 @@ def test_a_sweep_rejects_submits_and_exits_classifies_failures_and_resumes(
     assert run_json(cancelled["point_dir"])["failure"]["class"] == "cancelled"
     failure = run_json(killed["point_dir"])["failure"]
     assert failure["class"] == "killed", failure
-    assert failure["evidence"] == "srun: error: localhost: task 1: Killed", failure
+    assert failure["evidence"] == "srun: error: node1: task 1: Killed", failure
     assert any(line.startswith("[task 0] ") for line in failure["log_tail"]), "the log tail lands in run.json"
 
     rerun = sweep(sweep_dir, *grid)
@@ -254,7 +254,15 @@ def test_usr2_marks_the_point_for_rerun_and_requeues(slurm: None, sweep_dir: Pat
         "the requeue",
     )
     assert requeued["JobState"] in ("PENDING", "REQUEUED", "CONFIGURING", "RUNNING"), requeued
-    assert status(sweep_dir)["seed=21"]["state"] in ("queued", "running")
+    # Held to its begin time: status says so, and how to release it.
+    held = wait_for(
+        lambda: "BeginTime" in (row := status(sweep_dir)["seed=21"])["detail"] and row, 30, "the hold"
+    )
+    assert held["state"] == "queued", held
+    assert (
+        f"about two minutes before it may start again; `scontrol update JobId={job} StartTime=now`"
+        in (held["detail"])
+    )
     # Slurm holds a requeued job for about two minutes (BeginTime); release it now.
     subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], check=True)
 

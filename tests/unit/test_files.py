@@ -69,6 +69,7 @@ def test_archive_moves_every_attempt_file(tmp_path: Path) -> None:
         paths.heartbeat,
         paths.requeue_marker,
         paths.previous_requeue_marker,
+        paths.preflight,
     ):
         path.write_text("{}")
     paths.point_json.write_text("{}")

@@ -31,6 +31,7 @@ from moe_vlm.launch.halving import (
     RankClass,
     RungState,
     decide,
+    full_length_node_seconds,
     node_steps,
     plan,
     plan_text,
@@ -465,3 +466,31 @@ def test_a_task_that_never_records_its_end_is_waited_for_a_while_and_said(tmp_pa
         wait({"p"}, tmp_path, poll_s=0.1, rung=2, settle_s=0.5)
     assert time.monotonic() - started >= 0.5
     assert "halving rung 2: 1 Slurm task(s) ended without recording their end (p)" in said.getvalue()
+
+
+def test_once_the_grid_has_run_the_report_uses_its_measured_node_seconds(tmp_path: Path) -> None:
+    """b was stopped after rung 1 (extrapolated: 10 + 7 steps x 0.5 s x 2 nodes); the grid run in the
+    same directory since holds b's full-length run, whose node-seconds the report then uses."""
+    state = HalvingState(settings(eta=2), {"a": "mbs=1", "b": "mbs=2"}, {"a": 1, "b": 2}, {"a": 10, "b": 10})
+    first = state.rung(0)
+    first.runs, first.steps = {"a": "a3", "b": "b3"}, {"a": 3, "b": 3}
+    first.verdicts, first.decided = (
+        decide([run("a", 20.0), run("b", 10.0)], settings(eta=2), last=False),
+        True,
+    )
+    second = state.rung(1)
+    second.runs, second.steps = {"a": "a"}, {"a": 10}
+    second.verdicts, second.decided = decide([run("a", 20.0)], settings(eta=2), last=True), True
+    state.write(tmp_path)
+    (tmp_path / "a").mkdir()
+    ladder = "\n".join(halving_report.section([str(tmp_path / "a")]))
+    assert "the full grid ~27 (1 point(s) measured at full length, 1 stopped early and extrapolated" in ladder
+    finished_slurm_run(tmp_path / "b")  # the grid's run of b: its task held the node 40 s
+    grid_run = points.read_run(tmp_path / "b")
+    assert grid_run is not None
+    grid_run.with_launch({"task_started_unix_s": 100.0, "task_ended_unix_s": 140.0}).write(tmp_path / "b")
+    halving_full = full_length_node_seconds(state, tmp_path)
+    assert halving_full == {"b": 40.0}  # a's directory holds no record here: its verdicts count
+    assert state.grid_estimate(halving_full) == (10.0 + 40.0, 0)
+    ladder = "\n".join(halving_report.section([str(tmp_path / "a")]))
+    assert "the full grid 50 (measured: each of its 2 point(s) ran its full length): saved 20 (40%)" in ladder

@@ -106,6 +106,16 @@ def _wrong_values(kind: inputs.Kind, work: Path) -> list[tuple[str, str]]:
         ]
     if isinstance(kind, inputs.Text):
         return [("empty", ""), ("control character", "a\nb")]
+    if isinstance(kind, inputs.StepRange):
+        return [
+            *common,
+            ("one number", "5"),
+            ("reversed", "9-3"),
+            ("zero", "0-3"),
+            ("negative", "-1-3"),
+            ("look-alike digit", "\u0663-9"),
+            ("huge number", "1-1" + "0" * 30),
+        ]
     raise AssertionError(f"no wrong values for {kind!r}: add them here")
 
 

@@ -141,3 +141,36 @@ def test_a_completed_record_is_never_overwritten(tmp_path: Path) -> None:
     (tmp_path / "run.json").write_text(json.dumps({"status": "completed"}))
     write_failure(tmp_path, Diagnosis("cancelled", "x", None), [], {"status": "failed"})
     assert json.loads((tmp_path / "run.json").read_text())["status"] == "completed"
+
+
+def test_a_packed_point_killed_before_its_record_keeps_its_step_and_place(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The batch script records a step whose rank died before writing run.json: from point.json,
+    with the step its loop counted and the place in the pack its environment holds."""
+    from moe_vlm.runtime import failures, points
+
+    points.write_point(tmp_path, {"point_id": tmp_path.name, "config": {}})
+    (tmp_path / "folder").mkdir()
+    (tmp_path / "folder" / "9_0_log.err").write_text("srun: error: node1: task 0: Killed\n")
+    points.add_submission(
+        tmp_path, {"job_id": "9", "executor": "slurm"}, submitit_folder=str(tmp_path / "folder")
+    )
+    for name in ("SLURM_STEP_ID", "SLURM_JOB_ID", "SLURM_ARRAY_JOB_ID"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("MOE_VLM_PACK_INDEX", "2")
+    monkeypatch.setenv("MOE_VLM_PACK_SIZE", "3")
+    failures.main(["--point-dir", str(tmp_path), "--job-id", "9", "--exit-code", "137", "--step-id", "1"])
+    record = json.loads((tmp_path / "run.json").read_text())
+    assert record["failure"]["class"] == "killed"
+    assert record["launch"]["slurm_step_id"] == "1" and record["launch"]["pack"] == {"index": 2, "size": 3}
+    # Rank 1 killed in a two-rank step: rank 0 recorded the broken collective first (with its
+    # step and place); the batch script's `killed` outranks it and keeps them.
+    record["failure"] = {"class": "nccl", "message": "gloo", "evidence": "Connection closed by peer"}
+    record["launch"] = {"slurm_step_id": "4", "pack": {"index": 2, "size": 3}, "host": "node1"}
+    (tmp_path / "run.json").write_text(json.dumps(record))
+    monkeypatch.delenv("MOE_VLM_PACK_INDEX")
+    failures.main(["--point-dir", str(tmp_path), "--job-id", "9", "--exit-code", "137"])
+    record = json.loads((tmp_path / "run.json").read_text())
+    assert record["failure"]["class"] == "killed" and record["launch"]["host"] == "node1"
+    assert record["launch"]["slurm_step_id"] == "4" and record["launch"]["pack"] == {"index": 2, "size": 3}

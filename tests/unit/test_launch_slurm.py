@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from moe_vlm.base.errors import BadInput
+from moe_vlm.config.schema import CONF_DIR
 from moe_vlm.launch import slurm
 from tests.conftest import make_spec
 
@@ -49,9 +50,15 @@ def test_b200_job_has_eight_tasks_per_node_and_no_segment() -> None:
     assert "segment" not in p["additional_parameters"]
 
 
-def test_a_preset_for_another_cluster_is_refused() -> None:
-    with pytest.raises(BadInput, match=r"cluster=gb200.*cluster=b200"):
+def test_a_preset_for_another_cluster_is_refused_naming_every_preset() -> None:
+    with pytest.raises(BadInput, match=r"cluster=gb200.*cluster=b200") as refused:
         params(GB200, "cluster=b200")
+    files = sorted(p.stem for p in (CONF_DIR / "hydra" / "launcher").glob("*.yaml"))
+    assert {"slurm_gb300", "slurm_b300", "local"} <= set(files)
+    assert f"(presets: {', '.join(files)})" in str(refused.value)
+    assert "pick hydra/launcher=slurm_b200 " in str(refused.value)
+    with pytest.raises(BadInput, match=r"pick hydra/launcher=slurm \(presets"):
+        params(GB200, "cluster=h100")  # no slurm_h100 preset: the generic one
 
 
 def test_rendered_script_has_pyxis_signal_requeue_and_quoted_paths() -> None:

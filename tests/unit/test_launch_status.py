@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from moe_vlm.launch.status import collect, main, passed_canary, progress_bar, snapshot
+from moe_vlm.launch import slurm
+from moe_vlm.launch.status import collect, main, passed_canary, pending_detail, progress_bar, snapshot
 from moe_vlm.runtime import points
 
 
@@ -193,3 +194,15 @@ def test_a_dry_run_point_the_library_refused_says_why(tmp_path: Path) -> None:
         "dry run: planned, not submitted; would be rejected: refused by the library's own check LIB-ARGS: "
         "AssertionError: Must use --overlap-param-gather"
     )
+
+
+def test_a_requeued_job_held_to_its_begin_time_says_why_and_how_to_release_it() -> None:
+    held = slurm.JobState("41", "PENDING", "BeginTime", restarts=1)
+    assert pending_detail(held) == (
+        "pending (BeginTime): Slurm holds a requeued job about two minutes before it may start again; "
+        "`scontrol update JobId=41 StartTime=now` releases it"
+    )
+    # A job never requeued that waits for a --begin the user gave, or for resources: Slurm's words.
+    assert pending_detail(slurm.JobState("42", "PENDING", "BeginTime")) == "pending (BeginTime)"
+    assert pending_detail(slurm.JobState("43", "PENDING", "Resources", restarts=1)) == "pending (Resources)"
+    assert pending_detail(slurm.JobState("44", "PENDING", "None")) == "pending"

@@ -31,7 +31,7 @@ from moe_vlm.predict.step_time import loads
 from moe_vlm.predict.terms import Term
 from moe_vlm.predict.workload import expected_workload
 from moe_vlm.record.records import read_steps
-from moe_vlm.report.table import _throughput_band
+from moe_vlm.report.table import throughput_band
 from moe_vlm.run.plan import render
 from tests.conftest import REPO, make_spec
 
@@ -200,7 +200,7 @@ def test_which_seconds_the_rates_divide_by_is_decided_once():
     window = measured_window(summary)
     assert window is not None and window[0] is times
     assert measured_step_s(summary) == times["mean"]
-    band = _throughput_band(summary)
+    band = throughput_band(summary)
     assert band["eff_p50"] == pytest.approx(1000.0 * 1.05 / 1.0) and band["eff_low"] == pytest.approx(
         1000.0 * 1.05 / 1.2
     )
