@@ -141,7 +141,13 @@ def test_bad_input_is_one_line_exit_2(case: str, tmp_path: Path) -> None:
     done = train(*args, cwd=tmp_path)
     assert done.returncode == 2, done.stderr
     assert "Traceback" not in done.stderr
-    error_lines = [line for line in done.stderr.splitlines() if line.startswith(("moe_vlm: error", "ERROR"))]
+    # A composition error is "moe_vlm: error: ..."; a rule's refusal "moe_vlm: rejected, nothing was
+    # run: ERROR ...", one line per error (issue 49: A010's refusal took four).
+    error_lines = [
+        line
+        for line in done.stderr.splitlines()
+        if line.startswith(("moe_vlm: error", "ERROR", "moe_vlm: rejected"))
+    ]
     assert len(error_lines) == 1, done.stderr
     for needle in needles:
         assert needle in error_lines[0]
