@@ -11,9 +11,10 @@ What it does, in order, within a time budget (8 minutes on the GPU machine):
    estimate's first GPU calibration point (scripts/calibrate_memory.py runs each point);
 2. the component timer's cost on the mid-size model (scripts/bench_hooks.py: hooks on/off A/B and
    the time spent inside the hooks, timed with CUDA events on a GPU);
-3. the calibration probe on the mid-size point (`moe-vlm calibrate --probe ... --dry-run`): bf16
-   GEMMs at its shapes and a copy, as % of the H200's dense BF16 peak and HBM (one GPU: no
-   collective), what the Slurm canary prints on a GPU cluster;
+3. the calibration probe on the mid-size point (`moe-vlm calibrate --probe ... --dry-run`): the
+   step model's rates measured here (bf16 GEMMs at its shapes, attention, a copy, eager ops, the
+   data loader; one GPU: no link), the GEMMs as % of the H200's dense peak, what the Slurm canary
+   prints on a GPU cluster;
 4. the Megatron stack that travelled as wheels (no Transformer Engine: its wheel cannot travel),
    imported against this machine's torch, in a subprocess: what imports and what does not, with
    the library file:line that fails; then, for every model on cluster=h200, the plan (dry_run) and
@@ -275,8 +276,9 @@ def _megatron(timeout_s: int) -> dict[str, Any]:
 
 
 def _calibration_probe(overrides: list[str], timeout_s: int) -> dict[str, Any]:
-    """`moe-vlm calibrate --probe` on the mid-size point: GEMMs in bf16 and a copy against the
-    H200 datasheet (one GPU: no collective), what the Slurm canary prints on a GPU cluster."""
+    """`moe-vlm calibrate --probe` on the mid-size point: the step model's rates measured here, the
+    GEMMs against the H200's dense peak (one GPU: no link), what the Slurm canary prints on a GPU
+    cluster."""
     command = [sys.executable, "-m", "moe_vlm.cli.main", "calibrate", "--probe", *overrides, "--dry-run"]
     try:
         done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=timeout_s)

@@ -89,6 +89,10 @@ EXPECT: dict[str, Expect] = {
             r"predicted peak",
         )
     ),
+    # "why the model ranks one point above another": the terms that differ, with their seconds
+    '.venv/bin/moe-vlm explain "dispatcher=hybridep" "dispatcher=alltoall" cluster=gb200 model=qwen3_vl_30b_a3b nodes=2': Expect(
+        shows=(r"^knobs that differ: .*dispatcher", r"^verdict ", r"^ep_hybridep ", r"^ep_alltoall ")
+    ),
 }
 
 RUN_AS = {

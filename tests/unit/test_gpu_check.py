@@ -98,9 +98,9 @@ def test_cpu_smoke_in_an_image_without_transformer_engine(tmp_path: Path) -> Non
 
     probe = summary["calibration_probe"]
     assert probe["status"] == "completed", probe
-    assert any(line.startswith("GEMMs at the model's shapes (cpu, fp32)") and "of the dense BF16 peak" in line
+    assert any(line.startswith("GEMMs at the model's shapes (cpu, fp32") and "of the dense peak" in line
                for line in probe["lines"])  # fmt: skip
-    assert "collectives not timed: 1 rank(s) on this node" in probe["lines"]
+    assert "link between ranks: not timed" in probe["lines"]
 
     mega = summary["megatron"]
     assert mega["status"] == "completed"

@@ -49,7 +49,7 @@ def test_s002_and_s003_read_tes_verdicts() -> None:
 def test_s000_says_when_the_check_did_not_run() -> None:
     spec = make_spec(*BASE)
     assert codes(spec, ShapeEvidence(None, not_run="ImportError: no TE")) == ["S000"]
-    assert [rule.code for rule in SHAPE_RULES] == ["S000", "S001", "S002", "S003"]
+    assert [rule.code for rule in SHAPE_RULES] == ["S000", "S001", "S002", "S003", "S004"]
 
 
 def test_the_key_holds_what_shapes_the_batch_and_nothing_else() -> None:
