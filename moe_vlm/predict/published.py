@@ -223,9 +223,13 @@ class PublishedPair:
         return abs(self.measured - 1.0) > self.noise
 
     def judged(self) -> tuple[bool | None, float]:
-        """(direction right, or None for a tie inside the noise; size error in points)."""
+        """(direction right, or None for a tie inside the noise; size error in points). A
+        predicted effect inside the noise where the measured one is beyond it is no direction at
+        all: not right."""
         guess = self.predicted()
-        direction = (guess > 1.0) == (self.measured > 1.0) if self.effect_exceeds_noise else None
+        if not self.effect_exceeds_noise:
+            return None, (guess - self.measured) * 100
+        direction = abs(guess - 1.0) > self.noise and (guess > 1.0) == (self.measured > 1.0)
         return direction, (guess - self.measured) * 100
 
 
@@ -300,6 +304,8 @@ def pairs_table(pairs: tuple[PublishedPair, ...]) -> list[str]:
     for p in pairs:
         direction, points = p.judged()
         verdict = "tie (inside the noise)" if direction is None else ("right" if direction else "WRONG")
+        if direction is False and abs(p.predicted() - 1.0) <= p.noise:
+            verdict = "WRONG: predicted no effect"
         verdict = f"excluded: {p.excluded}" if p.excluded else verdict
         lines.append(
             f"| {p.name} | {p.figure} | {p.measured:.3f} | {p.predicted():.3f} | {verdict} | {points:+.1f} pts "
