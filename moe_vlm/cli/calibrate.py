@@ -63,7 +63,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--store",
         action="store_true",
-        help="with --probe on a GPU cluster: store the probe's calibration over the published-row defaults",
+        help="with --probe on a GPU cluster: the node's GEMM, attention and memory rates replace the published ones",
     )
     p.add_argument(
         "--out",
@@ -160,7 +160,8 @@ def probe(overrides: list[str], out: Path, dry_run: bool, store_anyway: bool) ->
     if has_defaults(spec) and not store_anyway:
         print(
             f"not stored: cluster={spec.cluster.name} is predicted at its published rates "
-            "(moe_vlm/predict/hardware.py); --store stores this node's measured rates instead"
+            "(moe_vlm/predict/hardware.py); --store puts this node's GEMM, attention and memory rates in "
+            "their place (its links stay the preset's)"
         )
         return 0
     print(f"wrote {store([with_rates(find(found.cluster, found.stack, out), found)], out)}")

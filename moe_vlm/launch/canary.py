@@ -23,12 +23,13 @@ the points wait on it with `--dependency=afterok`. In about a minute it:
    A point they refuse gets a `rejected` run.json with the finding and its point.json's `refused`
    list, so it never starts (moe_vlm/run/task.py reads it first) and `moe-vlm status` says why;
    the others start as usual;
-7. with --probe (hydra.launcher.canary_probe, the default), times the point's GEMMs, a copy and
-   an all-to-all and all-gather at its EP and DP sizes on the node's ranks (moe_vlm/predict/probe.py,
-   seconds) and prints the rates; where no published-row defaults apply (cluster=local, a site
-   preset without a datasheet peak) it stores them as the first step-time calibration, unless one
-   fitted on runs exists. A probe that fails is said in the log and does not fail the canary: the
-   points launch their ranks their own way, and the probe is a forecast, not a check.
+7. with --probe (hydra.launcher.canary_probe, the default), measures the step model's rates on the
+   node (moe_vlm/predict/probe.py, seconds: GEMMs at the point's shapes, attention, a copy, eager
+   ops, the data loader, all-gathers between the node's ranks) and prints them; where no published
+   rates apply (cluster=local, a site preset without them) it stores them in the calibration file,
+   beside a fit on runs if one exists (the fit's scales stay). A probe that fails is said in the log
+   and does not fail the canary: the points launch their ranks their own way, and the probe is a
+   forecast, not a check.
 
 It exits 0, or prints the traceback and then one last line starting `moe_vlm canary: FAILED`,
 which `moe-vlm status` shows as the evidence of the held points. A container that cannot even

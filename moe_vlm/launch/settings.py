@@ -63,8 +63,8 @@ class SlurmSettings:
     # (afterok): it imports the stack in the job environment and builds the first point's config.
     canary: bool = True
     canary_timeout_min: int = 15  # room for a first container image pull; the check itself is ~1 min
-    # The canary also times the first point's GEMMs and collectives on its node (seconds) and,
-    # where no published-row defaults apply, stores that as a first step-time calibration.
+    # The canary also measures the step model's rates on its node (seconds: GEMMs, attention, a
+    # copy, eager ops, the data loader, the link) and, where no published rates apply, stores them.
     canary_probe: bool = True
     # Site values: null/empty here = from MOE_VLM_* env or ~/.config/moe_vlm/site.yaml (see launch/site.py).
     account: str | None = None

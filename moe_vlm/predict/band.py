@@ -5,10 +5,10 @@ scores |measured / predicted - 1|, each measured on a prediction whose fit did n
 predicted (Vovk et al. 2005; Lei et al., JASA 2018, split conformal): if the point to predict is
 exchangeable with those n, the band holds it with probability >= COVERAGE. Fewer scores than that
 rank needs (n < 4 at 80 %): no width is measured, the band is uncalibrated (UNCALIBRATED_BAND), and
-it is said so. The scores are the published rows' errors with a whole family left out
-(published.py) for the GPU defaults, a calibration's leave-one-run-out errors for a user's own
-fit (calibration.py); scripts/bench_predict.py --families measures the coverage by nested
-leave-out (the width for a row from rows outside its family only).
+it is said so. The scores are a family's published rows' errors for a GPU point (families.py,
+published.py: nothing is fitted on them), the CPU benchmark's for a point predicted from probe
+rates, a calibration's leave-one-run-out errors for a user's own fit (calibration.py);
+scripts/bench_predict.py --families measures each row against the band the other rows give it.
 """
 
 from __future__ import annotations

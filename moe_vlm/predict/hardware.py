@@ -15,7 +15,7 @@ probe.py, ``moe-vlm calibrate --probe``) and stored as ``MeasuredRates`` in the 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
 from moe_vlm.base.processes import cores_here
@@ -224,6 +224,28 @@ class MeasuredRates:
         counts = ("threads", "attention_head_dim")
         values = {f.name: float(raw[f.name]) for f in fields(cls) if f.name not in counts}
         return cls(threads=int(raw["threads"]), attention_head_dim=int(raw["attention_head_dim"]), **values)
+
+    def over(self, hw: Hardware) -> Hardware:
+        """A GPU preset's description with this node's measured GEMM, attention, memory and data
+        rates in place of the published ones (`moe-vlm calibrate --probe --store` on a GPU
+        cluster): its links, SMs and launch cost stay, and every precision's GEMM share moves by
+        the BF16 one's measured / published ratio (the probe times BF16 only)."""
+        published = hw.peak(Precision.bf16) * hw.gemm_efficiency[Precision.bf16]
+        ratio = self.gemm_flops_per_s / published
+        return replace(
+            hw,
+            gemm_efficiency={p: e * ratio for p, e in hw.gemm_efficiency.items()},
+            attention_efficiency=self.attention_flops_per_s / hw.peak(Precision.bf16),
+            attention_half_length=self.attention_half_length,
+            attention_head_dim=self.attention_head_dim,
+            memory_bytes_per_s=self.memory_bytes_per_s,
+            data_sample_s=self.data_sample_s,
+            data_patch_s=self.data_patch_s,
+            sources={
+                **hw.sources,
+                "probe": f"GEMMs, attention and memory measured on a node ({self.threads} thread(s))",
+            },
+        )
 
     def hardware(self, name: str) -> Hardware:
         # The GEMM rate stands in for the peak, so each kernel class keeps its own measured rate.

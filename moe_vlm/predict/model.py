@@ -154,6 +154,11 @@ def calibration_for(spec: RunSpec, path: Path | None = None) -> Calibration | No
 def hardware_for(spec: RunSpec, calibration: Calibration | None) -> tuple[Hardware | None, str]:
     """The rates this point is predicted at, and where they come from, in words."""
     measured = calibration.measured_rates(rank_threads(spec)) if calibration is not None else None
+    published = gpu_hardware(spec.cluster)
+    if measured is not None and published is not None:
+        return measured.over(
+            published
+        ), "published links with a node's measured GEMM, attention and memory rates"
     if measured is not None:
         threads = rank_threads(spec)
         hw = measured.hardware(spec.cluster.name)
@@ -163,9 +168,8 @@ def hardware_for(spec: RunSpec, calibration: Calibration | None) -> tuple[Hardwa
             else f" (measured at {measured.threads} thread(s), the rank runs {threads})"
         )
         return hw, f"measured on this machine by the probe{note}"
-    found = gpu_hardware(spec.cluster)
-    if found is not None:
-        return found, RATES_SOURCE
+    if published is not None:
+        return published, RATES_SOURCE
     return None, (
         f"no rates for cluster={spec.cluster.name} ({stack_of(spec.engine)}): measure this machine's with "
         "`moe-vlm calibrate --probe` (the Slurm canary does it for a sweep)"

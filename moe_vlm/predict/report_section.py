@@ -80,7 +80,7 @@ def section(rows: list[dict[str, Any]], top: int) -> list[str]:
         p10, p90 = r.get("measured_p10_s"), r.get("measured_p90_s")
         spread = f" ({p10:.3f}-{p90:.3f})" if p10 is not None and p90 is not None else ""
         sigma = r.get("predicted_sigma")
-        bound = sigma is None  # a probe's lower bound: no band, so no sigmas and no flag
+        bound = sigma is None  # a record from before issue 48: a probe's lower bound, no band, no flag
         lines.append(
             f"| {r.get('run')} | {measured:.3f}{spread} | {r['predicted_step_s']:.3f} "
             f"| {'lower bound' if bound else f'+/-{sigma:.0%}'} | {r['prediction_error']:+.1%} "

@@ -12,10 +12,11 @@ from pathlib import Path
 
 import pytest
 
+from moe_vlm.config.schema import Precision
 from moe_vlm.launch.canary import PROBE_PREFIX
 from moe_vlm.predict import calibration as cal
 from moe_vlm.predict.collectives import Collective, CollectiveRate
-from moe_vlm.predict.hardware import MeasuredRates
+from moe_vlm.predict.hardware import MeasuredRates, gpu_hardware
 from moe_vlm.predict.model import predict
 from moe_vlm.predict.probe import probe
 from tests.conftest import CPU_RATES, REPO, make_spec
@@ -117,3 +118,25 @@ def test_the_canary_stores_its_rates_beside_a_fit_on_runs_and_never_over_it(tmp_
     [stored] = cal.read_calibrations(file)
     # The fit's scales and band stay; the probe's rates join the ones measured at other thread counts.
     assert stored.scales == fitted.scales and stored.runs == 6 and set(stored.rates) == {"1", "2"}
+
+
+def test_a_nodes_rates_stored_on_a_gpu_cluster_replace_its_gemms_and_keep_its_links() -> None:
+    # `moe-vlm calibrate --probe --store` on a GPU cluster: the node's GEMM, attention and memory
+    # rates in place of the published ones; the links, SMs and launch cost stay the preset's.
+    spec = make_spec("cluster=gb200", "model=qwen3_vl_30b_a3b", "nodes=2", "data=mock")
+    published = predict(spec, lookup=False)
+    hw = gpu_hardware(spec.cluster)
+    assert hw is not None and published.step_time_s
+    half = {**CPU_RATES, "gemm_flops_per_s": hw.peak(Precision.bf16) * hw.gemm_efficiency[Precision.bf16] / 2}
+    half |= {
+        "attention_flops_per_s": hw.peak(Precision.bf16) * hw.attention_efficiency,
+        "attention_head_dim": 128,
+    }
+    half |= {"memory_bytes_per_s": hw.memory_bytes_per_s}
+    stored = cal.Calibration("gb200", "any", {}, None, 0, "a node's probe", rates={"1": half})
+    slower = predict(spec, stored)
+    over = MeasuredRates.from_json(half).over(hw)
+    assert over.nvlink == hw.nvlink and over.sms == hw.sms and not over.synchronous
+    assert over.gemm_efficiency[Precision.fp8mx] == pytest.approx(hw.gemm_efficiency[Precision.fp8mx] / 2)
+    assert slower.step_time_s and slower.step_time_s > published.step_time_s
+    assert "measured GEMM, attention and memory rates" in slower.source
