@@ -87,7 +87,7 @@ CPU_PROBE_BAND = 0.3645
 
 def pair_band(spec: RunSpec) -> float:
     """How far a predicted ratio between this point and a neighbour can be off (80 % of pairs)."""
-    return CPU_PAIR_BAND if not spec.cluster.is_gpu_cluster or spec.engine is Engine.torch else PAIR_BAND
+    return PAIR_BAND if spec.cluster.is_gpu_cluster else CPU_PAIR_BAND
 
 
 @dataclass(frozen=True)
@@ -99,11 +99,18 @@ class Band:
 
 def band_for(spec: RunSpec) -> Band:
     """The point's band from its families' out-of-sample errors (module docstring)."""
-    if not spec.cluster.is_gpu_cluster or spec.engine is Engine.torch:
+    if not spec.cluster.is_gpu_cluster:
         return Band(
             CPU_PROBE_BAND,
             f"{COVERAGE:.0%} band of the CPU benchmark's out-of-sample errors (probe rates, nothing fitted)",
             None,
+        )
+    if spec.engine is Engine.torch:
+        return Band(
+            WIDEST_BAND,
+            f"uncalibrated: no published row runs the torch engine on GPUs; the widest out-of-sample error "
+            f"of any row, +/-{WIDEST_BAND:.0%}",
+            "the torch engine on GPUs",
         )
     mine = families_of(spec)
     known = {g: FAMILY_BANDS[(g, f)] for g, f in mine.items() if (g, f) in FAMILY_BANDS}
