@@ -37,7 +37,7 @@ from moe_vlm.config.arch import attention_shape, moe_shape
 from moe_vlm.config.schema import DataKind
 from moe_vlm.config.spec import RunSpec
 from moe_vlm.predict.calibration import Calibration, stack_of
-from moe_vlm.predict.collectives import Collective, CollectiveCase, CollectiveRate, measure, ranks_on_node
+from moe_vlm.predict.collectives import Collective, CollectiveCase, measure, ranks_on_node
 from moe_vlm.predict.hardware import MeasuredRates, gpu_hardware, rank_threads
 from moe_vlm.predict.kernels import attention_flops
 
@@ -276,7 +276,6 @@ def measured_data(spec: RunSpec) -> tuple[float, float]:
 class ProbeResult:
     spec: RunSpec
     rates: MeasuredRates
-    collectives: tuple[CollectiveRate, ...]
     note: str  # why something was not measured, or ""
     device: str = "cpu, fp32"
 
@@ -357,4 +356,4 @@ def probe(spec: RunSpec, seconds: float = 2.0, collectives: bool = True) -> Prob
         data_patch_s=per_patch,
     )
     device = "cuda, bf16" if gpu else "cpu, fp32"
-    return ProbeResult(spec, rates, (), note, device)
+    return ProbeResult(spec, rates, note, device)
